@@ -1,0 +1,34 @@
+# The two set-up commands are `make serve` and `make test`; both bootstrap .venv first.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup serve test lint format bench clean
+
+setup: $(STAMP)
+
+# Reinstall only when the dependency spec changes; a no-op run takes well under a second.
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	@touch $(STAMP)
+
+serve: setup
+	$(VENV)/bin/roundgate serve
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) *.egg-info
