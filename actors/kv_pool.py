@@ -15,8 +15,9 @@ class KVPool:
 
     def __init__(self, num_pages: int, page_size: int) -> None:
         if num_pages < 1 or page_size < 1:
-            raise ValueError(f"KVPool needs num_pages >= 1 and page_size >= 1, got "
-                             f"{num_pages}, {page_size}")
+            raise ValueError(
+                f"KVPool needs num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}"
+            )
         self.num_pages = num_pages
         self.page_size = page_size
         # Low page ids are handed out first (pop from the end of a reversed list).
@@ -90,6 +91,7 @@ class KVPool:
             raise AssertionError(f"pages both free and owned: {sorted(seen & free)[:8]}")
         if len(seen) + len(free) != self.num_pages:
             raise AssertionError(
-                f"free ({len(free)}) + used ({len(seen)}) != total ({self.num_pages})")
+                f"free ({len(free)}) + used ({len(seen)}) != total ({self.num_pages})"
+            )
         if any(not 0 <= p < self.num_pages for p in seen | free):
             raise AssertionError("page id out of range")

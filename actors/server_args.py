@@ -26,32 +26,38 @@ def _flag(help_text: str, **kwargs: Any) -> Any:
 class ServerArgs:
     """Every engine flag. Mutable on purpose: validation is re-run after programmatic edits."""
 
-    model: str = _flag("preset name (tiny-llama, tiny-moe) or a local HF model directory",
-                       default="tiny-moe")
+    model: str = _flag(
+        "preset name (tiny-llama, tiny-moe) or a local HF model directory", default="tiny-moe"
+    )
     dp_size: int = _flag("attention data-parallel ranks in one group", default=1)
-    max_num_seqs: int = _flag("running requests across the group (split over dp ranks)",
-                              default=64)
-    max_scheduled_tokens: int = _flag("token budget of one round on one rank (chunked prefill)",
-                                      default=2048)
+    max_num_seqs: int = _flag("running requests across the group (split over dp ranks)", default=64)
+    max_scheduled_tokens: int = _flag(
+        "token budget of one round on one rank (chunked prefill)", default=2048
+    )
     page_size: int = _flag("tokens per KV-cache page", default=16)
     num_kv_pages: int = _flag("KV-cache pages per rank", default=1024)
     max_model_len: int | None = _flag("context length cap (default: the model's)", default=None)
     prefill_attempt_interval: int | None = _flag(
         "group gate: rounds between ALL attempt points (set together with the ANY interval)",
-        default=None)
+        default=None,
+    )
     prefill_any_attempt_interval: int | None = _flag(
-        "group gate: rounds between ANY attempt points, the admission latency bound",
-        default=None)
+        "group gate: rounds between ANY attempt points, the admission latency bound", default=None
+    )
     prefill_decode_interval: int = _flag(
         "local policy: after a prefill round, hold new prefill for this many rounds (0 = off)",
-        default=0)
+        default=0,
+    )
     enable_mixed_prefill_decode: bool = _flag(
-        "run decodes and prefill chunks in one batch", default=False)
-    disaggregation_mode: str = _flag("fused (null), prefill or decode role",
-                                     default="null", choices=DISAGGREGATION_MODES)
+        "run decodes and prefill chunks in one batch", default=False
+    )
+    disaggregation_mode: str = _flag(
+        "fused (null), prefill or decode role", default="null", choices=DISAGGREGATION_MODES
+    )
     device: str = _flag("compute device", default="auto", choices=DEVICES)
-    attention_backend: str = _flag("paged attention backend", default="auto",
-                                   choices=ATTENTION_BACKENDS)
+    attention_backend: str = _flag(
+        "paged attention backend", default="auto", choices=ATTENTION_BACKENDS
+    )
     moe_backend: str = _flag("MoE dispatch/combine backend", default="auto", choices=MOE_BACKENDS)
     seed: int = _flag("seed for preset weights and sampling", default=0)
     stream_interval: int = _flag("tokens batched per streamed chunk under load", default=1)
@@ -64,11 +70,15 @@ class ServerArgs:
         if attempt is None and any_ is None:
             return None
         if attempt is None or any_ is None:
-            missing = "--prefill-attempt-interval" if attempt is None else (
-                "--prefill-any-attempt-interval")
+            missing = (
+                "--prefill-attempt-interval"
+                if attempt is None
+                else ("--prefill-any-attempt-interval")
+            )
             raise ValueError(
                 f"the group gate needs both intervals: {missing} is unset "
-                "(set --prefill-attempt-interval and --prefill-any-attempt-interval together)")
+                "(set --prefill-attempt-interval and --prefill-any-attempt-interval together)"
+            )
         return PrefillDelay(attempt, any_)
 
     @property
@@ -78,8 +88,14 @@ class ServerArgs:
 
     def validate(self) -> ServerArgs:
         """Raise ``ValueError`` naming the flag for any refused setting; return self."""
-        positive = ("dp_size", "max_num_seqs", "max_scheduled_tokens", "page_size",
-                    "num_kv_pages", "stream_interval")
+        positive = (
+            "dp_size",
+            "max_num_seqs",
+            "max_scheduled_tokens",
+            "page_size",
+            "num_kv_pages",
+            "stream_interval",
+        )
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -88,30 +104,37 @@ class ServerArgs:
             raise ValueError(f"--max-model-len must be >= 1, got {self.max_model_len}")
         if self.prefill_decode_interval < 0:
             raise ValueError(
-                f"--prefill-decode-interval must be >= 0, got {self.prefill_decode_interval}")
+                f"--prefill-decode-interval must be >= 0, got {self.prefill_decode_interval}"
+            )
         if not self.collective_timeout_s > 0:
-            raise ValueError(
-                f"--collective-timeout-s must be > 0, got {self.collective_timeout_s}")
-        for name, choices in (("disaggregation_mode", DISAGGREGATION_MODES), ("device", DEVICES),
-                              ("attention_backend", ATTENTION_BACKENDS),
-                              ("moe_backend", MOE_BACKENDS)):
+            raise ValueError(f"--collective-timeout-s must be > 0, got {self.collective_timeout_s}")
+        for name, choices in (
+            ("disaggregation_mode", DISAGGREGATION_MODES),
+            ("device", DEVICES),
+            ("attention_backend", ATTENTION_BACKENDS),
+            ("moe_backend", MOE_BACKENDS),
+        ):
             if getattr(self, name) not in choices:
                 raise ValueError(
-                    f"{_cli(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+                    f"{_cli(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}"
+                )
         delay = self.prefill_delay
         if delay is not None and self.disaggregation_mode != "null":
             raise ValueError(
                 "--prefill-attempt-interval/--prefill-any-attempt-interval apply to the fused "
-                f"role only; --disaggregation-mode {self.disaggregation_mode} ignores the gate")
+                f"role only; --disaggregation-mode {self.disaggregation_mode} ignores the gate"
+            )
         if delay is not None and self.prefill_decode_interval > 0:
             raise ValueError(
                 "--prefill-decode-interval cannot be combined with the group gate "
                 "(--prefill-attempt-interval/--prefill-any-attempt-interval): a local hold "
-                "would break the group's aligned prefill windows")
+                "would break the group's aligned prefill windows"
+            )
         if self.max_num_seqs < self.dp_size:
             raise ValueError(
                 f"--max-num-seqs ({self.max_num_seqs}) must be >= --dp-size ({self.dp_size}): "
-                "every rank needs at least one batch slot")
+                "every rank needs at least one batch slot"
+            )
         return self
 
     def replace(self, **changes: Any) -> ServerArgs:
@@ -125,12 +148,18 @@ class ServerArgs:
             flag = _cli(f.name)
             help_text = f"{f.metadata['help']} (default: {f.default})"
             if f.type in ("bool", bool):
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction,
-                                    default=f.default, help=help_text)
+                parser.add_argument(
+                    flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+                )
                 continue
             kind = _scalar_type(f.type)
-            parser.add_argument(flag, type=kind, default=f.default,
-                                choices=f.metadata.get("choices"), help=help_text)
+            parser.add_argument(
+                flag,
+                type=kind,
+                default=f.default,
+                choices=f.metadata.get("choices"),
+                help=help_text,
+            )
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> ServerArgs:
@@ -142,8 +171,10 @@ class ServerArgs:
     def from_cli(cls, argv: Sequence[str] | None = None) -> ServerArgs:
         """Parse ``argv``; an invalid value exits with an argparse error naming the flag."""
         parser = argparse.ArgumentParser(
-            prog="roundgate", description="roundgate engine arguments",
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+            prog="roundgate",
+            description="roundgate engine arguments",
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
         cls.add_cli_args(parser)
         ns = parser.parse_args(argv)
         try:

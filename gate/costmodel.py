@@ -25,7 +25,9 @@ def iteration_time(
     204.0
     """
     if decodes < 0 or prefill_tokens < 0:
-        raise ValueError(f"decodes and prefill_tokens must be >= 0, got {decodes}, {prefill_tokens}")
+        raise ValueError(
+            f"decodes and prefill_tokens must be >= 0, got {decodes}, {prefill_tokens}"
+        )
     return decodes * decode_cost + prefill_tokens * prefill_cost
 
 

@@ -41,7 +41,9 @@ class GroupGate:
             return GateVote(any(row.wants_prefill for row in rows), "any")
         if r % self.delay.attempt_interval == 0:
             # A rank with no decode work protects nothing, so it never blocks the ALL point.
-            return GateVote(all(row.wants_prefill or not row.has_decode_work for row in rows), "all")
+            return GateVote(
+                all(row.wants_prefill or not row.has_decode_work for row in rows), "all"
+            )
         return CLOSED
 
     def observe(self, rows: Sequence[RankRow]) -> None:
