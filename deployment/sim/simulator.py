@@ -1,0 +1,199 @@
+"""The group simulator: N ranks of the real control plane in one process, on a cost clock.
+
+Each round runs every rank's real ``RankLoop`` (gate vote, scheduler plan, probe), gathers the
+rows in-process, prices the round with ``RoundCosts`` (the slowest rank plus the extend-round
+overhead) and advances a simulated clock. Nothing here models the gate separately: what the
+simulator measures is the code the engine runs.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from actors.cost_executor import CostExecutor
+from actors.dp_round import RankLoop
+from actors.request import Request, SamplingParams
+from actors.round import RoundKind
+from actors.scheduler import Scheduler
+from actors.server_args import ServerArgs
+from deployment.sim.workload import Arrival, Router
+from gate.policy import make_policy
+from gate.round_costs import RoundCosts
+
+KIND_CODES = {RoundKind.IDLE: 0, RoundKind.DECODE: 1, RoundKind.PREFILL: 2, RoundKind.MIXED: 3}
+POINT_CODES = {None: 0, "all": 1, "any": 2}
+# A round in which no rank runs a forward still costs the scheduler pass; keeps time moving.
+IDLE_ROUND_MS = 0.01
+
+
+@dataclass
+class Timeline:
+    """Per-round record, compact enough for 100k rounds x 8 ranks."""
+
+    start_s: array = field(default_factory=lambda: array("d"))
+    duration_ms: array = field(default_factory=lambda: array("d"))
+    kinds: bytearray = field(default_factory=bytearray)  # dp_size codes per round
+    points: bytearray = field(default_factory=bytearray)  # POINT_CODES
+    opened: bytearray = field(default_factory=bytearray)
+
+
+@dataclass
+class RequestRecord:
+    rank: int
+    arrival_s: float
+    prompt_tokens: int
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finish_s: float | None = None
+    num_output: int = 0
+    admission_wait: int | None = None
+
+
+@dataclass
+class SimResult:
+    """Raw outcome of one run; ``deployment.sim.report`` turns it into tables and plots."""
+
+    policy: str
+    dp_size: int
+    duration_s: float
+    rounds: int
+    busy_rounds: int
+    prefill_rounds: int
+    decode_rounds: int
+    records: list[RequestRecord]
+    itl_ms: array
+    timeline: Timeline | None
+    unfinished: int
+
+
+class GroupSimulator:
+    """Runs one workload through ``dp_size`` ranks under one ``ServerArgs`` configuration."""
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        costs: RoundCosts,
+        router: Router,
+        policy_name: str = "roundgate",
+        keep_timeline: bool = True,
+    ) -> None:
+        args.validate()
+        self.args = args
+        self.costs = costs
+        self.router = router
+        self.policy_name = policy_name
+        self.keep_timeline = keep_timeline
+        self.loops = [
+            RankLoop(
+                Scheduler(args),
+                make_policy(args.prefill_delay, args.prefill_decode_interval, rank),
+                CostExecutor(costs),
+                args.dp_size,
+            )
+            for rank in range(args.dp_size)
+        ]
+        self._prompts: dict[int, list[int]] = {}
+
+    def _prompt(self, length: int) -> list[int]:
+        # Shared read-only token lists: the cost executor never reads token values.
+        if length not in self._prompts:
+            self._prompts[length] = [1] * length
+        return self._prompts[length]
+
+    def run(
+        self,
+        arrivals: Sequence[Arrival],
+        max_rounds: int | None = None,
+        on_round: Callable[[int, int], None] | None = None,
+    ) -> SimResult:
+        """Simulate until every request finishes (or ``max_rounds``)."""
+        loops, costs, dp = self.loops, self.costs, self.args.dp_size
+        records: dict[str, RequestRecord] = {}
+        itl = array("d")
+        timeline = Timeline() if self.keep_timeline else None
+        clock = 0.0
+        next_arrival = 0
+        rounds = busy = prefill_rounds = decode_rounds = 0
+        finished = 0
+        while True:
+            while next_arrival < len(arrivals) and arrivals[next_arrival].time_s <= clock:
+                self._admit(arrivals[next_arrival], next_arrival, clock, records)
+                next_arrival += 1
+            if not any(loop.scheduler.has_unfinished for loop in loops):
+                if next_arrival >= len(arrivals):
+                    break
+                clock = arrivals[next_arrival].time_s
+                continue
+            if max_rounds is not None and rounds >= max_rounds:
+                break
+            rows = [loop.begin() for loop in loops]
+            outcomes = [loop.finish(rows) for loop in loops]
+            any_extend = any(row.num_extends for row in rows)
+            is_busy = not all(row.is_idle for row in rows)
+            if is_busy:
+                round_ms = costs.group_ms((o.result.cost_s * 1000 for o in outcomes), any_extend)
+            else:
+                round_ms = IDLE_ROUND_MS
+            start = clock
+            clock += round_ms / 1000.0
+            rounds += 1
+            if is_busy:
+                busy += 1
+                if any_extend:
+                    prefill_rounds += 1
+                else:
+                    decode_rounds += 1
+            for rank, outcome in enumerate(outcomes):
+                for event in outcome.events:
+                    rec = records[event.request.request_id]
+                    if event.token_id is not None:
+                        if rec.first_token_s is None:
+                            rec.first_token_s = clock
+                            rec.admission_wait = loops[rank].scheduler.admission_wait(event.request)
+                        else:
+                            itl.append((clock - rec.last_token_s) * 1000.0)
+                        rec.last_token_s = clock
+                        rec.num_output += 1
+                    if event.finished:
+                        rec.finish_s = clock
+                        finished += 1
+            if timeline is not None:
+                timeline.start_s.append(start)
+                timeline.duration_ms.append(round_ms)
+                timeline.kinds.extend(KIND_CODES[o.plan.kind] for o in outcomes)
+                vote = outcomes[0].vote
+                timeline.points.append(POINT_CODES[vote.point])
+                timeline.opened.append(vote.open)
+            if on_round is not None:
+                on_round(rounds, finished)
+        return SimResult(
+            policy=self.policy_name,
+            dp_size=dp,
+            duration_s=clock,
+            rounds=rounds,
+            busy_rounds=busy,
+            prefill_rounds=prefill_rounds,
+            decode_rounds=decode_rounds,
+            records=list(records.values()),
+            itl_ms=itl,
+            timeline=timeline,
+            unfinished=len(records) - finished,
+        )
+
+    def _admit(
+        self, arrival: Arrival, index: int, clock: float, records: dict[str, RequestRecord]
+    ) -> None:
+        loads = [len(loop.scheduler.requests) for loop in self.loops]
+        rank = arrival.rank if arrival.rank is not None else self.router.route(loads)
+        if not 0 <= rank < self.args.dp_size:
+            raise ValueError(f"trace pins request {index} to rank {rank}, outside dp_size")
+        request_id = f"req-{index}"
+        request = Request(
+            request_id,
+            self._prompt(arrival.prompt_tokens),
+            SamplingParams(max_tokens=arrival.output_tokens),
+        )
+        self.loops[rank].scheduler.add_request(request)
+        records[request_id] = RequestRecord(rank, arrival.time_s, arrival.prompt_tokens)
