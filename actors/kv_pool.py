@@ -60,12 +60,15 @@ class KVPool:
 
     def extend(self, owner: Hashable, num_tokens: int) -> list[int] | None:
         """Grow ``owner`` to hold ``num_tokens`` tokens; returns the newly granted pages."""
-        pages = self._owned.setdefault(owner, [])
+        # Look up without registering: a refused extend must leave the pool unchanged (an
+        # owner left behind with no pages would make a later allocate() refuse it).
+        pages = self._owned.get(owner, [])
         need = self.pages_for(num_tokens) - len(pages)
-        if need <= 0:
-            return []
         if need > len(self._free):
             return None
+        pages = self._owned.setdefault(owner, pages)
+        if need <= 0:
+            return []
         granted = [self._free.pop() for _ in range(need)]
         pages.extend(granted)
         return granted
