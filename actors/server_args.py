@@ -98,16 +98,22 @@ class ServerArgs:
         )
         for name in positive:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not _is_int(value) or value < 1:
                 raise ValueError(f"{_cli(name)} must be a positive integer, got {value!r}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"--max-model-len must be >= 1, got {self.max_model_len}")
-        if self.prefill_decode_interval < 0:
+        if self.max_model_len is not None and (
+            not _is_int(self.max_model_len) or self.max_model_len < 1
+        ):
             raise ValueError(
-                f"--prefill-decode-interval must be >= 0, got {self.prefill_decode_interval}"
+                f"--max-model-len must be a positive integer, got {self.max_model_len!r}"
             )
-        if not self.collective_timeout_s > 0:
-            raise ValueError(f"--collective-timeout-s must be > 0, got {self.collective_timeout_s}")
+        if not _is_int(self.prefill_decode_interval) or self.prefill_decode_interval < 0:
+            raise ValueError(
+                f"--prefill-decode-interval must be an integer >= 0, got "
+                f"{self.prefill_decode_interval!r}"
+            )
+        timeout = self.collective_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"--collective-timeout-s must be a number > 0, got {timeout!r}")
         for name, choices in (
             ("disaggregation_mode", DISAGGREGATION_MODES),
             ("device", DEVICES),
@@ -146,7 +152,7 @@ class ServerArgs:
         """Add one ``--flag`` per field, with its default in the help."""
         for f in dataclasses.fields(cls):
             flag = _cli(f.name)
-            help_text = f"{f.metadata['help']} (default: {f.default})"
+            help_text = f.metadata["help"]  # ArgumentDefaultsHelpFormatter adds the default
             if f.type in ("bool", bool):
                 parser.add_argument(
                     flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
@@ -195,6 +201,10 @@ class ServerArgs:
             else:
                 argv += [_cli(f.name), str(value)]
         return argv
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _cli(name: str) -> str:
