@@ -36,7 +36,7 @@ class ServerArgs:
     )
     page_size: int = _flag("tokens per KV-cache page", default=16)
     num_kv_pages: int = _flag("KV-cache pages per rank", default=1024)
-    max_model_len: int | None = _flag("context length cap (default: the model's)", default=None)
+    max_model_len: int | None = _flag("context length cap; unset = the model's", default=None)
     prefill_attempt_interval: int | None = _flag(
         "group gate: rounds between ALL attempt points (set together with the ANY interval)",
         default=None,
