@@ -1,0 +1,82 @@
+"""The dispatch/combine contract shared by every MoE backend, and the local expert compute.
+
+One MoE layer on one rank::
+
+    d = backend.dispatch(x, topk_ids, topk_weights, low_latency=...)  # rows for MY experts
+    y = run_experts(d.hidden, d.counts, w13, w2)                     # unweighted outputs
+    out = backend.combine(y, d)                                      # weighted sum, [T, H]
+
+``dispatch`` returns the (token, expert) pairs routed to this rank's experts, grouped by
+local expert (``counts[e]`` rows for local expert ``e``, in order). Expert outputs come
+back *unweighted*; ``combine`` applies the router weights wherever the backend's wire
+format wants them (DeepEP low-latency weights inside its combine kernel). Every rank calls
+both for every MoE layer, even with zero tokens, because the collectives must match.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from kernels.moe.placement import ExpertPlacement
+
+
+@dataclass
+class Dispatched:
+    """Rows this rank's experts must compute, grouped by local expert."""
+
+    hidden: torch.Tensor  # [N, H]
+    counts: list[int]  # rows per local expert, len == num_local_experts, sum == N
+    handle: Any  # backend-private state for combine
+
+
+class MoEBackend(Protocol):
+    """Moves tokens to the ranks that hold their experts and back."""
+
+    name: str
+    placement: ExpertPlacement
+
+    @property
+    def needs_collectives(self) -> bool:
+        """Whether an idle rank must still run the layer (to join the group's collectives)."""
+        ...
+
+    def dispatch(
+        self,
+        hidden: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        *,
+        low_latency: bool,
+    ) -> Dispatched: ...
+
+    def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor: ...
+
+
+def group_by_expert(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
+    """``(order, counts)``: a stable permutation grouping ``expert_ids`` ascending."""
+    order = torch.argsort(expert_ids, stable=True)
+    counts = torch.bincount(expert_ids, minlength=num_experts).tolist()
+    return order, counts
+
+
+def run_experts(
+    hidden: torch.Tensor, counts: list[int], w13: torch.Tensor, w2: torch.Tensor
+) -> torch.Tensor:
+    """SwiGLU experts over grouped rows: ``w13: [E, 2I, H]`` (gate then up), ``w2: [E, H, I]``.
+
+    One GEMM pair per expert with rows; experts without rows cost nothing.
+    """
+    out = torch.empty_like(hidden)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        rows = hidden[start : start + count]
+        gate, up = F.linear(rows, w13[expert]).chunk(2, dim=-1)
+        out[start : start + count] = F.linear(F.silu(gate) * up, w2[expert])
+        start += count
+    return out
