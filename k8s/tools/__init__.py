@@ -1,0 +1,1 @@
+"""Helpers behind the manifest tests and the dashboards ConfigMap generator."""

@@ -1,0 +1,111 @@
+"""Check a RayService ``serveConfigV2`` offline: Ray's own schema plus the typos it lets through.
+
+``ray.serve.schema.ServeDeploySchema`` ignores unknown keys, so ``num_replica:`` or
+``import_pth:`` would deploy with the default silently. Here every key at every level is compared
+with the pydantic fields (and aliases) of the model that reads it, and the application ``args``
+(a free-form dict to Ray) are compared with what ``deployment.app:build_app`` takes: the engine's
+``ServerArgs`` fields plus the deployment keys below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from ray.serve.schema import ServeDeploySchema
+
+from actors.server_args import ServerArgs
+
+DEPLOYMENT_KEYS = frozenset({"num_groups", "router", "route_weights", "host", "port", "api_key"})
+ROUTERS = ("round-robin", "least-loaded", "skewed")
+SERVER_ARG_KEYS = frozenset(f.name for f in dataclasses.fields(ServerArgs))
+APP_ARG_KEYS = SERVER_ARG_KEYS | DEPLOYMENT_KEYS
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """Pydantic models a field holds directly, or as a list/optional of them."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if typing.get_origin(annotation) in (list, typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+    return []
+
+
+def unknown_keys(data: Any, model: type[BaseModel], path: str) -> list[str]:
+    """Keys of ``data`` that ``model`` does not define, recursing into nested models."""
+    if not isinstance(data, dict):
+        return []
+    fields = model.model_fields
+    names = {name: name for name in fields} | {
+        f.alias: name for name, f in fields.items() if f.alias
+    }
+    problems = []
+    for key, value in data.items():
+        if key not in names:
+            problems.append(f"{path}.{key}: unknown key for {model.__name__}")
+            continue
+        for sub in _models_in(fields[names[key]].annotation):
+            items = value if isinstance(value, list) else [value]
+            for index, item in enumerate(items):
+                where = f"{path}.{key}[{index}]" if isinstance(value, list) else f"{path}.{key}"
+                problems += unknown_keys(item, sub, where)
+            break
+    return problems
+
+
+def check_app_args(args: dict[str, Any], path: str) -> list[str]:
+    """Problems with one application's ``args`` for ``deployment.app:build_app``."""
+    problems = [f"{path}.{key}: unknown app arg" for key in args if key not in APP_ARG_KEYS]
+    engine = {key: value for key, value in args.items() if key in SERVER_ARG_KEYS}
+    try:
+        ServerArgs(**engine).validate()
+    except (TypeError, ValueError) as exc:
+        problems.append(f"{path}: ServerArgs refuses these args: {exc}")
+    num_groups = args.get("num_groups", 1)
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
+        problems.append(f"{path}.num_groups: must be a positive integer, got {num_groups!r}")
+    router = args.get("router", "round-robin")
+    if router not in ROUTERS:
+        problems.append(f"{path}.router: must be one of {', '.join(ROUTERS)}, got {router!r}")
+    weights = args.get("route_weights")
+    if weights is not None:
+        if router != "skewed":
+            problems.append(f"{path}.route_weights: only used with router: skewed")
+        if not isinstance(weights, list) or not all(type(w) is int and w >= 0 for w in weights):
+            problems.append(f"{path}.route_weights: must be a list of non-negative integers")
+        elif len(weights) != num_groups:
+            problems.append(f"{path}.route_weights: {len(weights)} weights for {num_groups} groups")
+    port = args.get("port", 8000)
+    if type(port) is not int or not 0 < port < 65536:
+        problems.append(f"{path}.port: must be a TCP port, got {port!r}")
+    return problems
+
+
+def check_serve_config(text: str) -> list[str]:
+    """Every problem with a ``serveConfigV2`` string; empty when it is good to deploy."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        return [f"serveConfigV2: not YAML: {exc}"]
+    if not isinstance(data, dict):
+        return ["serveConfigV2: must be a mapping"]
+    # Ray's schema, the typo walk and the args check each see problems the others miss, so
+    # all three run and every problem is reported at once.
+    problems = []
+    try:
+        ServeDeploySchema.model_validate(data)
+    except ValidationError as exc:
+        problems += [
+            f"serveConfigV2.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+            for err in exc.errors()
+        ]
+    problems += unknown_keys(data, ServeDeploySchema, "serveConfigV2")
+    for index, app in enumerate(data.get("applications") or []):
+        args = app.get("args") if isinstance(app, dict) else None
+        if isinstance(args, dict):
+            problems += check_app_args(args, f"serveConfigV2.applications[{index}].args")
+    return problems
