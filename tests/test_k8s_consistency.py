@@ -71,7 +71,9 @@ def test_worker_pods_hold_one_dp_group(profile: str) -> None:
     _, args = app_args(service)
     cluster = service["spec"]["rayClusterConfig"]
     group, container = worker(cluster)
-    expected = args["dp_size"] if args["device"] == "cuda" else 0
+    per_rank = args.get("num_gpus_per_rank", 0)
+    expected = args["dp_size"] * per_rank if args["device"] == "cuda" else 0
+    assert expected == int(expected) and (args["device"] != "cuda" or expected > 0)
     assert gpus(container) == expected
     requests = container["resources"].get("requests", {})
     assert int(requests.get("nvidia.com/gpu", expected)) == expected
@@ -85,7 +87,7 @@ def test_worker_pods_hold_one_dp_group(profile: str) -> None:
 def test_serve_port_and_metrics_endpoints_agree(profile: str) -> None:
     service = one(profile, "serve", "RayService")
     config, args = app_args(service)
-    assert config["http_options"]["port"] == args["port"] == SERVE_PORT
+    assert config["http_options"]["port"] == args.get("port", SERVE_PORT) == SERVE_PORT
     cluster = service["spec"]["rayClusterConfig"]
     pods = [cluster["headGroupSpec"]["template"]] + [
         g["template"] for g in cluster["workerGroupSpecs"]

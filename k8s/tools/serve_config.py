@@ -3,7 +3,8 @@
 ``ray.serve.schema.ServeDeploySchema`` ignores unknown keys, so ``num_replica:`` or
 ``import_pth:`` would deploy with the default silently. Here every key at every level is compared
 with the pydantic fields (and aliases) of the model that reads it, and the application ``args``
-(a free-form dict to Ray) are compared with what ``deployment.app:build_app`` takes: the engine's
+(a free-form dict to Ray) are checked against what ``deployment.app:build_app`` takes: its own
+pydantic ``deployment.config.AppArgs`` when that module is present, else the engine's
 ``ServerArgs`` fields plus the deployment keys below.
 """
 
@@ -20,7 +21,27 @@ from ray.serve.schema import ServeDeploySchema
 
 from actors.server_args import ServerArgs
 
-DEPLOYMENT_KEYS = frozenset({"num_groups", "router", "route_weights", "host", "port", "api_key"})
+try:  # the deployment's own args model is the source of truth where it exists
+    from deployment.config import AppArgs
+except ImportError:  # pragma: no cover - depends on the deployment package's state
+    AppArgs = None
+
+DEPLOYMENT_KEYS = frozenset(
+    {
+        "num_groups",
+        "router",
+        "route_weights",
+        "host",
+        "port",
+        "api_key",
+        "model_name",
+        "num_cpus_per_rank",
+        "num_gpus_per_rank",
+        "max_ongoing_requests",
+        "max_request_bytes",
+        "ingress_replicas",
+    }
+)
 ROUTERS = ("round-robin", "least-loaded", "skewed")
 SERVER_ARG_KEYS = frozenset(f.name for f in dataclasses.fields(ServerArgs))
 APP_ARG_KEYS = SERVER_ARG_KEYS | DEPLOYMENT_KEYS
@@ -59,6 +80,20 @@ def unknown_keys(data: Any, model: type[BaseModel], path: str) -> list[str]:
 
 def check_app_args(args: dict[str, Any], path: str) -> list[str]:
     """Problems with one application's ``args`` for ``deployment.app:build_app``."""
+    if AppArgs is not None:
+        try:
+            AppArgs.model_validate(args)
+        except ValidationError as exc:
+            return [
+                f"{'.'.join([path, *(str(p) for p in err['loc'])])}: {err['msg']}"
+                for err in exc.errors()
+            ]
+        return []
+    return _check_app_args_fallback(args, path)
+
+
+def _check_app_args_fallback(args: dict[str, Any], path: str) -> list[str]:
+    """The same checks by hand, for a checkout without ``deployment.config``."""
     problems = [f"{path}.{key}: unknown app arg" for key in args if key not in APP_ARG_KEYS]
     engine = {key: value for key, value in args.items() if key in SERVER_ARG_KEYS}
     try:
@@ -77,8 +112,6 @@ def check_app_args(args: dict[str, Any], path: str) -> list[str]:
             problems.append(f"{path}.route_weights: only used with router: skewed")
         if not isinstance(weights, list) or not all(type(w) is int and w >= 0 for w in weights):
             problems.append(f"{path}.route_weights: must be a list of non-negative integers")
-        elif len(weights) != num_groups:
-            problems.append(f"{path}.route_weights: {len(weights)} weights for {num_groups} groups")
     port = args.get("port", 8000)
     if type(port) is not int or not 0 < port < 65536:
         problems.append(f"{path}.port: must be a TCP port, got {port!r}")
