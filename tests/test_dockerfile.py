@@ -1,0 +1,103 @@
+"""The Dockerfile (not buildable here) agrees with pyproject.toml and the k8s manifests."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k8s.tools.render import render
+
+REPO = Path(__file__).resolve().parents[1]
+K8S = REPO / "k8s"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """``(INSTRUCTION, arguments)`` pairs with comments dropped and continuations joined."""
+    text = re.sub(r"\\\n", " ", (REPO / "Dockerfile").read_text(encoding="utf-8"))
+    pairs = []
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            keyword, _, rest = line.strip().partition(" ")
+            pairs.append((keyword.upper(), rest.strip()))
+    return pairs
+
+
+def final_stage() -> list[tuple[str, str]]:
+    steps = instructions()
+    last_from = max(i for i, (keyword, _) in enumerate(steps) if keyword == "FROM")
+    return steps[last_from:]
+
+
+def pyproject() -> dict[str, Any]:
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def all_objects() -> list[dict[str, Any]]:
+    return [o for p in K8S.rglob("kustomization.yaml") for o in render(p.parent)]
+
+
+def walk(node: Any, key: str) -> list[Any]:
+    found = []
+    if isinstance(node, dict):
+        found += [node[key]] if key in node else []
+        for value in node.values():
+            found += walk(value, key)
+    elif isinstance(node, list):
+        for item in node:
+            found += walk(item, key)
+    return found
+
+
+def test_base_image_matches_the_pinned_ray_version() -> None:
+    (ray_pin,) = [d for d in pyproject()["project"]["dependencies"] if d.startswith("ray[")]
+    version = ray_pin.split("==")[1]
+    args = dict(
+        rest.split("=", 1) for keyword, rest in instructions() if keyword == "ARG" and "=" in rest
+    )
+    assert args["BASE_IMAGE"].startswith(f"rayproject/ray:{version}-")
+    assert set(walk(all_objects(), "rayVersion")) == {version}
+
+
+def test_runs_as_a_numeric_non_root_user() -> None:
+    # Pods set runAsNonRoot: the kubelet can only verify a numeric USER.
+    users = [rest for keyword, rest in final_stage() if keyword == "USER"]
+    assert users and users[-1].split(":")[0].isdigit() and int(users[-1].split(":")[0]) > 0
+    assert all(c["runAsNonRoot"] for c in walk(all_objects(), "securityContext"))
+
+
+def test_exposes_every_container_port_of_the_manifests() -> None:
+    exposed = {int(p) for k, rest in final_stage() if k == "EXPOSE" for p in rest.split()}
+    declared = set(walk(all_objects(), "containerPort"))
+    assert declared <= exposed
+
+
+def test_healthcheck_probes_what_the_readiness_probe_probes() -> None:
+    (check,) = [rest for keyword, rest in final_stage() if keyword == "HEALTHCHECK"]
+    service = next(o for o in render(K8S / "base" / "serve") if o["kind"] == "RayService")
+    worker = service["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]
+    probe = worker["containers"][0]["readinessProbe"]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in worker["containers"][0]["ports"]}
+    assert f"127.0.0.1:{ports[probe['port']]}{probe['path']}" in check
+
+
+def test_commands_used_by_the_manifests_exist_in_the_image() -> None:
+    scripts = pyproject()["project"]["scripts"]
+    packages = pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
+    text = " ".join(rest for _, rest in final_stage())
+    (cmd,) = [rest for keyword, rest in final_stage() if keyword == "CMD"]
+    assert cmd.strip('[]"').split('"')[0] in scripts
+    (bench,) = [o for o in render(K8S / "base" / "bench") if o["kind"] == "RayJob"]
+    assert shlex.split(bench["spec"]["entrypoint"])[0] in scripts
+    assert "kernels*" in packages  # python -m kernels.nccl_tests in the preflight Job
+    assert "/usr/local/bin/all_gather_perf" in text
+    assert re.search(r"pip install [^&]*-c constraints\.txt", text)
+
+
+@pytest.mark.parametrize("pattern", [".venv/", ".git/"])
+def test_dockerignore_keeps_the_context_small(pattern: str) -> None:
+    assert pattern in (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
