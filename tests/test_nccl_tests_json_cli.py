@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
+from gate.round_costs import load_costs
 from gate.rows import NUM_COLUMNS
 from kernels.nccl_tests import (
     NcclTestsResult,
     all_gather_command,
     calibrate_metadata_gather,
+    gather_cost_overrides,
     interpolate_time_us,
     metadata_gather_bytes,
     parse,
@@ -178,6 +180,9 @@ def test_calibration_interpolates_between_measured_sizes() -> None:
     assert calibration.num_bytes == 320
     assert 16.0 < calibration.time_us < 16.3
     assert 15.0 < calibration.latency.latency_us < 17.0
+    overrides = gather_cost_overrides(calibration, base="gb200-dsv3")
+    costs = load_costs("calibrated.json", json.dumps(overrides))
+    assert costs.gather_ms == pytest.approx(calibration.time_us / 1000)
 
 
 @needs_samples

@@ -9,6 +9,7 @@ from kernels.nccl_tests.calibrate import (
     LatencyFit,
     calibrate_metadata_gather,
     fit_latency,
+    gather_cost_overrides,
     interpolate_time_us,
     metadata_gather_bytes,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "calibrate_metadata_gather",
     "check_fabric",
     "fit_latency",
+    "gather_cost_overrides",
     "interpolate_time_us",
     "metadata_gather_bytes",
     "parse",
