@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from deployment.sim import cli as sim_cli
 
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "local.yaml"
+
 
 def _serve(ns: argparse.Namespace) -> int:
-    print(
-        "roundgate serve: would start a local Ray cluster on 127.0.0.1 and run "
-        "deployment/configs/local.yaml (tiny MoE preset, dp=2, group gate on) with an "
-        "OpenAI-compatible API on 127.0.0.1:8000.\n"
-        "The Ray Serve deployment has not landed yet (see the DP-group and serving issues); "
-        "try `roundgate simulate --help` meanwhile.",
-        file=sys.stderr,
-    )
-    return 3
+    from deployment.local import serve_forever
+
+    try:
+        return serve_forever(ns.config)
+    except ValueError as exc:
+        ns.parser.error(str(exc))
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sim_cli.add_parser(sub)
     serve = sub.add_parser("serve", help="run the local deployment (127.0.0.1:8000)")
+    serve.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG,
+        help="a `serve run` config (default: deployment/configs/local.yaml)",
+    )
     serve.set_defaults(func=_serve, parser=serve)
     return parser
 

@@ -14,8 +14,13 @@ from deployment.sim.workload import ARRIVALS, LENGTH_DISTS, ROUTERS, Router, Wor
 from gate.round_costs import PRESETS, RoundCosts, load_costs
 
 POLICIES = ("roundgate", "none", "local-interval")
-COST_FLAGS = ("decode_base_ms", "decode_per_seq_ms", "prefill_per_token_ms",
-              "extend_overhead_ms", "gather_ms")  # fmt: skip
+COST_FLAGS = (
+    "decode_base_ms",
+    "decode_per_seq_ms",
+    "prefill_per_token_ms",
+    "extend_overhead_ms",
+    "gather_ms",
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,8 +45,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("costs (ms)")
     g.add_argument("--costs", default="toy", help=f"preset ({', '.join(PRESETS)}) or FILE.json")
     for name in COST_FLAGS:
-        g.add_argument("--" + name.replace("_", "-"), type=float, default=None,
-                       help="override the preset")  # fmt: skip
+        g.add_argument(
+            "--" + name.replace("_", "-"), type=float, default=None, help="override the preset"
+        )
     g = p.add_argument_group("workload")
     g.add_argument("--num-requests", type=int, default=500)
     g.add_argument("--arrival", default="poisson", choices=ARRIVALS)
@@ -112,8 +118,9 @@ def _weights(ns: argparse.Namespace) -> list[int] | None:
     try:
         return [int(w) for w in ns.route_weights.split(",")]
     except ValueError:
-        raise ValueError(f"--route-weights: expected integers like 8,1,1,1, got "
-                         f"{ns.route_weights!r}") from None  # fmt: skip
+        raise ValueError(
+            f"--route-weights: expected integers like 8,1,1,1, got {ns.route_weights!r}"
+        ) from None
 
 
 def prepare(ns: argparse.Namespace):
@@ -121,10 +128,16 @@ def prepare(ns: argparse.Namespace):
     policies = _policies(ns)
     costs = _costs(ns)
     spec = WorkloadSpec(
-        num_requests=ns.num_requests, arrival=ns.arrival, rate=ns.rate,
-        burst_size=ns.burst_size, input_len=ns.input_len, output_len=ns.output_len,
-        length_dist=ns.length_dist, trace=ns.trace, seed=ns.seed,
-    )  # fmt: skip
+        num_requests=ns.num_requests,
+        arrival=ns.arrival,
+        rate=ns.rate,
+        burst_size=ns.burst_size,
+        input_len=ns.input_len,
+        output_len=ns.output_len,
+        length_dist=ns.length_dist,
+        trace=ns.trace,
+        seed=ns.seed,
+    )
     weights = _weights(ns)
     Router(ns.router, ns.dp_size, weights, ns.seed)  # validates router flags
     args = {p: server_args_for(ns, p) for p in policies}
@@ -141,8 +154,13 @@ def run(ns: argparse.Namespace) -> int:
         ns.parser.error(str(exc))
     results: list[SimResult] = []
     for policy in policies:
-        sim = GroupSimulator(args[policy], costs, Router(ns.router, ns.dp_size, weights, ns.seed),
-                             policy, keep_timeline=ns.plot is not None)  # fmt: skip
+        sim = GroupSimulator(
+            args[policy],
+            costs,
+            Router(ns.router, ns.dp_size, weights, ns.seed),
+            policy,
+            keep_timeline=ns.plot is not None,
+        )
         bar = None
         if not ns.no_progress and sys.stderr.isatty():
             from tqdm import tqdm

@@ -113,8 +113,10 @@ def write_plots(results: Sequence[SimResult], out_dir: Path, max_rounds: int = 4
         for i in range(n):
             if tl.opened[i] and tl.points[i]:
                 ax.axvline(i, color="black" if tl.points[i] == 1 else "red", lw=0.6, alpha=0.7)
-        ax.set_xlabel("round (grey idle, blue decode, orange prefill, red mixed; "
-                      "lines: gate opened at ALL (black) / ANY (red))")  # fmt: skip
+        ax.set_xlabel(
+            "round (grey idle, blue decode, orange prefill, red mixed; "
+            "lines: gate opened at ALL (black) / ANY (red))"
+        )
         ax.set_ylabel("dp rank")
         ax.set_title(f"{res.policy}: per-rank rounds")
         path = out_dir / f"timeline_{res.policy}.png"
@@ -126,8 +128,11 @@ def write_plots(results: Sequence[SimResult], out_dir: Path, max_rounds: int = 4
         fig, ax = plt.subplots(figsize=(6, 4))
         for res in results:
             if metric == "ttft":
-                data = [(r.first_token_s - r.arrival_s) * 1000 for r in res.records
-                        if r.first_token_s is not None]  # fmt: skip
+                data = [
+                    (r.first_token_s - r.arrival_s) * 1000
+                    for r in res.records
+                    if r.first_token_s is not None
+                ]
             else:
                 data = list(res.itl_ms)
             if data:

@@ -1,0 +1,57 @@
+"""The offline engine: one rank in one process, no Ray. ``Engine(args).generate(...)``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from actors.engine_core import EngineCore
+from actors.request import Request, SamplingParams
+from actors.server_args import ServerArgs
+
+__all__ = ["Engine", "SamplingParams"]
+
+
+class Engine:
+    """Runs the real scheduler loop (continuous batching, chunked prefill, the gate with dp=1)
+    over the model runner of ``args.model``.
+    """
+
+    def __init__(self, args: ServerArgs) -> None:
+        from actors.model_runner import ModelRunner
+
+        if args.dp_size != 1:
+            raise ValueError(
+                f"the offline Engine runs one rank: --dp-size must be 1, got {args.dp_size}"
+            )
+        args.validate()
+        self.args = args
+        self.runner = ModelRunner(args)
+        self.core = EngineCore(args, self.runner, max_model_len=self.runner.max_model_len)
+        self._next_id = 0
+
+    def generate(
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+        max_rounds: int = 1_000_000,
+    ) -> list[list[int]]:
+        """Output token ids per prompt, in prompt order."""
+        if isinstance(sampling, SamplingParams) or sampling is None:
+            params = [sampling or SamplingParams()] * len(prompt_token_ids)
+        else:
+            params = list(sampling)
+            if len(params) != len(prompt_token_ids):
+                raise ValueError("one SamplingParams per prompt, or a single one for all")
+        requests = []
+        for ids, sp in zip(prompt_token_ids, params, strict=True):
+            req = Request(f"offline-{self._next_id}", list(ids), sp)
+            self._next_id += 1
+            self.core.submit(req)
+            requests.append(req)
+        for _ in range(max_rounds):
+            if not self.core.has_local_work:
+                break
+            self.core.step()
+        else:
+            raise RuntimeError(f"generate did not finish within {max_rounds} rounds")
+        return [list(req.output_token_ids) for req in requests]

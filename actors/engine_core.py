@@ -1,0 +1,85 @@
+"""One rank's engine: the round loop plus thread-safe intake, shared by the offline engine
+and the Ray rank replica.
+
+Requests and aborts may arrive from any thread (the replica's asyncio loop); they are queued
+and applied at the start of the next round, on the thread that runs ``step``, so the
+scheduler itself is only ever touched by one thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from actors.dp_round import RankLoop, RoundOutcome
+from actors.executor import Executor
+from actors.gather import Gather, SingleRankGather
+from actors.request import Request
+from actors.scheduler import Scheduler, TokenEvent
+from actors.server_args import ServerArgs
+from gate.policy import make_policy
+
+EventSink = Callable[[TokenEvent], None]
+
+
+class EngineCore:
+    """Scheduler + policy + executor of one rank, stepped one round at a time."""
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        executor: Executor,
+        rank: int = 0,
+        gather: Gather | None = None,
+        max_model_len: int | None = None,
+        on_event: EventSink | None = None,
+    ) -> None:
+        args.validate()
+        self.args = args
+        self.rank = rank
+        self.scheduler = Scheduler(args, max_model_len)
+        policy = make_policy(args.prefill_delay, args.prefill_decode_interval, rank)
+        self.loop = RankLoop(
+            self.scheduler, policy, executor, args.dp_size, gather or SingleRankGather()
+        )
+        self.on_event = on_event
+        self._intake: deque[Request] = deque()
+        self._lock = threading.Lock()
+        self.last_outcome: RoundOutcome | None = None
+
+    def submit(self, request: Request) -> None:
+        """Queue a request for the next round (any thread). Validation errors raise here."""
+        limit = self.scheduler.max_model_len
+        if limit is not None and request.num_prompt_tokens + 1 > limit:
+            raise ValueError(
+                f"prompt of {request.num_prompt_tokens} tokens does not fit the context "
+                f"length {limit}"
+            )
+        with self._lock:
+            self._intake.append(request)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request (any thread); its pages are freed at the next plan."""
+        with self._lock:
+            for req in self._intake:
+                if req.request_id == request_id:
+                    self._intake.remove(req)
+                    return
+        self.scheduler.abort(request_id)
+
+    @property
+    def has_local_work(self) -> bool:
+        return bool(self._intake) or self.scheduler.has_unfinished
+
+    def step(self) -> RoundOutcome:
+        """Run one round (collectives included, if the gather has peers)."""
+        with self._lock:
+            while self._intake:
+                self.scheduler.add_request(self._intake.popleft())
+        outcome = self.loop.step()
+        self.last_outcome = outcome
+        if self.on_event is not None:
+            for event in outcome.events:
+                self.on_event(event)
+        return outcome

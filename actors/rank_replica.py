@@ -1,0 +1,224 @@
+"""The Ray Serve shell of one rank: a gang member that owns its engine thread.
+
+One DP group is one Serve gang of ``dp_size`` replicas; each replica reads its rank from the
+gang context, joins the group's process group, and runs ``EngineCore.step`` in a thread of
+its own so blocking collectives never stall the replica's asyncio loop. ``generate`` is a
+streaming method: tokens flow from the engine thread into a per-request asyncio queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from actors.engine_core import EngineCore
+from actors.rank_stats import RankStats
+from actors.request import Request, SamplingParams
+from actors.scheduler import TokenEvent
+from actors.server_args import ServerArgs
+
+logger = logging.getLogger("roundgate.rank")
+
+# Idle group: back off between empty rounds (every rank sees the same idle rows, so all sleep).
+IDLE_SLEEP_S = 0.002
+
+
+class GroupFailure(RuntimeError):
+    """The DP group can no longer run rounds (a peer died or a collective timed out)."""
+
+
+class RankReplica:
+    """One attention-DP rank: model shard, KV pool, scheduler and gate, on one device."""
+
+    async def __init__(self, args: dict[str, Any]) -> None:
+        from ray import serve
+
+        from actors import rendezvous
+
+        self.args = ServerArgs(**args).validate()
+        _limit_threads()
+        gang = serve.get_replica_context().gang_context
+        if gang is None:
+            raise RuntimeError("RankReplica needs gang scheduling (gang_scheduling_config)")
+        self.rank, self.world_size, self.gang_id = gang.rank, gang.world_size, gang.gang_id
+        if self.world_size != self.args.dp_size:
+            raise ValueError(
+                f"gang of {self.world_size} replicas but --dp-size {self.args.dp_size}"
+            )
+        timeout = self.args.collective_timeout_s
+        device = _device(self.args.device)
+        backend = "nccl" if device == "cuda" else "gloo"
+        if self.rank == 0:
+            meeting = rendezvous.choose_meeting(self.gang_id, backend, _multinode_host())
+            rendezvous.publish(self.gang_id, meeting)
+        else:
+            meeting = await asyncio.to_thread(rendezvous.lookup, self.gang_id, timeout)
+        await asyncio.to_thread(rendezvous.join, meeting, self.rank, self.world_size, timeout)
+        self._loop = asyncio.get_running_loop()
+        self._streams: dict[str, asyncio.Queue] = {}
+        self.stats = RankStats()
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self.core = await asyncio.to_thread(self._build_core, device)
+        self._thread = threading.Thread(target=self._run, name=f"rank{self.rank}", daemon=True)
+        self._thread.start()
+        logger.info("rank %d/%d of gang %s ready", self.rank, self.world_size, self.gang_id)
+
+    def _build_core(self, device: str) -> EngineCore:
+        import torch.distributed as dist
+
+        from actors.model_runner import ModelRunner
+        from actors.torch_gather import TorchGather
+
+        runner = ModelRunner(self.args, rank=self.rank, group=dist.group.WORLD)
+        return EngineCore(
+            self.args,
+            runner,
+            rank=self.rank,
+            gather=TorchGather(device="cuda" if device == "cuda" else "cpu"),
+            max_model_len=runner.max_model_len,
+            on_event=self._on_event,
+        )
+
+    # ---- engine thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                outcome = self.core.step()
+                self.stats.observe(outcome)
+                if outcome.group_idle and not self.core.has_local_work:
+                    time.sleep(IDLE_SLEEP_S)
+        except BaseException as exc:  # a dead peer or a timed-out collective ends the group
+            self._error = GroupFailure(f"rank {self.rank}: DP group failed: {exc}")
+            logger.error("%s", self._error)
+            self._loop.call_soon_threadsafe(self._fail_all, self._error)
+
+    def _on_event(self, event: TokenEvent) -> None:
+        queue = self._streams.get(event.request.request_id)
+        if queue is not None:
+            self._loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for queue in self._streams.values():
+            queue.put_nowait(error)
+
+    # ---- Serve methods -------------------------------------------------------------------
+
+    async def generate(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Stream ``{"token_ids", "finish_reason"}`` chunks for one request."""
+        if self._error is not None:
+            raise self._error
+        request_id = str(payload["request_id"])
+        request = Request(
+            request_id,
+            [int(t) for t in payload["prompt_token_ids"]],
+            SamplingParams(**payload.get("sampling", {})),
+        )
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = queue
+        finished = False
+        try:
+            self.core.submit(request)
+            tokens: list[int] = []
+            while not finished:
+                # Whatever queued up while we were away goes out in one chunk: under load
+                # that batches tokens; ``stream_interval`` sets the minimum chunk size.
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                reason = None
+                for item in items:
+                    if isinstance(item, BaseException):
+                        raise item
+                    if item.token_id is not None:
+                        tokens.append(item.token_id)
+                    if item.finished:
+                        finished, reason = True, item.request.finish_reason
+                if finished or len(tokens) >= self.args.stream_interval:
+                    yield {
+                        "token_ids": tokens,
+                        "finish_reason": reason,
+                        "num_prompt_tokens": request.num_prompt_tokens,
+                    }
+                    tokens = []
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                # The caller went away (or the group failed): free the request's pages.
+                self.core.abort(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.core.abort(request_id)
+
+    async def stats_snapshot(self) -> dict[str, Any]:
+        sched = self.core.scheduler
+        return {
+            "dp_rank": self.rank,
+            "gang_id": self.gang_id,
+            "waiting": len(sched.waiting),
+            "running": len(sched.running),
+            "retracted": len(sched.retracted),
+            "kv_occupancy": sched.pool.occupancy,
+            "retractions": sched.num_retractions,
+            "aborts": sched.num_aborts,
+            "rounds_since_prefill": getattr(self.core.loop.policy, "rounds_since_prefill", None),
+            "error": None if self._error is None else str(self._error),
+            **self.stats.snapshot(),
+        }
+
+    async def check_pool(self) -> bool:
+        """Pool integrity (for tests and operators); raises ``AssertionError`` if broken."""
+        self.core.scheduler.pool.check_integrity()
+        return True
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        sched = self.core.scheduler
+        return {
+            "dp_rank": self.rank,
+            "gang_id": self.gang_id,
+            "load": len(sched.requests),
+            "kv_occupancy": sched.pool.occupancy,
+        }
+
+    def check_health(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if not self._thread.is_alive():
+            raise GroupFailure(f"rank {self.rank}: engine thread exited")
+
+    def __del__(self) -> None:
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+
+
+def _limit_threads() -> None:
+    """One torch thread per CPU Ray gave this rank, so co-located ranks don't oversubscribe."""
+    import ray
+    import torch
+
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    torch.set_num_threads(max(1, int(cpus)))
+
+
+def _device(name: str) -> str:
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _multinode_host() -> str | None:
+    """rank 0's node address when the cluster spans nodes; None for a single node."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) <= 1:
+        return None
+    return ray.util.get_node_ip_address()

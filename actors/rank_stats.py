@@ -1,0 +1,56 @@
+"""Counters a rank keeps about its rounds and gate decisions (exposed by ``stats``)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from actors.dp_round import RoundOutcome
+
+
+@dataclass
+class RankStats:
+    """Updated once per round on the engine thread; read as a snapshot from others."""
+
+    rounds: int = 0
+    busy_rounds: int = 0
+    prefill_rounds: int = 0  # any rank of the group extended
+    decode_rounds: int = 0  # busy, and nobody extended
+    low_latency_rounds: int = 0
+    votes: dict[str, int] = field(default_factory=dict)  # "all:open", "any:closed", …
+    local_prefill_rounds: int = 0  # this rank extended
+    # (round index, point, open) of recent rounds: every rank of a group must agree.
+    decisions: deque = field(default_factory=lambda: deque(maxlen=4096))
+    last_rows: list[tuple[int, ...]] = field(default_factory=list)
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        self.rounds += 1
+        vote = outcome.vote
+        self.decisions.append((self.rounds, vote.point, vote.open))
+        if vote.point is not None:
+            key = f"{vote.point}:{'open' if vote.open else 'closed'}"
+            self.votes[key] = self.votes.get(key, 0) + 1
+        self.last_rows = [row.pack() for row in outcome.rows]
+        if outcome.group_idle:
+            return
+        self.busy_rounds += 1
+        if any(row.num_extends for row in outcome.rows):
+            self.prefill_rounds += 1
+        else:
+            self.decode_rounds += 1
+            self.low_latency_rounds += 1
+        if outcome.plan.num_extends:
+            self.local_prefill_rounds += 1
+
+    def snapshot(self) -> dict:
+        return {
+            "rounds": self.rounds,
+            "busy_rounds": self.busy_rounds,
+            "prefill_rounds": self.prefill_rounds,
+            "decode_rounds": self.decode_rounds,
+            "low_latency_rounds": self.low_latency_rounds,
+            "local_prefill_rounds": self.local_prefill_rounds,
+            "votes": dict(self.votes),
+            "decisions": list(self.decisions),
+            "last_rows": list(self.last_rows),
+        }

@@ -1,0 +1,80 @@
+"""The deployment's arguments: a pydantic model validated before any replica starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from actors.server_args import ServerArgs
+
+ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(ServerArgs))
+
+
+class AppArgs(BaseModel):
+    """``build_app`` arguments: every ServerArgs field plus how the groups are served.
+
+    Unknown keys are refused (a typo in a config must not be silently ignored).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: dict[str, Any] = Field(default_factory=dict, description="ServerArgs fields")
+    num_groups: int = Field(1, ge=1, description="DP groups; replicas = num_groups * dp_size")
+    router: Literal["round-robin", "least-loaded", "skewed"] = "round-robin"
+    route_weights: list[int] | None = None
+    model_name: str | None = Field(None, description="name served in /v1/models")
+    api_key: str | None = Field(None, description="bearer key; default $ROUNDGATE_API_KEY")
+    max_request_bytes: int = Field(1 << 20, ge=1024)
+    num_cpus_per_rank: float = Field(1.0, gt=0)
+    num_gpus_per_rank: float = Field(0.0, ge=0)
+    max_ongoing_requests: int = Field(1024, ge=1)
+    ingress_replicas: int = Field(1, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_engine_fields(cls, data: Any) -> Any:
+        """Accept engine flags at the top level (as a flat ``serve run`` args dict)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        engine = dict(data.pop("engine", None) or {})
+        for name in ENGINE_FIELDS:
+            if name in data:
+                engine[name] = data.pop(name)
+        data["engine"] = engine
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> AppArgs:
+        unknown = sorted(set(self.engine) - set(ENGINE_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown engine argument(s) {unknown}")
+        args = self.server_args()  # ServerArgs.validate() refusals, with the flag's name
+        if self.router == "skewed":
+            if not self.route_weights or len(self.route_weights) != args.dp_size:
+                raise ValueError(
+                    f"route_weights needs {args.dp_size} weights (one per dp rank) for the "
+                    f"skewed router, got {self.route_weights}"
+                )
+            if any(w < 0 for w in self.route_weights) or sum(self.route_weights) == 0:
+                raise ValueError("route_weights must be >= 0 with a positive sum")
+        elif self.route_weights is not None:
+            raise ValueError(f"route_weights applies to router 'skewed' only, not {self.router}")
+        return self
+
+    def server_args(self) -> ServerArgs:
+        try:
+            return ServerArgs(**self.engine).validate()
+        except TypeError as exc:
+            raise ValueError(f"bad engine arguments: {exc}") from exc
+
+    @property
+    def resolved_api_key(self) -> str | None:
+        return self.api_key or os.environ.get("ROUNDGATE_API_KEY") or None
+
+    @property
+    def served_model_name(self) -> str:
+        return self.model_name or os.path.basename(str(self.engine.get("model", "tiny-moe")))

@@ -1,0 +1,260 @@
+"""The OpenAI-compatible HTTP ingress (FastAPI behind ``@serve.ingress``).
+
+Every client mistake is answered with a 4xx and an OpenAI-style error body; a failed DP group
+answers 503 with ``Retry-After`` while the gang restarts. The ingress tokenizes, forwards to
+the rank replicas through the configured router, and detokenizes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from deployment.generation import Choice, Delta, rank_payload, run_choice
+from deployment.protocol import APIError, CompletionRequest
+
+RETRY_AFTER_S = 5
+api = FastAPI(title="roundgate", version="0.1.0")
+
+
+@api.exception_handler(APIError)
+async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def read_json(request: Request, max_bytes: int) -> Any:
+    """The body as JSON, or a 4xx naming what is wrong with it."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise APIError(413, f"request body exceeds {max_bytes} bytes", code="body_too_large")
+    raw = await request.body()
+    if len(raw) > max_bytes:
+        raise APIError(413, f"request body exceeds {max_bytes} bytes", code="body_too_large")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise APIError(400, f"request body is not UTF-8 (byte {exc.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise APIError(
+            400, f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+
+
+def parse(model: type, body: Any) -> Any:
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err["loc"] if not isinstance(p, int)) or None
+        raise APIError(400, f"{param or 'body'}: {err['msg']}", param=param) from None
+
+
+class Ingress:
+    """State and logic behind the routes; ``deployment.app`` wraps it in a Serve deployment."""
+
+    def __init__(self, ranks: Any, app_args: dict[str, Any]) -> None:
+        from actors.model_config import resolve_model_config
+        from actors.tokenizer import load_tokenizer
+        from deployment.config import AppArgs
+
+        self.app_args = AppArgs.model_validate(app_args)
+        self.engine_args = self.app_args.server_args()
+        self.model_name = self.app_args.served_model_name
+        self.api_key = self.app_args.resolved_api_key
+        self.tokenizer = load_tokenizer(self.engine_args)
+        context = resolve_model_config(self.engine_args.model).max_position
+        self.max_model_len = min(context, self.engine_args.max_model_len or context)
+        self.ranks = ranks.options(stream=True)
+        self.ranks_unary = ranks
+        self._degraded_until = 0.0
+
+    # ---- request checks ------------------------------------------------------------------
+
+    def check_auth(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        if request.headers.get("authorization", "") != f"Bearer {self.api_key}":
+            raise APIError(
+                401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key"
+            )
+
+    def check_available(self) -> None:
+        if time.monotonic() < self._degraded_until:
+            raise APIError(
+                503,
+                "the DP group is restarting; retry shortly",
+                code="group_restarting",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(
+                404,
+                f"model {name!r} does not exist (serving {self.model_name!r})",
+                param="model",
+                code="model_not_found",
+            )
+
+    def prompts_of(self, req: CompletionRequest) -> list[list[int]]:
+        p = req.prompt
+        if isinstance(p, str):
+            prompts = [self.tokenizer.encode(p)]
+        elif p and all(isinstance(x, str) for x in p):
+            prompts = [self.tokenizer.encode(x) for x in p]
+        elif p and all(isinstance(x, int) for x in p):
+            prompts = [list(p)]
+        elif p and all(isinstance(x, list) for x in p):
+            prompts = [list(x) for x in p]
+        else:
+            prompts = []
+        if not prompts or any(not ids for ids in prompts):
+            raise APIError(400, "prompt must not be empty", param="prompt")
+        vocab = getattr(self.tokenizer, "vocab_size", None)
+        for ids in prompts:
+            if vocab is not None and any(not 0 <= t < vocab for t in ids):
+                raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+        return prompts
+
+    def sampling_of(self, req: Any, prompt_len: int, param: str, max_tokens: int | None) -> dict:
+        room = self.max_model_len - prompt_len
+        if room < 1:
+            raise APIError(
+                400,
+                f"prompt of {prompt_len} tokens exceeds the context length {self.max_model_len}",
+                param=param,
+                code="context_length_exceeded",
+            )
+        if max_tokens is not None and max_tokens > room:
+            raise APIError(
+                400,
+                f"max_tokens {max_tokens} + prompt {prompt_len} tokens exceeds "
+                f"the context length {self.max_model_len}",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        stop_ids = list(req.stop_token_ids or [])
+        eos = self.tokenizer.eos_token_id
+        if eos is not None and not req.ignore_eos:
+            stop_ids.append(eos)
+        return {
+            "max_tokens": max_tokens or room,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "top_k": max(0, req.top_k),
+            "seed": req.seed,
+            "stop_token_ids": tuple(stop_ids),
+        }
+
+    # ---- generation ----------------------------------------------------------------------
+
+    async def _choice_stream(
+        self, choice: Choice, sampling: dict, req: Any
+    ) -> AsyncIterator[Delta]:
+        gen = self.ranks.generate.remote(
+            rank_payload(choice.prompt_token_ids, sampling, req.dp_rank)
+        )
+        try:
+            async for delta in run_choice(gen, choice, self.tokenizer, req.stop_strings):
+                yield delta
+        except APIError:
+            raise
+        except Exception as exc:
+            self._degraded_until = time.monotonic() + RETRY_AFTER_S
+            raise APIError(
+                503,
+                f"generation failed: the DP group is unavailable ({exc})",
+                code="group_unavailable",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            ) from None
+        finally:
+            gen.cancel()
+
+    async def generate(
+        self, prompts: list[list[int]], req: Any, max_tokens: int | None, param: str
+    ) -> tuple[list[Choice], AsyncIterator[Delta]]:
+        """Validate every choice up front (no partial work on a bad request), then stream."""
+        if req.n != 1:
+            raise APIError(400, "n > 1 is not supported; send separate requests", param="n")
+        if req.dp_rank is not None and req.dp_rank >= self.engine_args.dp_size:
+            raise APIError(
+                400, f"dp_rank must be < dp_size {self.engine_args.dp_size}", param="dp_rank"
+            )
+        plans = [
+            (Choice(i, ids), self.sampling_of(req, len(ids), param, max_tokens))
+            for i, ids in enumerate(prompts)
+        ]
+        self.check_available()
+        choices = [c for c, _ in plans]
+        return choices, _merge([self._choice_stream(c, s, req) for c, s in plans])
+
+
+async def _merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[Delta]:
+    """Interleave several choices' deltas as they come."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(stream: AsyncIterator[Delta]) -> None:
+        try:
+            async for item in stream:
+                await queue.put(item)
+        except BaseException as exc:
+            await queue.put(exc)
+        finally:
+            await queue.put(done)
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(choices: list[Choice]) -> dict[str, int]:
+    prompt = sum(len(c.prompt_token_ids) for c in choices)
+    completion = sum(len(c.output_token_ids) for c in choices)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def error_stream_chunk(exc: APIError) -> str:
+    return sse(exc.body())
+
+
+__all__ = ["Ingress", "Response", "StreamingResponse", "api", "parse", "read_json"]

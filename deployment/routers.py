@@ -1,0 +1,101 @@
+"""Serve request routers that spread prompts over the ranks of the DP groups.
+
+Each rank replica reports ``{"dp_rank", "gang_id", "load", "kv_occupancy"}`` through
+``record_routing_stats``. A request payload may pin a rank with ``"dp_rank"`` (tests and
+benchmarks use it to reproduce skewed traffic). A request is routed once and streams from
+the replica that took it, so it never crosses into another group mid-stream.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+ROUTER_CLASSES = {
+    "round-robin": "deployment.routers:RoundRobinRouter",
+    "least-loaded": "deployment.routers:LeastLoadedRouter",
+    "skewed": "deployment.routers:SkewedRouter",
+}
+
+
+def pinned_rank(pending: PendingRequest | None) -> int | None:
+    """The ``dp_rank`` a request payload asks for, if any."""
+    if pending is None or not pending.args or not isinstance(pending.args[0], dict):
+        return None
+    rank = pending.args[0].get("dp_rank")
+    return None if rank is None else int(rank)
+
+
+def _rank_of(replica: RunningReplica) -> int | None:
+    return replica.routing_stats.get("dp_rank")
+
+
+class _RankRouter(RequestRouter):
+    """Shared handling of pinned requests; subclasses pick among the unpinned candidates."""
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        ranked = sorted(candidate_replicas, key=lambda r: str(r.replica_id))
+        pinned = pinned_rank(pending_request)
+        if pinned is not None:
+            # Empty until the ranks have reported their stats: the router backs off and retries.
+            matches = [r for r in ranked if _rank_of(r) == pinned]
+            return [matches[:1]] if matches else []
+        if not ranked:
+            return []
+        return [[self.pick(ranked)]]
+
+    def pick(self, replicas: Sequence[RunningReplica]) -> RunningReplica:
+        raise NotImplementedError
+
+
+class RoundRobinRouter(_RankRouter):
+    """Each new request goes to the next replica in a fixed order."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self._next = 0
+
+    def pick(self, replicas: Sequence[RunningReplica]) -> RunningReplica:
+        replica = replicas[self._next % len(replicas)]
+        self._next += 1
+        return replica
+
+
+def load_key(replica: RunningReplica, in_flight: int | None) -> tuple[float, float]:
+    """Queued + running requests first (the larger of the rank's report and our in-flight
+    count, since reports lag), KV occupancy as the tie-breaker."""
+    stats = replica.routing_stats
+    load = max(stats.get("load", 0), in_flight or 0)
+    return (float(load), float(stats.get("kv_occupancy", 0.0)))
+
+
+class LeastLoadedRouter(_RankRouter):
+    """The replica with the fewest unfinished requests (then the emptiest KV pool)."""
+
+    def pick(self, replicas: Sequence[RunningReplica]) -> RunningReplica:
+        cache = self.replica_queue_len_cache
+        return min(replicas, key=lambda r: load_key(r, cache.get(r.replica_id)))
+
+
+class SkewedRouter(_RankRouter):
+    """Fixed weights per DP rank (e.g. ``8,1,1,1``): exercises the gate's ANY cadence."""
+
+    def initialize_state(self, weights: Sequence[int] = (), seed: int = 0, **_: Any) -> None:
+        self.weights = [int(w) for w in weights]
+        self._rng = random.Random(seed)
+
+    def pick(self, replicas: Sequence[RunningReplica]) -> RunningReplica:
+        def weight(r: RunningReplica) -> int:
+            rank = _rank_of(r)
+            return self.weights[rank] if rank is not None and rank < len(self.weights) else 0
+
+        weights = [weight(r) for r in replicas]
+        if sum(weights) == 0:  # ranks have not reported yet
+            return replicas[0]
+        return self._rng.choices(list(replicas), weights=weights)[0]
