@@ -1,0 +1,121 @@
+"""Expert-parallel forward over 2 gloo ranks equals the single-process forward.
+
+Two processes each hold half of tiny-moe's experts and their own requests; every MoE layer
+is an all-to-all between them. Rounds where one rank has nothing to run check the idle
+forward: that rank joins the collectives with zero tokens and the group does not hang.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from model_driver import grow_pages, next_chunk
+
+from actors.kv_pool import KVPool
+from actors.model_runner import ModelRunner
+from actors.request import Request
+from actors.round import RoundPlan
+from actors.server_args import ServerArgs
+from gate import RankRow
+
+PROMPTS = {"a": [1, 2, 3, 4, 5, 6, 7], "b": [40, 41, 42], "c": [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11]}
+HOME = {"a": 0, "b": 0, "c": 1}  # which rank serves each request
+# Per round, the requests each rank runs (prefill first time, then one decode a round).
+ROUNDS = [
+    {0: ["a", "b"], 1: ["c"]},  # both ranks extend: normal legs
+    {0: ["a", "b"], 1: []},  # rank 1 idle
+    {0: [], 1: ["c"]},  # rank 0 idle
+    {0: ["a"], 1: ["c"]},  # both decode
+]
+TIMEOUT_S = 60
+
+
+def gathered_rows(round_index: int) -> list[RankRow]:
+    """The rows every rank would gather in a round: a request extends in its first round."""
+    first = {n: min(i for i, r in enumerate(ROUNDS) if n in r[HOME[n]]) for n in PROMPTS}
+    rows = []
+    for names in ROUNDS[round_index].values():
+        extends = sum(first[n] == round_index for n in names)
+        rows.append(RankRow(len(names), len(names), extends, False, bool(names)))
+    return rows
+
+
+def make_args(dp_size: int) -> ServerArgs:
+    backend = "torch" if dp_size > 1 else "local"
+    return ServerArgs(
+        model="tiny-moe", dp_size=dp_size, moe_backend=backend, page_size=4, num_kv_pages=64
+    )
+
+
+def run_rounds(runner: ModelRunner, rank: int | None) -> dict[str, list[torch.Tensor]]:
+    """Play ROUNDS on one rank (``None``: every request, single process); logits per step."""
+    pool = KVPool(64, 4)
+    requests = {name: Request(name, prompt) for name, prompt in PROMPTS.items()}
+    logits: dict[str, list[torch.Tensor]] = {name: [] for name in PROMPTS}
+    for round_index, plan_names in enumerate(ROUNDS):
+        mine = plan_names[rank] if rank is not None else plan_names[0] + plan_names[1]
+        chunks = [next_chunk(requests[name], chunk_size=1 << 30) for name in mine]
+        for chunk in chunks:
+            grow_pages(pool, chunk.request, chunk.end)
+        plan = RoundPlan(chunks=chunks)
+        rows = gathered_rows(round_index)
+        if not chunks:
+            result = runner.execute(plan, rows)  # the idle forward
+            assert result.sampled == {}
+            continue
+        out = runner.forward(plan, low_latency=all(r.num_extends == 0 for r in rows))
+        for i, chunk in enumerate(chunks):
+            logits[chunk.request.request_id].append(out[i])
+            chunk.request.num_computed_tokens = chunk.end
+            chunk.request.append_token(int(out[i].argmax()))
+    return logits
+
+
+def _rank_main(rank: int, port: int, out_dir: str) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep every socket on 127.0.0.1
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        runner = ModelRunner(make_args(2), rank=rank)
+        assert list(runner.placement.local_experts) == ([0, 1] if rank == 0 else [2, 3])
+        torch.save(run_rounds(runner, rank), Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.integration
+def test_two_gloo_ranks_equal_one_process(tmp_path: Path) -> None:
+    context = mp.start_processes(
+        _rank_main, args=(free_port(), str(tmp_path)), nprocs=2, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"expert-parallel ranks did not finish in {TIMEOUT_S}s (deadlock?)")
+
+    expected = run_rounds(ModelRunner(make_args(1)), rank=None)
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        for name, home in HOME.items():
+            if home != rank:
+                assert got[name] == []
+                continue
+            assert len(got[name]) == len(expected[name]) > 1
+            torch.testing.assert_close(
+                torch.stack(got[name]), torch.stack(expected[name]), atol=1e-5, rtol=1e-5
+            )

@@ -1,0 +1,224 @@
+"""MoE dispatch/combine: placement, backend choice, the local path, and DeepEP's mode choice.
+
+DeepEP cannot be built on CPU, so a fake ``deep_ep`` module stands in: a one-rank buffer
+that implements the real wire formats (normal: per token, unweighted combine; low-latency:
+packed per expert, weighted combine) and logs which legs ran.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from model_driver import grow_pages, make_requests, make_runner
+
+from actors.executor import is_low_latency
+from actors.kv_pool import KVPool
+from actors.round import RoundPlan, ScheduledChunk
+from gate import RankRow
+from kernels.moe import ExpertPlacement, LocalMoE, resolve_moe_backend, run_experts
+from kernels.moe.deepep import DeepEPMoE
+
+# --- placement and selection ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("experts", "world", "rank", "local"),
+    [(4, 1, 0, [0, 1, 2, 3]), (4, 2, 0, [0, 1]), (4, 2, 1, [2, 3]), (8, 4, 3, [6, 7])],
+)
+def test_contiguous_placement(experts: int, world: int, rank: int, local: list[int]) -> None:
+    place = ExpertPlacement(experts, world, rank)
+    assert list(place.local_experts) == local
+    assert all(place.owner_of(e) == rank for e in local)
+
+
+def test_placement_needs_divisible_experts() -> None:
+    with pytest.raises(ValueError, match="divisible by --dp-size"):
+        ExpertPlacement(4, 3, 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "world", "device", "deep_ep", "expected"),
+    [
+        ("auto", 1, "cpu", False, "local"),
+        ("auto", 2, "cpu", True, "torch"),
+        ("auto", 2, "cuda", True, "deepep"),
+        ("auto", 2, "cuda", False, "torch"),
+        ("auto", 1, "cuda", True, "local"),
+        ("torch", 1, "cpu", False, "local"),
+        ("torch", 2, "cpu", False, "torch"),
+        ("deepep", 2, "cuda", True, "deepep"),
+    ],
+)
+def test_backend_resolution(name: str, world: int, device: str, deep_ep: bool, expected: str):
+    assert resolve_moe_backend(name, world, device, lambda _: deep_ep) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "world", "device", "deep_ep", "message"),
+    [
+        ("local", 2, "cpu", False, "needs --dp-size 1"),
+        ("deepep", 2, "cpu", True, "needs a CUDA device"),
+        ("deepep", 2, "cuda", False, "not installed"),
+        ("nccl", 2, "cuda", False, "must be one of"),
+    ],
+)
+def test_backend_refusals_name_the_flag(name, world, device, deep_ep, message) -> None:
+    with pytest.raises(ValueError, match=f"--moe-backend.*{message}"):
+        resolve_moe_backend(name, world, device, lambda _: deep_ep)
+
+
+# --- the local path ------------------------------------------------------------------------
+
+
+def make_moe_inputs(tokens: int = 7, hidden: int = 16, experts: int = 4, top_k: int = 2):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, hidden, generator=gen)
+    ids = torch.argsort(torch.rand(tokens, experts, generator=gen), dim=1)[:, :top_k]
+    weights = torch.rand(tokens, top_k, generator=gen)
+    w13 = torch.randn(experts, 2 * 8, hidden, generator=gen)
+    w2 = torch.randn(experts, hidden, 8, generator=gen)
+    return x, ids, weights / weights.sum(1, keepdim=True), w13, w2
+
+
+def naive_moe(x, ids, weights, w13, w2) -> torch.Tensor:
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for k in range(ids.shape[1]):
+            e = int(ids[t, k])
+            gate, up = (w13[e] @ x[t]).chunk(2)
+            out[t] += weights[t, k] * (w2[e] @ (torch.nn.functional.silu(gate) * up))
+    return out
+
+
+def moe_forward(backend, x, ids, weights, w13, w2, low_latency: bool) -> torch.Tensor:
+    dispatched = backend.dispatch(x, ids, weights, low_latency=low_latency)
+    return backend.combine(run_experts(dispatched.hidden, dispatched.counts, w13, w2), dispatched)
+
+
+@pytest.mark.parametrize("tokens", [0, 1, 7])
+def test_local_backend_equals_naive_mixture(tokens: int) -> None:
+    x, ids, weights, w13, w2 = make_moe_inputs(tokens)
+    out = moe_forward(LocalMoE(ExpertPlacement(4)), x, ids, weights, w13, w2, False)
+    torch.testing.assert_close(out, naive_moe(x, ids, weights, w13, w2), atol=1e-4, rtol=1e-4)
+
+
+# --- DeepEP, faked ---------------------------------------------------------------------------
+
+
+class FakeBuffer:
+    """One-rank ``deep_ep.Buffer``: local expert ids equal global ones, nothing travels."""
+
+    def __init__(self, group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False, **kw):
+        self.low_latency_mode = low_latency_mode
+        self.calls: list[str] = []
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(cap: int, hidden: int, ranks: int, experts: int) -> int:
+        return cap * hidden * ranks * experts
+
+    def get_dispatch_layout(self, topk_idx, num_experts):
+        self.calls.append("layout")
+        per_expert = torch.bincount(topk_idx.flatten(), minlength=num_experts)
+        in_rank = torch.ones(topk_idx.shape[0], 1, dtype=torch.bool)
+        return torch.tensor([topk_idx.shape[0]]), None, per_expert, in_rank, None
+
+    def dispatch(self, x, *, topk_idx, topk_weights, num_tokens_per_expert, **layout):
+        self.calls.append("dispatch")
+        counts = num_tokens_per_expert.tolist()
+        return x.clone(), topk_idx.clone(), topk_weights.clone(), counts, "handle", None
+
+    def combine(self, x, handle):
+        self.calls.append("combine")
+        return x.clone(), None, None
+
+    def clean_low_latency_buffer(self, cap, hidden, num_experts):
+        self.calls.append("clean")
+
+    def low_latency_dispatch(self, x, topk_idx, cap, num_experts, use_fp8=True):
+        self.calls.append("ll_dispatch")
+        assert not use_fp8 and x.shape[0] <= cap
+        packed = x.new_zeros(num_experts, cap, x.shape[1])
+        sources = [(topk_idx == e).any(1).nonzero().flatten() for e in range(num_experts)]
+        for e, tokens in enumerate(sources):
+            packed[e, : len(tokens)] = x[tokens]
+        counts = torch.tensor([len(t) for t in sources], dtype=torch.int32)
+        return packed, counts, sources, None, None
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle):
+        self.calls.append("ll_combine")
+        out = x.new_zeros(topk_idx.shape[0], x.shape[2])
+        for e, tokens in enumerate(handle):
+            for j, t in enumerate(tokens.tolist()):
+                slot = int((topk_idx[t] == e).nonzero()[0])
+                out[t] += topk_weights[t, slot] * x[e, j]
+        return out, None, None
+
+
+FAKE_DEEP_EP = types.SimpleNamespace(Buffer=FakeBuffer)
+
+
+def make_deepep(cap: int = 64) -> DeepEPMoE:
+    return DeepEPMoE(ExpertPlacement(4), None, 16, cap, deep_ep=FAKE_DEEP_EP)
+
+
+def row(num_extends: int = 0, batch_size: int = 1) -> RankRow:
+    return RankRow(batch_size, batch_size, num_extends, False, batch_size > 0)
+
+
+@pytest.mark.parametrize(
+    ("rows", "legs"),
+    [
+        ([row(), row()], ["ll_dispatch", "ll_combine"]),  # all decode
+        ([row(), row(batch_size=0)], ["ll_dispatch", "ll_combine"]),  # decode + idle
+        ([row(batch_size=0), row(batch_size=0)], ["ll_dispatch", "ll_combine"]),  # all idle
+        ([row(), row(num_extends=1)], ["layout", "dispatch", "combine"]),  # another rank extends
+        ([row(num_extends=2), row()], ["layout", "dispatch", "combine"]),  # this rank extends
+    ],
+)
+def test_deepep_legs_follow_the_gathered_rows(rows: list[RankRow], legs: list[str]) -> None:
+    moe = make_deepep()
+    x, ids, weights, w13, w2 = make_moe_inputs()
+    out = moe_forward(moe, x, ids, weights, w13, w2, is_low_latency(rows))
+    assert moe.buffer.calls == legs
+    assert moe.buffer.low_latency_mode  # one buffer serves both modes
+    # Both wire formats compute the same mixture.
+    torch.testing.assert_close(out, naive_moe(x, ids, weights, w13, w2), atol=1e-4, rtol=1e-4)
+
+
+def test_low_latency_after_normal_cleans_the_buffer() -> None:
+    moe = make_deepep()
+    x, ids, weights, w13, w2 = make_moe_inputs()
+    for low_latency in (False, True, True):
+        moe_forward(moe, x, ids, weights, w13, w2, low_latency)
+    assert moe.buffer.calls == [
+        *["layout", "dispatch", "combine"],
+        *["clean", "ll_dispatch", "ll_combine"],
+        *["ll_dispatch", "ll_combine"],
+    ]
+
+
+def test_low_latency_refuses_more_tokens_than_the_cap() -> None:
+    x, ids, weights, _, _ = make_moe_inputs(tokens=7)
+    with pytest.raises(ValueError, match="exceeds the per-rank cap 4"):
+        make_deepep(cap=4).dispatch(x, ids, weights, low_latency=True)
+
+
+@pytest.mark.parametrize(
+    ("peer", "legs"),
+    [(row(), "ll_dispatch"), (row(num_extends=1), "dispatch")],
+)
+def test_runner_passes_the_rows_decision_to_deepep(peer: RankRow, legs: str) -> None:
+    """Through ModelRunner.execute: this rank decodes; the peer's row picks the legs."""
+    runner, pool = make_runner("tiny-moe"), KVPool(256, 4)
+    (request,) = make_requests([[1, 2, 3, 4, 5]])
+    grow_pages(pool, request, request.num_tokens)
+    runner.execute(RoundPlan(chunks=[ScheduledChunk(request, 0, 5, True)]))
+    request.num_computed_tokens = 4  # decode the last prompt token again
+    runner.moe = DeepEPMoE(runner.placement, None, 128, 8, deep_ep=FAKE_DEEP_EP)
+    plan = RoundPlan(chunks=[ScheduledChunk(request, 4, 1, False)])
+    runner.execute(plan, [row(), peer])
+    layers = runner.config.num_layers
+    assert runner.moe.buffer.calls.count(legs) == layers
+    assert len(runner.moe.buffer.calls) == layers * (2 if legs == "ll_dispatch" else 3)
