@@ -155,7 +155,8 @@ class RankReplica:
     async def abort(self, request_id: str) -> None:
         self.core.abort(request_id)
 
-    async def stats_snapshot(self) -> dict[str, Any]:
+    async def stats_snapshot(self, target: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Queue, pool and gate counters; ``target`` (``{"dp_rank": r}``) only steers routing."""
         sched = self.core.scheduler
         return {
             "dp_rank": self.rank,
@@ -171,7 +172,7 @@ class RankReplica:
             **self.stats.snapshot(),
         }
 
-    async def check_pool(self) -> bool:
+    async def check_pool(self, target: dict[str, Any] | None = None) -> bool:
         """Pool integrity (for tests and operators); raises ``AssertionError`` if broken."""
         self.core.scheduler.pool.check_integrity()
         return True

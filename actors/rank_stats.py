@@ -19,14 +19,15 @@ class RankStats:
     low_latency_rounds: int = 0
     votes: dict[str, int] = field(default_factory=dict)  # "all:open", "any:closed", …
     local_prefill_rounds: int = 0  # this rank extended
-    # (round index, point, open) of recent rounds: every rank of a group must agree.
+    # (round index, point, open, this rank's extends) of recent rounds: every rank of a
+    # group must agree on the first three.
     decisions: deque = field(default_factory=lambda: deque(maxlen=4096))
     last_rows: list[tuple[int, ...]] = field(default_factory=list)
 
     def observe(self, outcome: RoundOutcome) -> None:
         self.rounds += 1
         vote = outcome.vote
-        self.decisions.append((self.rounds, vote.point, vote.open))
+        self.decisions.append((self.rounds, vote.point, vote.open, outcome.plan.num_extends))
         if vote.point is not None:
             key = f"{vote.point}:{'open' if vote.open else 'closed'}"
             self.votes[key] = self.votes.get(key, 0) + 1

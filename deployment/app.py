@@ -30,6 +30,12 @@ from deployment.protocol import ChatRequest, CompletionRequest, render_chat
 from deployment.routers import ROUTER_CLASSES
 
 
+def _ids(choice: Any, req: Any) -> dict[str, Any]:
+    if not req.return_token_ids:
+        return {}
+    return {"prompt_token_ids": choice.prompt_token_ids, "token_ids": choice.output_token_ids}
+
+
 async def _drain(deltas: Any) -> None:
     async for _ in deltas:
         pass
@@ -126,6 +132,7 @@ class OpenAIServer:
                     "text": c.text,
                     "logprobs": None,
                     "finish_reason": c.finish_reason,
+                    **_ids(c, req),
                 }
                 for c in choices
             ],
@@ -185,6 +192,7 @@ class OpenAIServer:
                     "logprobs": None,
                     "message": {"role": "assistant", "content": c.text},
                     "finish_reason": c.finish_reason,
+                    **_ids(c, req),
                 }
                 for c in choices
             ],

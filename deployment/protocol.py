@@ -69,6 +69,7 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     dp_rank: int | None = Field(None, ge=0, description="vendor field: pin to one DP rank")
+    return_token_ids: bool = Field(False, description="vendor field: add token ids to choices")
 
     @field_validator("stop")
     @classmethod

@@ -1,0 +1,107 @@
+"""One local Ray cluster and one roundgate deployment for the whole integration session.
+
+The deployment is ``deployment/configs/local.yaml`` (tiny MoE, dp=2, gate on) on a test port,
+so a developer's own ``make serve`` on 8000 is left alone. Tests that need other settings
+redeploy the same application name and restore the default afterwards (``redeploy``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TEST_PORT = int(os.environ.get("ROUNDGATE_TEST_PORT", "18765"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    from deployment.local import start_local_cluster
+
+    start_local_cluster(num_cpus=4)
+    import ray
+    from ray import serve
+
+    yield
+    from deployment.local import shutdown
+
+    shutdown(serve, ray)
+
+
+@pytest.fixture(scope="session")
+def local_config() -> dict[str, Any]:
+    from deployment.local import load_config
+
+    cfg = load_config(REPO / "deployment" / "configs" / "local.yaml")
+    cfg["http_options"]["port"] = TEST_PORT
+    return cfg
+
+
+class Deployment:
+    """Handle to the running app: its URL, the rank handle, and a redeploy helper."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.url = f"http://127.0.0.1:{TEST_PORT}"
+        self.overrides: dict[str, Any] = {}
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return {**self.cfg["applications"][0]["args"], **self.overrides}
+
+    def deploy(self, **overrides: Any) -> None:
+        from ray import serve
+
+        from deployment.local import deploy
+
+        self.overrides = overrides
+        deploy(self.cfg, overrides)
+        self.ranks = serve.get_deployment_handle("RankReplica", app_name="roundgate")
+        wait_ready(self.url)
+
+    def rank_call(self, method: str, rank: int, timeout_s: float = 30.0) -> Any:
+        return getattr(self.ranks, method).remote({"dp_rank": rank}).result(timeout_s=timeout_s)
+
+
+def wait_ready(url: str, timeout_s: float = 120.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.post(
+                f"{url}/v1/completions", json={"prompt": "ok", "max_tokens": 1}, timeout=10
+            )
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"deployment at {url} not ready in {timeout_s}s")
+
+
+@pytest.fixture(scope="session")
+def app(ray_cluster: None, local_config: dict[str, Any]) -> Deployment:
+    dep = Deployment(local_config)
+    dep.deploy()
+    return dep
+
+
+@pytest.fixture
+def redeploy(app: Deployment) -> Iterator[Deployment]:
+    """Lets a test run the app with other args; the default config is restored after."""
+    yield app
+    if app.overrides:
+        app.deploy()

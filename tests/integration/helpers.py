@@ -1,0 +1,86 @@
+"""Small HTTP and rank-handle helpers shared by the integration tests."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+
+def complete(url: str, **body: Any) -> dict[str, Any]:
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    r.raise_for_status()
+    return r.json()
+
+
+def sse_events(response: httpx.Response) -> Iterator[dict[str, Any] | str]:
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            yield data if data == "[DONE]" else json.loads(data)
+
+
+class BackgroundStream:
+    """A streaming completion read in a thread; ``started`` fires on the first text event."""
+
+    def __init__(self, url: str, **body: Any) -> None:
+        self.url, self.body = url, {**body, "stream": True}
+        self.started = threading.Event()
+        self.done = threading.Event()
+        self.events: list[Any] = []
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        self.finished_at: float | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with (
+                httpx.Client(timeout=httpx.Timeout(300, connect=10)) as client,
+                client.stream("POST", f"{self.url}/v1/completions", json=self.body) as r,
+            ):
+                for event in sse_events(r):
+                    self.events.append(event)
+                    self.started.set()
+                    if self.stop.is_set():
+                        break  # closing the connection aborts the request
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.finished_at = time.monotonic()
+            self.started.set()
+            self.done.set()
+
+    def close(self, timeout: float = 60) -> None:
+        self.stop.set()
+        self.done.wait(timeout)
+
+
+def wait_until(predicate: Any, timeout_s: float = 30.0, interval_s: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        time.sleep(interval_s)
+
+
+def stream_tokens(ranks: Any, rank: int, prompt: list[int], max_tokens: int) -> list[int]:
+    """Greedy tokens straight from one rank replica (no HTTP, no stop on EOS)."""
+    payload = {
+        "request_id": f"direct-{rank}-{time.monotonic_ns()}",
+        "prompt_token_ids": prompt,
+        "sampling": {"max_tokens": max_tokens, "temperature": 0.0},
+        "dp_rank": rank,
+    }
+    out: list[int] = []
+    for chunk in ranks.options(stream=True).generate.remote(payload):
+        out.extend(chunk["token_ids"])
+    return out
