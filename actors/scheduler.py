@@ -48,6 +48,11 @@ class Scheduler:
         self.pool = KVPool(args.num_kv_pages, args.page_size)
         self.max_batch_size = args.max_batch_size
         self.max_model_len = max_model_len or args.max_model_len
+        # No sequence may outgrow the rank's whole pool: past that length a lone request is
+        # retracted and can never be readmitted (it would wait forever), so it finishes with
+        # "length" there, as it would at the context length.
+        capacity = self.pool.num_pages * self.pool.page_size
+        self.max_sequence_len = min(self.max_model_len or capacity, capacity)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.retracted: deque[Request] = deque()
@@ -312,7 +317,7 @@ class Scheduler:
                 continue
             token = result.sampled[req.request_id]
             req.status = RequestStatus.DECODING
-            req.append_token(token, self.max_model_len)
+            req.append_token(token, self.max_sequence_len)
             if req.is_finished:
                 self.running.remove(req)
                 self.pool.free(req.request_id)
