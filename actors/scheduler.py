@@ -94,9 +94,11 @@ class Scheduler:
         self._unstamped.append(request)
 
     def mark_loaded(self, request_id: str) -> None:
-        """A loading prompt became schedulable."""
-        request = self.requests[request_id]
-        if request.status is RequestStatus.LOADING:
+        """A loading prompt became schedulable (ignored if it was aborted meanwhile)."""
+        # The load completes on its own schedule: the client may have aborted the request (and
+        # the plan removed it) before the read finished, so an unknown id is not an error.
+        request = self.requests.get(request_id)
+        if request is not None and request.status is RequestStatus.LOADING:
             request.status = RequestStatus.WAITING
 
     def abort(self, request_id: str) -> None:
