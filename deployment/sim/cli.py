@@ -75,8 +75,18 @@ def _costs(ns: argparse.Namespace) -> RoundCosts:
             text = Path(ns.costs).read_text()
         except OSError as exc:
             raise ValueError(f"--costs {ns.costs}: cannot read ({exc.strerror})") from exc
-    costs = load_costs(ns.costs, text)
+    try:
+        costs = load_costs(ns.costs, text)
+    except ValueError as exc:
+        # RoundCosts' own refusals name the field, not the flag: say which flag supplied it.
+        message = str(exc)
+        if not message.startswith("--costs"):
+            message = f"--costs {ns.costs}: {message}"
+        raise ValueError(message) from exc
     overrides = {n: getattr(ns, n) for n in COST_FLAGS if getattr(ns, n) is not None}
+    for name, value in overrides.items():
+        if not value >= 0:  # also refuses NaN
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
     if overrides:
         values = {n: getattr(costs, n) for n in COST_FLAGS} | overrides
         costs = RoundCosts(**values)
@@ -146,10 +156,29 @@ def prepare(ns: argparse.Namespace):
     return policies, args, costs, spec, weights
 
 
+def check_arrivals(arrivals: list, args: ServerArgs, ns: argparse.Namespace) -> None:
+    """Refuse, as flag errors, workloads a rank could never run (else they fail mid-run)."""
+    source = f"--trace {ns.trace}" if ns.arrival == "trace" else "--input-len"
+    capacity = args.num_kv_pages * args.page_size
+    for index, arrival in enumerate(arrivals):
+        if arrival.rank is not None and not 0 <= arrival.rank < args.dp_size:
+            raise ValueError(
+                f"--trace {ns.trace}: request {index} pins rank {arrival.rank}, outside "
+                f"--dp-size {args.dp_size}"
+            )
+        if arrival.prompt_tokens + 1 > capacity:
+            raise ValueError(
+                f"{source}: a prompt of {arrival.prompt_tokens} tokens does not fit one rank's "
+                f"KV pool (--num-kv-pages {args.num_kv_pages} x --page-size {args.page_size} = "
+                f"{capacity} tokens, one kept for the first output token)"
+            )
+
+
 def run(ns: argparse.Namespace) -> int:
     try:
         policies, args, costs, spec, weights = prepare(ns)
         arrivals = generate(spec)
+        check_arrivals(arrivals, args[policies[0]], ns)
     except ValueError as exc:
         ns.parser.error(str(exc))
     results: list[SimResult] = []
