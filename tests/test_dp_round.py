@@ -1,0 +1,268 @@
+"""The per-round loop of one rank (``RankLoop``) and the in-process gathers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from actors.cost_executor import CostExecutor
+from actors.dp_round import RankLoop, RoundOutcome
+from actors.executor import is_low_latency
+from actors.gather import SingleRankGather, ThreadGather
+from actors.request import Request, SamplingParams
+from actors.round import RoundPlan, RoundResult
+from actors.scheduler import Scheduler
+from actors.server_args import ServerArgs
+from gate import GateVote, RankRow
+from gate.policy import make_policy
+from gate.round_costs import TOY
+
+# --- builders ---------------------------------------------------------------------------------
+
+
+def make_args(dp_size: int = 2, gate: bool = True, **overrides) -> ServerArgs:
+    values = {
+        "dp_size": dp_size,
+        "max_num_seqs": 4 * dp_size,
+        "max_scheduled_tokens": 16,
+        "page_size": 4,
+        "num_kv_pages": 32,
+        "prefill_attempt_interval": 2 if gate else None,
+        "prefill_any_attempt_interval": 4 if gate else None,
+    }
+    return ServerArgs(**(values | overrides)).validate()
+
+
+class SpyExecutor:
+    """Records every call, then prices the plan like the cost executor."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[RoundPlan, list[RankRow]]] = []
+        self._inner = CostExecutor(TOY)
+
+    def execute(self, plan: RoundPlan, rows: Sequence[RankRow]) -> RoundResult:
+        self.calls.append((plan, list(rows)))
+        return self._inner.execute(plan, rows)
+
+
+def make_loops(args: ServerArgs, executors: Sequence | None = None, gather=None) -> list[RankLoop]:
+    return [
+        RankLoop(
+            Scheduler(args),
+            make_policy(args.prefill_delay, args.prefill_decode_interval, rank),
+            executors[rank] if executors else CostExecutor(TOY),
+            args.dp_size,
+            gather.for_rank(rank) if isinstance(gather, ThreadGather) else gather,
+        )
+        for rank in range(args.dp_size)
+    ]
+
+
+def make_request(request_id: str, prompt_len: int, max_tokens: int) -> Request:
+    return Request(request_id, [3] * prompt_len, SamplingParams(max_tokens=max_tokens))
+
+
+def drive_round(loops: Sequence[RankLoop]) -> list[RoundOutcome]:
+    """The in-process driver of the simulator: every rank's begin, then every rank's finish."""
+    rows = [loop.begin() for loop in loops]
+    return [loop.finish(rows) for loop in loops]
+
+
+def summary(outcome: RoundOutcome) -> tuple:
+    """An outcome as plain data (request objects differ between two runs of one workload)."""
+    plan = outcome.plan
+    return (
+        outcome.vote,
+        outcome.allow_prefill,
+        plan.kind,
+        [(c.request.request_id, c.start, c.num_tokens, c.is_prefill) for c in plan.chunks],
+        [r.request_id for r, _ in plan.retracted],
+        [r.request_id for r in plan.readmitted],
+        outcome.rows,
+        sorted(outcome.result.sampled.items()),
+        outcome.result.cost_s,
+        [(e.request.request_id, e.token_id, e.finished) for e in outcome.events],
+    )
+
+
+# Arrivals: (round, rank, request id, prompt tokens, max tokens). Scattered prompts of mixed
+# lengths (some chunked over rounds), with idle stretches and both ranks decoding at times.
+ARRIVALS = [
+    (0, 0, "a", 5, 6),
+    (1, 1, "b", 20, 4),
+    (3, 0, "c", 3, 9),
+    (4, 1, "d", 40, 3),
+    (9, 0, "e", 7, 2),
+    (30, 1, "f", 2, 2),
+    (31, 0, "g", 12, 5),
+]
+NUM_ROUNDS = 50
+
+
+def add_arrivals(loop: RankLoop, rank: int, rnd: int) -> None:
+    for when, where, rid, prompt_len, max_tokens in ARRIVALS:
+        if when == rnd and where == rank:
+            loop.scheduler.add_request(make_request(rid, prompt_len, max_tokens))
+
+
+# --- ThreadGather vs the in-process driver -----------------------------------------------------
+
+
+@pytest.mark.parametrize("gate", [True, False])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_thread_gather_matches_the_in_process_driver(gate: bool, mixed: bool) -> None:
+    args = make_args(2, gate=gate, enable_mixed_prefill_decode=mixed)
+
+    loops = make_loops(args)
+    expected: list[list[tuple]] = [[], []]
+    for rnd in range(NUM_ROUNDS):
+        for rank, loop in enumerate(loops):
+            add_arrivals(loop, rank, rnd)
+        for rank, outcome in enumerate(drive_round(loops)):
+            expected[rank].append(summary(outcome))
+
+    gather = ThreadGather(2, timeout=10.0)
+    threaded = make_loops(args, gather=gather)
+    got: list[list[tuple]] = [[], []]
+    errors: list[BaseException] = []
+
+    def rank_main(rank: int) -> None:
+        try:
+            for rnd in range(NUM_ROUNDS):
+                add_arrivals(threaded[rank], rank, rnd)
+                got[rank].append(summary(threaded[rank].step()))
+        except BaseException as exc:  # surfaced in the main thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors
+    assert got == expected
+    # The workload exercises what it should: prefill on both ranks, and a drained group.
+    kinds = {s[2] for rank in expected for s in rank}
+    assert {"prefill", "decode", "idle"} <= {str(k) for k in kinds}
+    assert not any(loop.scheduler.has_unfinished for loop in threaded)
+
+
+def test_thread_gather_returns_rows_in_rank_order_each_round() -> None:
+    gather = ThreadGather(3, timeout=10.0)
+    results: dict[int, list[list[tuple[int, ...]]]] = {r: [] for r in range(3)}
+
+    def rank_main(rank: int) -> None:
+        handle = gather.for_rank(rank)
+        for rnd in range(20):
+            results[rank].append(handle.all_gather((rank, rnd)))
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    for rank in range(3):
+        assert results[rank] == [[(0, rnd), (1, rnd), (2, rnd)] for rnd in range(20)]
+
+
+def test_thread_gather_missing_rank_is_an_error_not_a_hang() -> None:
+    gather = ThreadGather(2, timeout=0.2)
+    with pytest.raises(threading.BrokenBarrierError):
+        gather.for_rank(0).all_gather((1, 2, 3))
+
+
+@pytest.mark.parametrize("rank", [-1, 2])
+def test_thread_gather_refuses_ranks_outside_the_group(rank: int) -> None:
+    with pytest.raises(ValueError, match="outside a group of 2"):
+        ThreadGather(2).for_rank(rank)
+
+
+def test_single_rank_gather_and_step() -> None:
+    args = make_args(1, gate=True)
+    (loop,) = make_loops(args, gather=SingleRankGather())
+    loop.scheduler.add_request(make_request("solo", 4, 2))
+    outcomes = [loop.step() for _ in range(3)]
+    assert [o.plan.kind for o in outcomes] == ["prefill", "decode", "idle"]
+    assert SingleRankGather().all_gather((1, 2)) == [(1, 2)]
+
+
+# --- the order of one round ----------------------------------------------------------------------
+
+
+def test_round_zero_is_an_all_point_that_opens_for_an_idle_group() -> None:
+    loops = make_loops(make_args(2, gate=True))
+    loops[1].scheduler.add_request(make_request("first", 6, 3))
+    outcomes = drive_round(loops)
+    assert [o.vote for o in outcomes] == [GateVote(True, "all")] * 2
+    # Permission is the vote *and* the fresh local want: rank 0 has nothing to prefill.
+    assert [o.allow_prefill for o in outcomes] == [False, True]
+    assert [o.plan.num_extends for o in outcomes] == [0, 1]
+
+
+def test_vote_uses_last_rounds_rows_and_plan_uses_a_fresh_probe() -> None:
+    args = make_args(2, gate=True)
+    loops = make_loops(args)
+    loops[0].scheduler.add_request(make_request("long", 4, 30))
+    loops[1].scheduler.add_request(make_request("long1", 4, 30))
+    drive_round(loops)  # both admitted at the opening ALL point; counter back to 0
+    # A prompt arriving now is seen by the vote only after it has been published once.
+    loops[0].scheduler.add_request(make_request("late", 4, 2))
+    outcome = drive_round(loops)[0]
+    assert outcome.vote == GateVote(False, "all")  # rank 1 decodes and wants nothing
+    assert outcome.rows[0].wants_prefill and not outcome.rows[1].wants_prefill
+    assert outcome.plan.num_extends == 0
+
+
+def test_all_idle_rounds_run_no_forward() -> None:
+    spies = [SpyExecutor(), SpyExecutor()]
+    loops = make_loops(make_args(2, gate=True), executors=spies)
+    for _ in range(3):
+        outcomes = drive_round(loops)
+        assert all(o.group_idle for o in outcomes)
+        assert all(o.result == RoundResult() for o in outcomes)
+    assert spies[0].calls == [] and spies[1].calls == []
+
+
+def test_an_idle_rank_joins_the_forward_while_a_peer_works() -> None:
+    spies = [SpyExecutor(), SpyExecutor()]
+    loops = make_loops(make_args(2, gate=True), executors=spies)
+    loops[0].scheduler.add_request(make_request("only", 4, 2))
+    rounds = [drive_round(loops) for _ in range(4)]
+    busy = [r for r in rounds if not r[0].group_idle]
+    assert len(busy) == 2  # the prefill round and one decode round
+    for spy in spies:
+        assert len(spy.calls) == 2
+    # Rank 1's calls are idle forwards: an empty plan, but the group's rows.
+    for plan, rows in spies[1].calls:
+        assert plan.batch_size == 0 and not rows[0].is_idle
+    assert spies[1].calls[0][1] == list(rounds[0][0].rows)
+
+
+def test_observe_resets_the_counter_from_the_gathered_rows() -> None:
+    loops = make_loops(make_args(2, gate=True))
+    loops[0].scheduler.add_request(make_request("x", 4, 6))
+    counters = []
+    for _ in range(4):
+        drive_round(loops)
+        counters.append([loop.policy.rounds_since_prefill for loop in loops])
+    # Prefill in round 1 resets to 0, decode rounds count up; every rank holds the same counter.
+    assert counters == [[0, 0], [1, 1], [2, 2], [3, 3]]
+
+
+def test_finish_without_begin_and_step_without_gather_are_errors() -> None:
+    (loop,) = make_loops(make_args(1, gate=False))
+    with pytest.raises(RuntimeError, match="without begin"):
+        loop.finish([RankRow(0, 0, 0, False, False)])
+    with pytest.raises(RuntimeError, match="needs a gather"):
+        loop.step()
+
+
+@pytest.mark.parametrize(
+    ("extends", "low_latency"),
+    [((0, 0), True), ((1, 0), False), ((0, 3), False)],
+)
+def test_low_latency_legs_iff_no_rank_extends(extends: tuple[int, int], low_latency: bool) -> None:
+    rows = [RankRow(4 + e, 4, e, False, True) for e in extends]
+    assert is_low_latency(rows) is low_latency
