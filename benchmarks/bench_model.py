@@ -1,0 +1,170 @@
+"""Decode and prefill throughput of ModelRunner vs transformers on the same tiny model.
+
+    .venv/bin/python benchmarks/bench_model.py [--model tiny-llama] [--batch-sizes 1 8 32]
+
+Decode: ragged prompts (seeded lengths), one prefill round, then ``--new-tokens`` greedy
+decode rounds; only the decode rounds are timed. transformers runs ``generate`` on the
+left-padded batch; its decode time is ``generate(N) - generate(1)`` (prefill and first
+token subtracted the same way). Prefill: one 2,048-token prompt through one forward.
+Each measurement is the best of ``--repeats`` runs (the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+
+from actors.kv_pool import KVPool
+from actors.model_config import PRESETS
+from actors.model_runner import ModelRunner
+from actors.request import Request, SamplingParams
+from actors.round import RoundPlan, ScheduledChunk
+from actors.server_args import ServerArgs
+from actors.weights import random_hf_state, save_hf_dir
+
+# Wall clock by default; --clock cpu switches to process CPU time, steadier on a shared
+# machine (with --threads 1 it is the compute actually spent).
+CLOCK: Callable[[], float] = time.perf_counter
+
+
+def best_of_interleaved(repeats: int, *runs: Callable[[], float]) -> list[float]:
+    """Best (minimum) seconds of each run, alternating them so load spikes hit all alike."""
+    best = [float("inf")] * len(runs)
+    for _ in range(repeats):
+        for i, run in enumerate(runs):
+            best[i] = min(best[i], run())
+    return best
+
+
+def ragged_prompts(batch: int, low: int, high: int, vocab: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(low, high + 1, (batch,), generator=gen).tolist()
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def runner_decode_seconds(runner: ModelRunner, prompts: list[list[int]], new_tokens: int) -> float:
+    """Seconds for ``new_tokens - 1`` decode rounds after a prefill round."""
+    page_size = runner.args.page_size
+    pool = KVPool(runner.args.num_kv_pages, page_size)
+    requests = [
+        Request(f"r{i}", p, SamplingParams(max_tokens=new_tokens)) for i, p in enumerate(prompts)
+    ]
+    for r in requests:
+        r.page_ids = pool.allocate(r.request_id, r.num_prompt_tokens + new_tokens)
+    plan = RoundPlan(chunks=[ScheduledChunk(r, 0, r.num_tokens, True) for r in requests])
+    started = None
+    while True:
+        result = runner.execute(plan)
+        for chunk in plan.chunks:
+            chunk.request.num_computed_tokens = chunk.end
+            chunk.request.append_token(result.sampled[chunk.request.request_id])
+        if started is None:
+            started = CLOCK()
+        live = [r for r in requests if not r.is_finished]
+        if not live:
+            return CLOCK() - started
+        plan = RoundPlan(chunks=[ScheduledChunk(r, r.num_tokens - 1, 1, False) for r in live])
+
+
+def hf_generate_seconds(model, prompts: list[list[int]], new_tokens: int) -> float:
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    started = CLOCK()
+    with torch.inference_mode():
+        model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return CLOCK() - started
+
+
+def runner_prefill_seconds(runner: ModelRunner, prompt: list[int]) -> float:
+    pool = KVPool(runner.args.num_kv_pages, runner.args.page_size)
+    request = Request("p", prompt, SamplingParams(max_tokens=1))
+    request.page_ids = pool.allocate("p", len(prompt))
+    plan = RoundPlan(chunks=[ScheduledChunk(request, 0, len(prompt), True)])
+    started = CLOCK()
+    runner.execute(plan)
+    return CLOCK() - started
+
+
+def hf_prefill_seconds(model, prompt: list[int]) -> float:
+    started = CLOCK()
+    with torch.inference_mode():
+        model(torch.tensor([prompt])).logits[:, -1].argmax(-1)
+    return CLOCK() - started
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="tiny-llama", choices=sorted(PRESETS))
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, nargs=2, default=[16, 128])
+    parser.add_argument("--prefill-len", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch intra-op threads for both engines (0: torch's default)",
+    )
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    args = parser.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from transformers import AutoModelForCausalLM
+
+    config = PRESETS[args.model]
+    server_args = ServerArgs(model=args.model, page_size=args.page_size, num_kv_pages=1024)
+    runner = ModelRunner(server_args)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_hf_dir(config, random_hf_state(config, server_args.seed), tmp)
+        hf = AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="sdpa").eval()
+
+    print(
+        f"model {args.model}, torch threads {torch.get_num_threads()}, "
+        f"page size {args.page_size}, {args.clock} clock"
+    )
+    print(f"{'batch':>5} {'runner tok/s':>13} {'hf tok/s':>10} {'ratio':>6}")
+    for batch in args.batch_sizes:
+        prompts = ragged_prompts(batch, *args.prompt_len, vocab=256, seed=batch)
+        decoded = batch * (args.new_tokens - 1)
+        ours, hf_full, hf_first = best_of_interleaved(
+            args.repeats,
+            lambda p=prompts: runner_decode_seconds(runner, p, args.new_tokens),
+            lambda p=prompts: hf_generate_seconds(hf, p, args.new_tokens),
+            lambda p=prompts: hf_generate_seconds(hf, p, 1),
+        )
+        theirs = hf_full - hf_first
+        print(f"{batch:>5} {decoded / ours:>13.0f} {decoded / theirs:>10.0f} {theirs / ours:>6.2f}")
+
+    prompt = ragged_prompts(1, args.prefill_len, args.prefill_len, vocab=256, seed=7)[0]
+    ours, theirs = best_of_interleaved(
+        args.repeats,
+        lambda: runner_prefill_seconds(runner, prompt),
+        lambda: hf_prefill_seconds(hf, prompt),
+    )
+    n = args.prefill_len
+    print(
+        f"prefill {n} tokens: runner {n / ours:.0f} tok/s, hf {n / theirs:.0f} tok/s, "
+        f"ratio {theirs / ours:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
