@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from model_driver import (
+    HF_SHAPE,
     apply_result,
     drive,
     grow_pages,
@@ -128,6 +129,30 @@ def test_retract_and_readmit_restores_the_cache(hf_model, hf_outputs) -> None:
     outputs = drive(runner, pool, [victim, other])
     assert outputs == hf_outputs[1:3]
     assert runner.parked == {}
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [{"tie_word_embeddings": True}, {"attention_bias": True, "mlp_bias": True}, {"head_dim": 8}],
+    ids=["tied", "biases", "narrow-heads"],
+)
+def test_llama_variants_match(variant: dict, tmp_path: Path) -> None:
+    """Config switches the loader must honour: tied lm_head, biases, head_dim != H / heads."""
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(**{**HF_SHAPE, **variant})
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(tmp_path)
+    runner, pool = make_runner(str(tmp_path)), KVPool(256, 4)
+    requests = make_requests(PROMPTS)
+    for r in requests:
+        grow_pages(pool, r, r.num_tokens)
+    logits = runner.forward(
+        RoundPlan(chunks=[ScheduledChunk(r, 0, r.num_tokens, True) for r in requests])
+    )
+    for row, prompt in enumerate(PROMPTS):
+        torch.testing.assert_close(
+            logits[row], hf_last_logits(model, prompt)[-1], atol=ATOL, rtol=0
+        )
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
