@@ -54,8 +54,8 @@ def _build_kernel() -> Any:
             q_ptr + seq * stride_q_tok + head * stride_q_head + dims, mask=dim_ok, other=0.0
         )
         q = q.to(tl.float32)
-        running_max = float("-inf")
-        denom = 0.0
+        running_max = tl.full([], float("-inf"), dtype=tl.float32)
+        denom = tl.zeros([], dtype=tl.float32)
         acc = tl.zeros([BLOCK_D], dtype=tl.float32)
         for start in range(0, kv_len, BLOCK_N):
             pos = start + tl.arange(0, BLOCK_N)
