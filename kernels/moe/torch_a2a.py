@@ -48,7 +48,9 @@ class TorchAllToAllMoE:
     def needs_collectives(self) -> bool:
         return self.placement.world_size > 1
 
-    def _all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits) -> None:
+    def _all_to_all(
+        self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int]
+    ) -> None:
         dist.all_to_all_single(out, inp, out_splits, in_splits, group=self.group)
 
     def dispatch(
@@ -70,7 +72,8 @@ class TorchAllToAllMoE:
         send_rows = hidden.index_select(0, token_of_row)
         send_ids = flat_ids.index_select(0, order)
 
-        counts_in = torch.tensor(send_splits, dtype=torch.long)
+        # On the data's device: NCCL only moves CUDA tensors (gloo is happy either way).
+        counts_in = torch.tensor(send_splits, dtype=torch.long, device=hidden.device)
         counts_out = torch.empty_like(counts_in)
         dist.all_to_all_single(counts_out, counts_in, group=self.group)
         recv_splits = counts_out.tolist()
