@@ -149,3 +149,35 @@ def test_max_model_len_beyond_the_model_is_refused() -> None:
 def test_resolve_reads_presets_without_touching_disk() -> None:
     assert resolve_model_config("tiny-moe").is_moe
     assert not resolve_model_config("tiny-llama").is_moe
+
+
+def test_fused_expert_names_load_like_per_expert_names(tmp_path: Path) -> None:
+    """transformers 5's in-memory Mixtral names (fused experts) give the same model."""
+    transformers = pytest.importorskip("transformers")
+    from actors.model import build_model
+    from actors.weights import DictSource, SafetensorsSource
+    from kernels.moe import ExpertPlacement
+
+    torch.manual_seed(0)
+    hf = transformers.MixtralForCausalLM(
+        transformers.MixtralConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+        )
+    )
+    hf.save_pretrained(tmp_path)  # per-expert w1/w2/w3 names on disk
+    config = ModelConfig.from_dir(tmp_path)
+    for rank in (0, 1):  # and each rank of a 2-way split reads only its own experts
+        place = ExpertPlacement(4, 2, rank)
+        fused = build_model(config, DictSource(hf.state_dict(), "memory"), place)
+        legacy = build_model(config, SafetensorsSource(tmp_path), place)
+        for (name, a), (_, b) in zip(
+            fused.state_dict().items(), legacy.state_dict().items(), strict=True
+        ):
+            assert torch.equal(a, b), name
