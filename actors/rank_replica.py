@@ -161,6 +161,7 @@ class RankReplica:
         return {
             "dp_rank": self.rank,
             "gang_id": self.gang_id,
+            "actor_name": _actor_name(),
             "waiting": len(sched.waiting),
             "running": len(sched.running),
             "retracted": len(sched.retracted),
@@ -176,6 +177,10 @@ class RankReplica:
         """Pool integrity (for tests and operators); raises ``AssertionError`` if broken."""
         self.core.scheduler.pool.check_integrity()
         return True
+
+    def record_replica_metadata(self) -> dict[str, Any]:
+        """Static identity for the routers (sent once, when the replica becomes ready)."""
+        return {"dp_rank": self.rank, "gang_id": self.gang_id}
 
     def record_routing_stats(self) -> dict[str, Any]:
         sched = self.core.scheduler
@@ -196,6 +201,12 @@ class RankReplica:
         stop = getattr(self, "_stop", None)
         if stop is not None:
             stop.set()
+
+
+def _actor_name() -> str | None:
+    import ray
+
+    return ray.get_runtime_context().get_actor_name()
 
 
 def _limit_threads() -> None:

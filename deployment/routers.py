@@ -1,7 +1,8 @@
 """Serve request routers that spread prompts over the ranks of the DP groups.
 
-Each rank replica reports ``{"dp_rank", "gang_id", "load", "kv_occupancy"}`` through
-``record_routing_stats``. A request payload may pin a rank with ``"dp_rank"`` (tests and
+Each rank replica announces ``{"dp_rank", "gang_id"}`` once (``record_replica_metadata``)
+and reports ``{"load", "kv_occupancy"}`` through ``record_routing_stats``. A request payload
+may pin a rank with ``"dp_rank"`` (tests and
 benchmarks use it to reproduce skewed traffic). A request is routed once and streams from
 the replica that took it, so it never crosses into another group mid-stream.
 """
@@ -30,7 +31,10 @@ def pinned_rank(pending: PendingRequest | None) -> int | None:
 
 
 def _rank_of(replica: RunningReplica) -> int | None:
-    return replica.routing_stats.get("dp_rank")
+    # Static metadata arrives with the replica itself; periodic stats may lag (after a gang
+    # restart they can take a while), so they are only the fallback.
+    rank = replica.replica_metadata.get("dp_rank")
+    return replica.routing_stats.get("dp_rank") if rank is None else rank
 
 
 class _RankRouter(RequestRouter):
