@@ -72,9 +72,12 @@ class RankLoop:
         probe = self.scheduler.publish_probe()
         self._vote, self._plan = vote, plan
         return RankRow(
-            plan.num_tokens, plan.batch_size, plan.num_extends,
-            probe.wants_prefill, probe.has_decode_work,
-        )  # fmt: skip
+            plan.num_tokens,
+            plan.batch_size,
+            plan.num_extends,
+            probe.wants_prefill,
+            probe.has_decode_work,
+        )
 
     def finish(self, rows: Sequence[RankRow]) -> RoundOutcome:
         """Observe the gathered rows, run the forward and update the scheduler."""
