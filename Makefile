@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup serve test lint format bench clean
+.PHONY: setup tools serve test lint format bench clean
 
 setup: $(STAMP)
 
@@ -16,10 +16,19 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	@touch $(STAMP)
 
+# Non-Python tools the tests need: Debian's prometheus (prometheus + promtool). Idempotent:
+# nothing happens when promtool is already on PATH.
+tools:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  echo "installing Debian package prometheus (for promtool and the Prometheus test server)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
+
 serve: setup
 	$(VENV)/bin/roundgate serve
 
-test: setup
+test: setup tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup

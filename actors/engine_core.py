@@ -9,6 +9,7 @@ scheduler itself is only ever touched by one thread.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -18,6 +19,7 @@ from actors.gather import Gather, SingleRankGather
 from actors.request import Request
 from actors.scheduler import Scheduler, TokenEvent
 from actors.server_args import ServerArgs
+from gate import RankRow
 from gate.policy import make_policy
 
 EventSink = Callable[[TokenEvent], None]
@@ -47,6 +49,7 @@ class EngineCore:
         self._intake: deque[Request] = deque()
         self._lock = threading.Lock()
         self.last_outcome: RoundOutcome | None = None
+        self.last_parts: dict[str, float] = {}
 
     def submit(self, request: Request) -> None:
         """Queue a request for the next round (any thread). Validation errors raise here."""
@@ -73,11 +76,26 @@ class EngineCore:
         return bool(self._intake) or self.scheduler.has_unfinished
 
     def step(self) -> RoundOutcome:
-        """Run one round (collectives included, if the gather has peers)."""
+        """Run one round (collectives included, if the gather has peers), timing its parts."""
         with self._lock:
             while self._intake:
                 self.scheduler.add_request(self._intake.popleft())
-        outcome = self.loop.step()
+        loop = self.loop
+        t0 = time.perf_counter()
+        row = loop.begin()
+        t1 = time.perf_counter()
+        packed = loop.gather.all_gather(row.pack())
+        t2 = time.perf_counter()
+        outcome = loop.finish([RankRow.unpack(p) for p in packed])
+        t3 = time.perf_counter()
+        forward = outcome.result.cost_s
+        # schedule = vote + plan + probe; finish = observe + forward + update, less the forward.
+        self.last_parts = {
+            "schedule": t1 - t0,
+            "gather": t2 - t1,
+            "forward": forward,
+            "finish": max(0.0, t3 - t2 - forward),
+        }
         self.last_outcome = outcome
         if self.on_event is not None:
             for event in outcome.events:

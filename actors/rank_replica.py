@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from actors.engine_core import EngineCore
+from actors.metrics_hub import Pusher, snapshot
+from actors.rank_metrics import RankMetrics
 from actors.rank_stats import RankStats
 from actors.request import Request, SamplingParams
 from actors.scheduler import TokenEvent
@@ -64,6 +67,11 @@ class RankReplica:
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self.core = await asyncio.to_thread(self._build_core, device)
+        model = os.path.basename(self.args.model.rstrip("/"))
+        self.metrics = RankMetrics(self.gang_id, model, self.rank)
+        self._pusher = Pusher(
+            f"rank:{self.gang_id}:{self.rank}", lambda: snapshot(self.metrics.set.registry)
+        )
         self._thread = threading.Thread(target=self._run, name=f"rank{self.rank}", daemon=True)
         self._thread.start()
         logger.info("rank %d/%d of gang %s ready", self.rank, self.world_size, self.gang_id)
@@ -91,6 +99,12 @@ class RankReplica:
             while not self._stop.is_set():
                 outcome = self.core.step()
                 self.stats.observe(outcome)
+                self.metrics.observe(
+                    outcome,
+                    self.core.scheduler,
+                    self.core.last_parts,
+                    getattr(self.core.loop.policy, "rounds_since_prefill", None),
+                )
                 if outcome.group_idle and not self.core.has_local_work:
                     time.sleep(IDLE_SLEEP_S)
         except BaseException as exc:  # a dead peer or a timed-out collective ends the group
@@ -124,6 +138,7 @@ class RankReplica:
         finished = False
         try:
             self.core.submit(request)
+            self.metrics.note_arrival(request_id)
             tokens: list[int] = []
             while not finished:
                 # Whatever queued up while we were away goes out in one chunk: under load
@@ -198,9 +213,10 @@ class RankReplica:
             raise GroupFailure(f"rank {self.rank}: engine thread exited")
 
     def __del__(self) -> None:
-        stop = getattr(self, "_stop", None)
-        if stop is not None:
-            stop.set()
+        if hasattr(self, "_stop"):
+            self._stop.set()
+        if hasattr(self, "_pusher"):
+            self._pusher.stop()
 
 
 def _actor_name() -> str | None:

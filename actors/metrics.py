@@ -1,0 +1,195 @@
+"""Every Prometheus metric of roundgate, defined once (name, type, labels, buckets).
+
+Each process (a rank replica, an ingress replica) builds its metrics into its own
+``CollectorRegistry``; ``deployment.metrics_hub`` merges the processes' samples so one scrape
+of ``/metrics`` shows every series once. Group-level series (rounds, votes) are identical on
+every rank of a group, so only rank 0 of each group exports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "roundgate"
+ROUND_PARTS = ("schedule", "gather", "forward", "finish")
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
+ROUND_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+WAIT_ROUND_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+GROUP = ("group", "model")
+RANK = ("group", "model", "dp_rank")
+
+
+def _n(name: str) -> str:
+    return f"{PREFIX}_{name}"
+
+
+@dataclass
+class RankMetricSet:
+    """The metrics one rank replica exports (group-level ones only on rank 0)."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.group_rounds = Counter(
+            _n("group_rounds"), "Rounds the DP group ran (busy or idle)", GROUP, registry=r
+        )
+        self.prefill_rounds = Counter(
+            _n("prefill_rounds"),
+            "Busy rounds in which some rank extended (num_extends > 0)",
+            GROUP,
+            registry=r,
+        )
+        self.decode_rounds = Counter(
+            _n("decode_rounds"), "Busy rounds in which no rank extended", GROUP, registry=r
+        )
+        self.gate_votes = Counter(
+            _n("gate_votes"),
+            "Gate votes at attempt points",
+            (*GROUP, "point", "outcome"),
+            registry=r,
+        )
+        self.gate_windows_admitted = Counter(
+            _n("gate_windows_admitted"),
+            "Open votes whose round actually admitted prefill",
+            (*GROUP, "point"),
+            registry=r,
+        )
+        self.rounds_since_prefill = Gauge(
+            _n("rounds_since_prefill"),
+            "The gate's counter of rounds since the last prefill",
+            GROUP,
+            registry=r,
+        )
+        self.moe_rounds = Counter(
+            _n("moe_rounds"),
+            "Busy rounds by MoE dispatch mode (low_latency iff no extend)",
+            (*GROUP, "mode"),
+            registry=r,
+        )
+        self.wants_prefill = Gauge(
+            _n("rank_wants_prefill"), "Published wants_prefill (0/1)", RANK, registry=r
+        )
+        self.has_decode_work = Gauge(
+            _n("rank_has_decode_work"), "Published has_decode_work (0/1)", RANK, registry=r
+        )
+        self.running = Gauge(_n("rank_running_requests"), "Resident requests", RANK, registry=r)
+        self.waiting = Gauge(_n("rank_waiting_requests"), "Queued new prompts", RANK, registry=r)
+        self.kv_occupancy = Gauge(
+            _n("rank_kv_occupancy_ratio"), "KV pool pages in use, 0..1", RANK, registry=r
+        )
+        self.retractions = Counter(
+            _n("rank_retractions"), "Requests retracted under KV pressure", RANK, registry=r
+        )
+        self.aborts = Counter(_n("rank_aborts"), "Requests aborted on the rank", RANK, registry=r)
+        self.local_prefill_rounds = Counter(
+            _n("rank_prefill_rounds"), "Rounds in which this rank extended", RANK, registry=r
+        )
+        self.admission_wait = Histogram(
+            _n("admission_wait_rounds"),
+            "Rounds from a prompt's first published want to its first prefill round",
+            RANK,
+            buckets=WAIT_ROUND_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            _n("request_queue_seconds"),
+            "Arrival at the rank to the first prefill chunk",
+            RANK,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.round_time = Histogram(
+            _n("round_duration_seconds"),
+            "Wall time of one round",
+            RANK,
+            buckets=ROUND_BUCKETS,
+            registry=r,
+        )
+        self.round_part_time = Histogram(
+            _n("round_part_duration_seconds"),
+            "Wall time of one part of a round (schedule = vote+plan+probe, gather, forward, "
+            "finish = observe+update)",
+            (*RANK, "part"),
+            buckets=ROUND_BUCKETS,
+            registry=r,
+        )
+
+
+@dataclass
+class RequestMetricSet:
+    """Request latencies and token counts, recorded by the ingress."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r, labels = self.registry, ("model",)
+        self.ttft = Histogram(
+            _n("request_ttft_seconds"),
+            "Time to first token",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            _n("request_itl_seconds"),
+            "Inter-token latency",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            _n("request_e2e_seconds"),
+            "End-to-end request latency",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            _n("prompt_tokens"), "Prompt tokens of finished requests", labels, registry=r
+        )
+        self.generation_tokens = Counter(
+            _n("generation_tokens"), "Generated tokens", labels, registry=r
+        )
+        self.finished = Counter(
+            _n("requests_finished"),
+            "Finished requests by reason",
+            (*labels, "finish_reason"),
+            registry=r,
+        )

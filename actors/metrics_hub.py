@@ -1,0 +1,137 @@
+"""One ``/metrics`` for the whole application, whichever ingress replica answers the scrape.
+
+Every process (rank replicas, ingress replicas) pushes a snapshot of its own registry to one
+named Ray actor, the hub, about once a second. A scrape renders the hub's merge: samples with
+the same name and labels are summed (counters and histogram buckets add up across ingress
+replicas; rank series carry ``dp_rank``/``group`` labels and never collide). A source that
+stops pushing (a dead replica) is dropped after ``STALE_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+
+logger = logging.getLogger("roundgate.metrics")
+
+HUB_NAME = "roundgate-metrics-hub"
+HUB_NAMESPACE = "roundgate"
+PUSH_INTERVAL_S = 1.0
+STALE_S = 30.0
+
+# (family name, type, help, [(sample name, labels, value)])
+Family = tuple[str, str, str, list[tuple[str, dict[str, str], float]]]
+
+
+def snapshot(registry: CollectorRegistry) -> list[Family]:
+    """A picklable copy of a registry's samples, without ``_created`` timestamps."""
+    out: list[Family] = []
+    for metric in registry.collect():
+        samples = [
+            (s.name, dict(s.labels), float(s.value))
+            for s in metric.samples
+            if not s.name.endswith("_created")
+        ]
+        out.append((metric.name, metric.type, metric.documentation, samples))
+    return out
+
+
+def merge(snapshots: Iterable[list[Family]]) -> list[Family]:
+    """Sum samples with equal (name, labels) across sources; keep family order stable."""
+    families: dict[str, tuple[str, str, dict[tuple, tuple[str, dict[str, str], float]]]] = {}
+    for snap in snapshots:
+        for name, kind, doc, samples in snap:
+            _, _, merged = families.setdefault(name, (kind, doc, {}))
+            for sample_name, labels, value in samples:
+                key = (sample_name, tuple(sorted(labels.items())))
+                prev = merged.get(key)
+                merged[key] = (sample_name, labels, value + (prev[2] if prev else 0.0))
+    return [
+        (name, kind, doc, list(m.values())) for name, (kind, doc, m) in sorted(families.items())
+    ]
+
+
+class _Merged:
+    def __init__(self, families: list[Family]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        for name, kind, doc, samples in self.families:
+            metric = Metric(name, doc, kind)
+            for sample_name, labels, value in samples:
+                metric.add_sample(sample_name, labels, value)
+            yield metric
+
+
+def render(families: list[Family]) -> bytes:
+    """Prometheus text exposition of merged families."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged(families))
+    return generate_latest(registry)
+
+
+class MetricsHub:
+    """The Ray actor holding the latest snapshot of every source."""
+
+    def __init__(self) -> None:
+        self._sources: dict[str, tuple[float, list[Family]]] = {}
+
+    def push(self, source: str, families: list[Family]) -> None:
+        self._sources[source] = (time.monotonic(), families)
+
+    def drop(self, source: str) -> None:
+        self._sources.pop(source, None)
+
+    def exposition(self) -> bytes:
+        now = time.monotonic()
+        for source in [s for s, (t, _) in self._sources.items() if now - t > STALE_S]:
+            del self._sources[source]
+        return render(merge(f for _, f in self._sources.values()))
+
+
+def get_hub() -> Any:
+    """The application's hub actor, created on first use (any process may be first)."""
+    import ray
+
+    return (
+        ray.remote(MetricsHub)
+        .options(
+            name=HUB_NAME,
+            namespace=HUB_NAMESPACE,
+            get_if_exists=True,
+            lifetime="detached",
+            num_cpus=0,
+            max_concurrency=16,
+        )
+        .remote()
+    )
+
+
+class Pusher:
+    """A daemon thread pushing ``collect()`` to the hub every ``PUSH_INTERVAL_S``."""
+
+    def __init__(self, source: str, collect: Callable[[], list[Family]]) -> None:
+        self.source = source
+        self.collect = collect
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="metrics-push", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        hub = None
+        while not self._stop.wait(PUSH_INTERVAL_S):
+            try:
+                hub = hub or get_hub()
+                hub.push.remote(self.source, self.collect())
+            except Exception as exc:  # the hub may be restarting; try again next tick
+                logger.debug("metrics push failed: %s", exc)
+                hub = None
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,107 @@
+"""Records one rank's rounds into its ``RankMetricSet`` (on the engine thread)."""
+
+from __future__ import annotations
+
+import time
+
+from actors.dp_round import RoundOutcome
+from actors.metrics import ROUND_PARTS, RankMetricSet
+from actors.scheduler import Scheduler
+
+
+class RankMetrics:
+    """Per-round bookkeeping; group-level series only on rank 0 (they are identical)."""
+
+    def __init__(self, group: str, model: str, rank: int, metrics: RankMetricSet | None = None):
+        self.set = metrics or RankMetricSet()
+        self.rank = rank
+        s, g, r = self.set, (group, model), (group, model, str(rank))
+        self.is_group_exporter = rank == 0
+        # Bound children: label lookups happen once, not every round. Group series are bound
+        # (and so exist) only on the exporting rank.
+        if self.is_group_exporter:
+            self._group_rounds = s.group_rounds.labels(*g)
+            self._prefill_rounds = s.prefill_rounds.labels(*g)
+            self._decode_rounds = s.decode_rounds.labels(*g)
+            self._since = s.rounds_since_prefill.labels(*g)
+            self._moe = {m: s.moe_rounds.labels(*g, m) for m in ("low_latency", "normal")}
+            self._votes = {
+                (p, o): s.gate_votes.labels(*g, p, o)
+                for p in ("any", "all")
+                for o in ("open", "closed")
+            }
+            self._windows = {p: s.gate_windows_admitted.labels(*g, p) for p in ("any", "all")}
+        self._wants = s.wants_prefill.labels(*r)
+        self._decodes = s.has_decode_work.labels(*r)
+        self._running = s.running.labels(*r)
+        self._waiting = s.waiting.labels(*r)
+        self._kv = s.kv_occupancy.labels(*r)
+        self._retractions = s.retractions.labels(*r)
+        self._aborts = s.aborts.labels(*r)
+        self._local_prefill = s.local_prefill_rounds.labels(*r)
+        self._admission = s.admission_wait.labels(*r)
+        self._queue = s.queue_time.labels(*r)
+        self._round_time = s.round_time.labels(*r)
+        self._parts = {p: s.round_part_time.labels(*r, p) for p in ROUND_PARTS}
+        self._arrivals: dict[str, float] = {}
+        self._seen_retractions = 0
+        self._seen_aborts = 0
+
+    def note_arrival(self, request_id: str) -> None:
+        self._arrivals[request_id] = time.monotonic()
+
+    def observe(
+        self,
+        outcome: RoundOutcome,
+        scheduler: Scheduler,
+        parts: dict[str, float],
+        rounds_since_prefill: int | None,
+    ) -> None:
+        rows = outcome.rows
+        busy = not outcome.group_idle
+        any_extend = any(row.num_extends for row in rows)
+        if self.is_group_exporter:
+            self._group_rounds.inc()
+            if busy:
+                (self._prefill_rounds if any_extend else self._decode_rounds).inc()
+                self._moe["normal" if any_extend else "low_latency"].inc()
+            vote = outcome.vote
+            if vote.point is not None:
+                self._votes[(vote.point, "open" if vote.open else "closed")].inc()
+                if vote.open and any_extend:
+                    self._windows[vote.point].inc()
+            if rounds_since_prefill is not None:
+                self._since.set(rounds_since_prefill)
+        mine = rows[self.rank]
+        self._wants.set(int(mine.wants_prefill))
+        self._decodes.set(int(mine.has_decode_work))
+        self._running.set(len(scheduler.running))
+        self._waiting.set(len(scheduler.waiting))
+        self._kv.set(scheduler.pool.occupancy)
+        self._count(scheduler)
+        if outcome.plan.num_extends:
+            self._local_prefill.inc()
+            now = time.monotonic()
+            for chunk in outcome.plan.chunks:
+                if chunk.is_prefill and chunk.start == 0:
+                    arrival = self._arrivals.pop(chunk.request.request_id, None)
+                    if arrival is not None:
+                        self._queue.observe(now - arrival)
+                    wait = scheduler.admission_wait(chunk.request)
+                    if wait is not None:
+                        self._admission.observe(wait)
+        for event in outcome.events:
+            if event.finished:
+                self._arrivals.pop(event.request.request_id, None)
+        if busy:
+            self._round_time.observe(sum(parts.values()))
+            for name, seconds in parts.items():
+                self._parts[name].observe(seconds)
+
+    def _count(self, scheduler: Scheduler) -> None:
+        if scheduler.num_retractions > self._seen_retractions:
+            self._retractions.inc(scheduler.num_retractions - self._seen_retractions)
+            self._seen_retractions = scheduler.num_retractions
+        if scheduler.num_aborts > self._seen_aborts:
+            self._aborts.inc(scheduler.num_aborts - self._seen_aborts)
+            self._seen_aborts = scheduler.num_aborts

@@ -1,0 +1,110 @@
+"""Metrics: definitions, the rank recorder, and the hub's merge/render (promtool-clean)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from actors.cost_executor import CostExecutor
+from actors.dp_round import RankLoop
+from actors.metrics import RankMetricSet, RequestMetricSet
+from actors.metrics_hub import merge, render, snapshot
+from actors.rank_metrics import RankMetrics
+from actors.request import Request, SamplingParams
+from actors.scheduler import Scheduler
+from actors.server_args import ServerArgs
+from gate.policy import make_policy
+from gate.round_costs import TOY
+
+
+def run_group(rounds: int = 40) -> list[RankMetrics]:
+    args = ServerArgs(
+        dp_size=2,
+        max_num_seqs=8,
+        num_kv_pages=64,
+        page_size=4,
+        prefill_attempt_interval=2,
+        prefill_any_attempt_interval=4,
+    ).validate()
+    loops = [
+        RankLoop(Scheduler(args), make_policy(args.prefill_delay), CostExecutor(TOY), 2)
+        for _ in range(2)
+    ]
+    recorders = [RankMetrics("g0", "tiny-moe", rank) for rank in range(2)]
+    loops[0].scheduler.add_request(Request("a", [1] * 10, SamplingParams(max_tokens=30)))
+    recorders[0].note_arrival("a")
+    for i in range(rounds):
+        if i == 5:
+            loops[1].scheduler.add_request(Request("b", [2] * 6, SamplingParams(max_tokens=5)))
+        rows = [loop.begin() for loop in loops]
+        for loop, rec in zip(loops, recorders, strict=True):
+            outcome = loop.finish(rows)
+            rec.observe(
+                outcome,
+                loop.scheduler,
+                {"schedule": 1e-5, "forward": 1e-3},
+                loop.policy.rounds_since_prefill,
+            )
+    return recorders
+
+
+def values(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_group_series_come_from_rank_zero_only() -> None:
+    recorders = run_group()
+    text = render(merge(snapshot(r.set.registry) for r in recorders)).decode()
+    vals = values(text)
+    rounds = vals[("roundgate_group_rounds_total", (("group", "g0"), ("model", "tiny-moe")))]
+    assert rounds == 40  # counted once, not once per rank
+    prefill = vals[("roundgate_prefill_rounds_total", (("group", "g0"), ("model", "tiny-moe")))]
+    decode = vals[("roundgate_decode_rounds_total", (("group", "g0"), ("model", "tiny-moe")))]
+    assert prefill >= 2 and decode > 0 and prefill + decode <= rounds
+    ranks = {dict(k[1]).get("dp_rank") for k in vals if k[0] == "roundgate_rank_running_requests"}
+    assert ranks == {"0", "1"}
+    assert not any(k[0].endswith("_created") for k in vals)
+
+
+def test_merge_sums_equal_series_across_sources() -> None:
+    a, b = RequestMetricSet(), RequestMetricSet()
+    a.ttft.labels("m").observe(0.01)
+    b.ttft.labels("m").observe(0.02)
+    b.finished.labels("m", "stop").inc()
+    vals = values(render(merge([snapshot(a.registry), snapshot(b.registry)])).decode())
+    assert vals[("roundgate_request_ttft_seconds_count", (("model", "m"),))] == 2
+    assert (
+        vals[("roundgate_requests_finished_total", (("finish_reason", "stop"), ("model", "m")))]
+        == 1
+    )
+
+
+def test_names_follow_the_conventions() -> None:
+    registries = [RankMetricSet().registry, RequestMetricSet().registry]
+    for registry in registries:
+        for fam in registry.collect():
+            assert fam.name.startswith("roundgate_")
+            assert fam.name == fam.name.lower()
+            if fam.type == "histogram" and "rounds" not in fam.name:
+                assert fam.name.endswith("_seconds"), fam.name
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_promtool_check_metrics_is_clean() -> None:
+    recorders = run_group()
+    req = RequestMetricSet()
+    req.ttft.labels("tiny-moe").observe(0.1)
+    req.finished.labels("tiny-moe", "length").inc()
+    snaps = [snapshot(r.set.registry) for r in recorders] + [snapshot(req.registry)]
+    text = render(merge(snaps))
+    proc = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, timeout=30
+    )
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
