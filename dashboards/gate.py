@@ -1,0 +1,171 @@
+"""The gate dashboard: how often groups prefill, what the gate voted, what ranks asked for.
+
+A healthy gate shows a high decode-round fraction with prefill rounds in short bursts (the
+windows), ALL points opening when every busy rank wants prefill, and ANY points bounding the
+wait of a lone prompt. Group-level series come from rank 0 of each group only.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+
+from dashboards.panels import (
+    GROUP,
+    RANK,
+    Panel,
+    dashboard,
+    graph,
+    percentiles,
+    rate,
+    ratio_graph,
+    state_timeline,
+)
+
+# Per-rank state code: wants_prefill + 2 * has_decode_work (both are 0/1 gauges).
+RANK_STATES = (
+    ("idle", "transparent"),
+    ("wants prefill", "orange"),
+    ("decode", "green"),
+    ("decode, wants prefill", "purple"),
+)
+
+
+def _max_by_rank(metric: str) -> str:
+    return f"max by (group, dp_rank) ({metric}{{{RANK}}})"
+
+
+def _rounds() -> list[Panel]:
+    prefill = rate("roundgate_prefill_rounds_total", GROUP, "group")
+    decode = rate("roundgate_decode_rounds_total", GROUP, "group")
+    return [
+        graph(
+            "Prefill-round rate per group",
+            "Busy rounds in which some rank extended, per second; all rounds for scale.",
+            [
+                (prefill, "{{group}} prefill"),
+                (rate("roundgate_group_rounds_total", GROUP, "group"), "{{group}} all rounds"),
+            ],
+            unit="cps",
+        ),
+        ratio_graph(
+            "Decode-round fraction per group",
+            "Share of busy rounds in which no rank extended: the group stayed on the "
+            "decode CUDA graph and DeepEP low-latency mode.",
+            [(f"{decode} / ({decode} + {prefill})", "{{group}}")],
+        ),
+        graph(
+            "Gate votes by point and outcome",
+            "Votes at ANY and ALL attempt points, open or closed, and the open votes whose "
+            "round actually admitted prefill.",
+            [
+                (
+                    rate("roundgate_gate_votes_total", GROUP, "group, point, outcome"),
+                    "{{group}} {{point}} {{outcome}}",
+                ),
+                (
+                    rate("roundgate_gate_windows_admitted_total", GROUP, "group, point"),
+                    "{{group}} {{point}} admitted",
+                ),
+            ],
+            unit="cps",
+        ),
+        graph(
+            "Rounds since prefill",
+            "The gate's counter: 0 after a prefill round or an all-idle round, +1 otherwise.",
+            [(f"max by (group) (roundgate_rounds_since_prefill{{{GROUP}}})", "{{group}}")],
+            unit="none",
+        ),
+        graph(
+            "Admission wait",
+            "Rounds from a prompt's first published want to its first prefill round.",
+            percentiles("roundgate_admission_wait_rounds", RANK, "group"),
+            unit="none",
+        ),
+        graph(
+            "MoE rounds: low-latency vs normal",
+            "Busy rounds by DeepEP dispatch mode; low-latency iff no rank extended.",
+            [(rate("roundgate_moe_rounds_total", GROUP, "group, mode"), "{{group}} {{mode}}")],
+            unit="cps",
+            stacked=True,
+        ),
+    ]
+
+
+def _ranks() -> list[Panel]:
+    return [
+        state_timeline(
+            "Rank wants prefill / has decode work",
+            "The two flags each rank published in the round's gather, as one state per rank.",
+            [
+                (
+                    f"{_max_by_rank('roundgate_rank_wants_prefill')}"
+                    f" + 2 * {_max_by_rank('roundgate_rank_has_decode_work')}",
+                    "{{group}}/{{dp_rank}}",
+                )
+            ],
+            RANK_STATES,
+        ),
+        graph(
+            "Prefill rounds per rank",
+            "Rounds in which the rank itself extended, per second.",
+            [
+                (
+                    rate("roundgate_rank_prefill_rounds_total", RANK, "group, dp_rank"),
+                    "{{group}}/{{dp_rank}}",
+                )
+            ],
+            unit="cps",
+        ),
+        graph(
+            "Retractions and aborts per rank",
+            "Requests retracted under KV pressure and requests aborted, per second.",
+            [
+                (
+                    rate("roundgate_rank_retractions_total", RANK, "group, dp_rank"),
+                    "{{group}}/{{dp_rank}} retracted",
+                ),
+                (
+                    rate("roundgate_rank_aborts_total", RANK, "group, dp_rank"),
+                    "{{group}}/{{dp_rank}} aborted",
+                ),
+            ],
+            unit="cps",
+        ),
+    ]
+
+
+def _round_time() -> list[Panel]:
+    mean_part = (
+        f"{rate('roundgate_round_part_duration_seconds_sum', RANK, 'part')}"
+        f" / {rate('roundgate_round_part_duration_seconds_count', RANK, 'part')}"
+    )
+    return [
+        graph(
+            "Round time breakdown by part",
+            "Mean seconds per round in each part: schedule (vote, plan, probe), gather, "
+            "forward, finish (observe, update).",
+            [(mean_part, "{{part}}")],
+            unit="s",
+            stacked=True,
+        ),
+        graph(
+            "Round time percentiles",
+            "Wall time of one round.",
+            percentiles("roundgate_round_duration_seconds", RANK, "group"),
+            unit="s",
+        ),
+    ]
+
+
+def build() -> Dashboard:
+    """The gate dashboard builder."""
+    return dashboard(
+        "roundgate-gate",
+        "roundgate / gate and rounds",
+        "Group prefill gate: prefill windows, votes, rank flags and round time.",
+        [
+            ("Rounds and the gate", _rounds()),
+            ("Ranks", _ranks()),
+            ("Round time", _round_time()),
+        ],
+    )

@@ -1,0 +1,128 @@
+"""The serving dashboard: request latencies, KV pressure, queues and throughput.
+
+Request latencies are recorded by the ingress (label ``model`` only); queue time, KV
+occupancy and the queues are per rank.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+
+from dashboards.panels import (
+    MODEL,
+    RANK,
+    Panel,
+    dashboard,
+    graph,
+    percentiles,
+    rate,
+    watermark_graph,
+)
+
+# actors.scheduler.PREFILL_WATERMARK: above it a rank stops admitting new prompts (a test keeps
+# the two equal; dashboards import nothing from the engine).
+PREFILL_WATERMARK = 0.9
+
+
+def _latency() -> list[Panel]:
+    return [
+        graph(
+            "Time to first token",
+            "Arrival at the ingress to the first streamed token.",
+            percentiles("roundgate_request_ttft_seconds", MODEL, "model"),
+            unit="s",
+        ),
+        graph(
+            "Inter-token latency",
+            "Time between two streamed tokens of one request.",
+            percentiles("roundgate_request_itl_seconds", MODEL, "model"),
+            unit="s",
+        ),
+        graph(
+            "End-to-end latency",
+            "Arrival at the ingress to the last token.",
+            percentiles("roundgate_request_e2e_seconds", MODEL, "model"),
+            unit="s",
+        ),
+        graph(
+            "Queue time",
+            "Arrival at the rank to its first prefill chunk (includes the gate's hold).",
+            percentiles("roundgate_request_queue_seconds", RANK, "group"),
+            unit="s",
+        ),
+    ]
+
+
+def _capacity() -> list[Panel]:
+    by_rank = "sum by (group, dp_rank)"
+    return [
+        watermark_graph(
+            f"KV occupancy vs the {PREFILL_WATERMARK} watermark",
+            "KV pool pages in use per rank; above the red line a rank admits no new prompts.",
+            [
+                (
+                    f"max by (group, dp_rank) (roundgate_rank_kv_occupancy_ratio{{{RANK}}})",
+                    "{{group}}/{{dp_rank}}",
+                )
+            ],
+            PREFILL_WATERMARK,
+        ),
+        graph(
+            "Running and waiting requests per rank",
+            "Resident requests and queued new prompts.",
+            [
+                (
+                    f"{by_rank} (roundgate_rank_running_requests{{{RANK}}})",
+                    "{{group}}/{{dp_rank}} running",
+                ),
+                (
+                    f"{by_rank} (roundgate_rank_waiting_requests{{{RANK}}})",
+                    "{{group}}/{{dp_rank}} waiting",
+                ),
+            ],
+            unit="none",
+        ),
+    ]
+
+
+def _throughput() -> list[Panel]:
+    return [
+        graph(
+            "Finished requests by reason",
+            "Requests finished per second, by finish reason.",
+            [
+                (
+                    rate("roundgate_requests_finished_total", MODEL, "model, finish_reason"),
+                    "{{model}} {{finish_reason}}",
+                )
+            ],
+            unit="reqps",
+            stacked=True,
+        ),
+        graph(
+            "Token throughput",
+            "Prompt tokens (of finished requests) and generated tokens per second.",
+            [
+                (rate("roundgate_prompt_tokens_total", MODEL, "model"), "{{model}} prompt"),
+                (
+                    rate("roundgate_generation_tokens_total", MODEL, "model"),
+                    "{{model}} generation",
+                ),
+            ],
+            unit="cps",
+        ),
+    ]
+
+
+def build() -> Dashboard:
+    """The serving dashboard builder."""
+    return dashboard(
+        "roundgate-serving",
+        "roundgate / serving",
+        "Request latencies, KV occupancy, queues and token throughput.",
+        [
+            ("Latency", _latency()),
+            ("Capacity", _capacity()),
+            ("Throughput", _throughput()),
+        ],
+    )
