@@ -125,37 +125,48 @@ def build_attention_batch(
     page_size: int,
     device: torch.device | str = "cpu",
 ) -> AttentionBatch:
-    """Vectorised metadata for one forward (no per-token Python loop).
+    """Metadata for one forward, without a per-token Python loop.
 
     ``ValueError`` if a page table is too short for its sequence: that is a scheduler bug
     that would otherwise write K/V into another request's pages.
     """
     query_lens, cached_lens = list(query_lens), list(cached_lens)
+    kv_lens = [c + q for c, q in zip(cached_lens, query_lens, strict=True)]
     max_pages = max((len(p) for p in page_tables), default=0)
     for b, pages in enumerate(page_tables):
-        if len(pages) * page_size < cached_lens[b] + query_lens[b]:
+        if len(pages) * page_size < kv_lens[b]:
             raise ValueError(
                 f"sequence {b}: {len(pages)} pages of {page_size} tokens cannot hold "
-                f"{cached_lens[b] + query_lens[b]} tokens"
+                f"{kv_lens[b]} tokens"
             )
-    padded = [list(p) + [0] * (max_pages - len(p)) for p in page_tables]
+    padded = [[*p, *[0] * (max_pages - len(p))] for p in page_tables]
     page_table = torch.tensor(padded, dtype=torch.long).reshape(len(padded), max_pages)
-    q_lens = torch.tensor(query_lens, dtype=torch.long)
-    starts = torch.tensor(cached_lens, dtype=torch.long)
-    cu = torch.zeros(len(query_lens) + 1, dtype=torch.long)
-    torch.cumsum(q_lens, 0, out=cu[1:])
-    num_tokens = int(cu[-1])
-    seq_of_token = torch.repeat_interleave(torch.arange(len(query_lens)), q_lens)
-    offset_in_chunk = torch.arange(num_tokens) - cu[:-1][seq_of_token]
-    positions = starts[seq_of_token] + offset_in_chunk
-    slots = page_table[seq_of_token, positions // page_size] * page_size + positions % page_size
+    if all(q == 1 for q in query_lens):
+        # Decodes (the hot path): one token per sequence at position cached_len; a few list
+        # lookups per sequence beat a dozen tiny tensor ops.
+        slots = [
+            pages[pos // page_size] * page_size + pos % page_size
+            for pages, pos in zip(page_tables, cached_lens, strict=True)
+        ]
+        cu = torch.arange(len(query_lens) + 1)
+        positions = torch.tensor(cached_lens, dtype=torch.long)
+        slot_mapping = torch.tensor(slots, dtype=torch.long)
+    else:
+        q_lens = torch.tensor(query_lens, dtype=torch.long)
+        cu = torch.zeros(len(query_lens) + 1, dtype=torch.long)
+        torch.cumsum(q_lens, 0, out=cu[1:])
+        seq_of_token = torch.repeat_interleave(torch.arange(len(query_lens)), q_lens)
+        offset_in_chunk = torch.arange(int(cu[-1])) - cu[:-1][seq_of_token]
+        positions = torch.tensor(cached_lens, dtype=torch.long)[seq_of_token] + offset_in_chunk
+        pages_of_token = page_table[seq_of_token, positions // page_size]
+        slot_mapping = pages_of_token * page_size + positions % page_size
     return AttentionBatch(
         query_lens=query_lens,
         cached_lens=cached_lens,
         page_size=page_size,
         cu_query_lens=cu.to(device),
-        kv_lens=(starts + q_lens).to(device),
+        kv_lens=torch.tensor(kv_lens, dtype=torch.long, device=device),
         page_table=page_table.to(device),
         positions=positions.to(device),
-        slot_mapping=slots.to(device),
+        slot_mapping=slot_mapping.to(device),
     )
