@@ -20,6 +20,7 @@ from deployment.ingress import (
     APIError,
     Ingress,
     api,
+    json_body,
     new_id,
     parse,
     read_json,
@@ -86,7 +87,7 @@ class OpenAIServer:
             ],
         }
 
-    @api.post("/v1/completions")
+    @api.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(self, request: Request) -> Any:
         core = self.core
         core.check_auth(request)
@@ -139,7 +140,7 @@ class OpenAIServer:
             "usage": usage(choices),
         }
 
-    @api.post("/v1/chat/completions")
+    @api.post("/v1/chat/completions", openapi_extra=json_body(ChatRequest))
     async def chat(self, request: Request) -> Any:
         core = self.core
         core.check_auth(request)

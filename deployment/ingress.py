@@ -15,14 +15,44 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from actors.request import SamplingParams
 from deployment.generation import Choice, Delta, rank_payload, run_choice
-from deployment.protocol import APIError, CompletionRequest
+from deployment.protocol import APIError, ChatRequest, CompletionRequest
 
 RETRY_AFTER_S = 5
 api = FastAPI(title="roundgate", version="0.1.0")
+BODY_MODELS = (CompletionRequest, ChatRequest)
+
+
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` declaring ``model`` as a route's JSON body.
+
+    The routes read the raw body themselves (so every mistake gets an OpenAI-style 4xx, not
+    FastAPI's 422); this keeps the request schema in the OpenAPI document for clients and
+    fuzzers.
+    """
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def _openapi() -> dict[str, Any]:
+    """FastAPI's document plus the request models behind ``json_body`` references."""
+    if api.openapi_schema is None:
+        doc = get_openapi(title=api.title, version=api.version, routes=api.routes)
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        for model in BODY_MODELS:
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[model.__name__] = schema
+        api.openapi_schema = doc
+    return api.openapi_schema
+
+
+api.openapi = _openapi  # type: ignore[method-assign]
 
 
 @api.exception_handler(APIError)
@@ -56,9 +86,34 @@ def parse(model: type, body: Any) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"] if not isinstance(p, int)) or None
-        raise APIError(400, f"{param or 'body'}: {err['msg']}", param=param) from None
+        param, message = describe_error(exc)
+        raise APIError(400, message, param=param) from None
+
+
+def describe_error(exc: ValidationError) -> tuple[str | None, str]:
+    """``(param, message)`` for the first invalid field, e.g. ``("max_tokens", "max_tokens: ...")``.
+
+    A union field (``prompt``, ``stop``, a message's ``content``) fails once per accepted
+    form, each error tagged with the form (``prompt.list[int].0``); those become one line
+    naming the forms.
+    """
+    errors = exc.errors()
+    first = errors[0]["loc"]
+    param = str(first[0]) if first else None
+    cut = next((i for i, p in enumerate(first) if _is_union_tag(p)), None)
+    if cut is None:
+        return param, f"{'.'.join(str(p) for p in first) or 'body'}: {errors[0]['msg']}"
+    where = ".".join(str(p) for p in first[:cut])
+    forms = dict.fromkeys(
+        str(e["loc"][cut])
+        for e in errors
+        if len(e["loc"]) > cut and e["loc"][:cut] == first[:cut] and _is_union_tag(e["loc"][cut])
+    )
+    return param, f"{where}: invalid type or value; expected one of {', '.join(forms)}"
+
+
+def _is_union_tag(part: Any) -> bool:
+    return isinstance(part, str) and (part in {"str", "int", "float", "bool"} or "[" in part)
 
 
 class Ingress:
@@ -149,7 +204,7 @@ class Ingress:
         eos = self.tokenizer.eos_token_id
         if eos is not None and not req.ignore_eos:
             stop_ids.append(eos)
-        return {
+        sampling = {
             "max_tokens": max_tokens or room,
             "temperature": req.temperature,
             "top_p": req.top_p,
@@ -157,12 +212,21 @@ class Ingress:
             "seed": req.seed,
             "stop_token_ids": tuple(stop_ids),
         }
+        # What the rank would refuse is refused here: an exception on the rank reads as a
+        # group failure (503 for everyone), never as this client's mistake.
+        try:
+            SamplingParams(**sampling)
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+        return sampling
 
     # ---- generation ----------------------------------------------------------------------
 
     async def _choice_stream(
-        self, choice: Choice, sampling: dict, req: Any
+        self, choice: Choice, sampling: dict, req: Any, own_request_id: bool
     ) -> AsyncIterator[Delta]:
+        if own_request_id:
+            _new_internal_request_id()
         gen = self.ranks.generate.remote(
             rank_payload(choice.prompt_token_ids, sampling, req.dp_rank)
         )
@@ -198,7 +262,23 @@ class Ingress:
         ]
         self.check_available()
         choices = [c for c, _ in plans]
-        return choices, _merge([self._choice_stream(c, s, req) for c, s in plans])
+        several = len(plans) > 1
+        return choices, _merge([self._choice_stream(c, s, req, several) for c, s in plans])
+
+
+def _new_internal_request_id() -> None:
+    """Give this task's handle calls an internal request id of their own.
+
+    Handle calls made while serving an HTTP request inherit its ``internal_request_id``, and
+    Ray Serve 2.60's request router indexes pending requests by that id: two calls in flight
+    at once from one HTTP request (one per prompt of a batched completion) can leave the
+    second one never assigned to a replica, hanging the response. Each choice runs in a task
+    of its own (``_merge``), so setting the context var here touches only that choice.
+    """
+    from ray.serve._private.utils import generate_request_id
+    from ray.serve.context import _set_request_context
+
+    _set_request_context(_internal_request_id=generate_request_id())
 
 
 async def _merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[Delta]:

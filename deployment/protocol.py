@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+MAX_INT32 = 2**31 - 1
+
 
 class APIError(Exception):
     """An error answered with an OpenAI-style body; never a 5xx for the client's mistake."""
@@ -46,21 +48,24 @@ class APIError(Exception):
         }
 
 
+# Strict types: ``"max_tokens": true`` or ``"stream": "yes"`` is the client's mistake (400),
+# not something to coerce; ints are still accepted where a float is expected.
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
 
 
 class _Common(BaseModel):
     """Fields shared by completions and chat. Unknown fields are ignored, as OpenAI does."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1)
+    # Bounded: the rank packs sampling parameters into int64 tensors.
+    top_k: int = Field(0, ge=-1, le=MAX_INT32)
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -95,7 +100,7 @@ class CompletionRequest(_Common):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
 
