@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from actors.request import SamplingParams
 from deployment.generation import Choice, Delta, rank_payload, run_choice
@@ -58,6 +59,13 @@ api.openapi = _openapi  # type: ignore[method-assign]
 @api.exception_handler(APIError)
 async def _api_error(_: Request, exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Unknown paths and wrong methods get the OpenAI error body too."""
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return await _api_error(request, APIError(exc.status_code, message, headers=exc.headers))
 
 
 async def read_json(request: Request, max_bytes: int) -> Any:
