@@ -1,0 +1,37 @@
+"""One structured log line per gate window (off by default: ``--log-gate-windows``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from actors.dp_round import RoundOutcome
+
+logger = logging.getLogger("roundgate.gate")
+
+
+def gate_window_record(outcome: RoundOutcome, round_index: int, group: str) -> dict | None:
+    """The window this round opened, or None: a vote that opened and admitted some prefill.
+
+    ``prefill_tokens`` is the tokens of the extending ranks' batches (their decodes included
+    when mixed batches are on), as the gathered rows carry them.
+    """
+    vote = outcome.vote
+    ranks = [i for i, row in enumerate(outcome.rows) if row.num_extends > 0]
+    if not (vote.open and ranks):
+        return None
+    return {
+        "event": "gate_window",
+        "group": group,
+        "round": round_index,
+        "point": vote.point or "local",
+        "ranks": ranks,
+        "prefill_tokens": sum(outcome.rows[i].num_tokens for i in ranks),
+        "extends": sum(outcome.rows[i].num_extends for i in ranks),
+    }
+
+
+def log_gate_window(outcome: RoundOutcome, round_index: int, group: str) -> None:
+    record = gate_window_record(outcome, round_index, group)
+    if record is not None:
+        logger.info(json.dumps(record, separators=(",", ":")))

@@ -1,0 +1,67 @@
+"""Request latencies recorded at the ingress (where the client's clock is), pushed to the hub."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from actors.metrics import RequestMetricSet
+from actors.metrics_hub import Pusher, get_hub, snapshot
+
+
+class RequestTimer:
+    """TTFT, inter-token gaps and end-to-end time of one choice."""
+
+    def __init__(self, recorder: RequestRecorder) -> None:
+        self.recorder = recorder
+        self.start = time.monotonic()
+        self.last: float | None = None
+
+    def tokens(self, count: int) -> None:
+        """``count`` tokens arrived together (one streamed chunk)."""
+        if count <= 0:
+            return
+        now = time.monotonic()
+        m = self.recorder
+        if self.last is None:
+            m.ttft.observe(now - self.start)
+            count -= 1
+        elif count:
+            gap = (now - self.last) / count
+            for _ in range(count):
+                m.itl.observe(gap)
+        self.last = now
+
+    def finish(self, reason: str | None, prompt_tokens: int, output_tokens: int) -> None:
+        m = self.recorder
+        m.e2e.observe(time.monotonic() - self.start)
+        m.prompt_tokens.inc(prompt_tokens)
+        m.generation_tokens.inc(output_tokens)
+        m.finished_by(reason or "abort").inc()
+
+
+class RequestRecorder:
+    """The ingress replica's request metrics, bound to the served model's label."""
+
+    def __init__(self, model: str) -> None:
+        self.set = RequestMetricSet()
+        s = self.set
+        self.ttft = s.ttft.labels(model)
+        self.itl = s.itl.labels(model)
+        self.e2e = s.e2e.labels(model)
+        self.prompt_tokens = s.prompt_tokens.labels(model)
+        self.generation_tokens = s.generation_tokens.labels(model)
+        self._model = model
+        self._pusher = Pusher(f"ingress:{uuid.uuid4().hex[:12]}", lambda: snapshot(s.registry))
+
+    def finished_by(self, reason: str) -> Any:
+        return self.set.finished.labels(self._model, reason)
+
+    def timer(self) -> RequestTimer:
+        return RequestTimer(self)
+
+
+async def exposition() -> bytes:
+    """The merged exposition of every process of the application."""
+    return await get_hub().exposition.remote()
