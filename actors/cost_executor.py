@@ -19,13 +19,12 @@ class CostExecutor:
         self.costs = costs
 
     def execute(self, plan: RoundPlan, rows: Sequence[RankRow]) -> RoundResult:
-        decodes = prefill_tokens = 0
-        sampled: dict[str, int] = {}
-        for chunk in plan.chunks:
-            if chunk.is_prefill:
-                prefill_tokens += chunk.num_tokens
-            else:
-                decodes += 1
-            if chunk.samples:
-                sampled[chunk.request.request_id] = SIM_TOKEN
-        return RoundResult(sampled, self.costs.rank_ms(decodes, prefill_tokens) / 1000.0)
+        # ``chunk.samples`` inlined (a chunk samples iff it reaches the request's last token):
+        # this runs for every scheduled request of every rank in every simulated round.
+        sampled = {
+            c.request.request_id: SIM_TOKEN
+            for c in plan.chunks
+            if c.start + c.num_tokens >= c.request.num_tokens
+        }
+        cost_ms = self.costs.rank_ms(plan.num_decodes, plan.num_prefill_tokens)
+        return RoundResult(sampled, cost_ms / 1000.0)

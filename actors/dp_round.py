@@ -1,10 +1,11 @@
 """One rank's round, in the order the design fixes.
 
-    vote    = policy.vote(rows gathered last round)        # identical on every rank
-    allow   = vote.open and scheduler.probe().wants_prefill  # fresh local read
+    probe   = scheduler.probe()                             # fresh local read
+    vote    = policy.vote(rows gathered last round, probe)   # identical on every rank
+    allow   = vote.permission if probe.wants_prefill else hold
     plan    = scheduler.plan(allow)
     probe   = scheduler.publish_probe()                     # once, after the plan
-    rows    = all_gather(plan summary + probe)              # the only collective for the gate
+    rows    = all_gather(plan summary + probe + policy's extra columns)   # the only collective
     policy.observe(rows)
     forward(plan) unless every rank is idle
     scheduler.update(plan, result)
@@ -15,19 +16,24 @@ ranks in one thread; ``step`` joins the halves around a real ``Gather``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from actors.executor import Executor
 from actors.gather import Gather
+from actors.rank_columns import column_reader
 from actors.round import RoundPlan, RoundResult
 from actors.scheduler import Scheduler, TokenEvent
 from gate import GateVote, RankRow
+from gate.permission import HOLD_ALL
 from gate.policy import PrefillPolicy
-from gate.rows import IDLE_ROW
+
+# Distinct rows a loop remembers for reuse (rows are immutable and repeat round after round).
+_ROW_CACHE_SIZE = 4096
 
 
-@dataclass
+@dataclass(slots=True)
 class RoundOutcome:
     """What happened on this rank this round (for streaming, stats and the simulator)."""
 
@@ -44,7 +50,11 @@ class RoundOutcome:
 
 
 class RankLoop:
-    """Drives one rank's scheduler, policy and executor round by round."""
+    """Drives one rank's scheduler, policy and executor round by round.
+
+    ``clock`` (seconds) feeds the ``now_ms`` column some policies read; the simulator passes
+    its simulated clock. Wall time is the default, so ranks on different hosts share an epoch.
+    """
 
     def __init__(
         self,
@@ -53,31 +63,48 @@ class RankLoop:
         executor: Executor,
         dp_size: int = 1,
         gather: Gather | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.scheduler = scheduler
         self.policy = policy
         self.executor = executor
         self.gather = gather
+        self.clock = clock
+        extra_columns = tuple(getattr(policy, "extra_columns", ()))
+        self._read_columns = column_reader(extra_columns) if extra_columns else None
         # Before the first gather there are no rows: treat every rank as idle, which makes
         # round 0 an ALL point that opens for a prompt arriving at an idle group.
-        self.last_rows: list[RankRow] = [IDLE_ROW] * dp_size
+        self.idle_rows: list[RankRow] = [
+            RankRow(0, 0, 0, False, False, (0,) * len(extra_columns))
+        ] * dp_size
+        self.last_rows: list[RankRow] = self.idle_rows
         self._vote: GateVote | None = None
         self._plan: RoundPlan | None = None
+        self._rows: dict[tuple, RankRow] = {}
 
     def begin(self) -> RankRow:
         """Vote, plan and probe; returns the row this rank contributes to the gather."""
-        vote = self.policy.vote(self.last_rows)
-        allow = vote.open and self.scheduler.probe().wants_prefill
-        plan = self.scheduler.plan(allow_prefill=allow)
-        probe = self.scheduler.publish_probe()
+        scheduler = self.scheduler
+        local = scheduler.probe()
+        vote = self.policy.vote(self.last_rows, local)
+        plan = scheduler.plan(vote.permission if local.wants_prefill else HOLD_ALL)
+        probe = scheduler.publish_probe()
         self._vote, self._plan = vote, plan
-        return RankRow(
+        extras = () if self._read_columns is None else self._read_columns(scheduler, self.clock())
+        key = (
             plan.num_tokens,
-            plan.batch_size,
+            len(plan.chunks),
             plan.num_extends,
             probe.wants_prefill,
             probe.has_decode_work,
+            extras,
         )
+        row = self._rows.get(key)
+        if row is None:
+            if len(self._rows) >= _ROW_CACHE_SIZE:
+                self._rows.clear()
+            row = self._rows[key] = RankRow(*key)
+        return row
 
     def finish(self, rows: Sequence[RankRow]) -> RoundOutcome:
         """Observe the gathered rows, run the forward and update the scheduler."""
@@ -86,14 +113,26 @@ class RankLoop:
             raise RuntimeError("finish() called without begin()")
         rows = list(rows)
         self.policy.observe(rows)
-        if all(row.is_idle for row in rows):
-            result = RoundResult()
+        for row in rows:
+            if row.batch_size or row.num_tokens:
+                result = self.executor.execute(plan, rows)
+                break
         else:
-            result = self.executor.execute(plan, rows)
+            result = RoundResult()
         events = self.scheduler.update(plan, result)
         self.last_rows = rows
         self._vote = self._plan = None
         return RoundOutcome(vote, plan.allow_prefill, plan, rows, result, events)
+
+    def observe_idle(self) -> None:
+        """Stand in for the idle rounds a group runs while no rank has anything to do.
+
+        A live group keeps stepping with all-idle rows between bursts (every rank sees them);
+        a driver that skips that time (the simulator jumps its clock) calls this once instead,
+        so the policy's state after the gap is what the engine's would be.
+        """
+        self.policy.observe(self.idle_rows)
+        self.last_rows = self.idle_rows
 
     def step(self) -> RoundOutcome:
         """One full round around this rank's ``Gather``."""

@@ -73,6 +73,17 @@ class KVPool:
         pages.extend(granted)
         return granted
 
+    def grow(self, owner: Hashable, num_tokens: int) -> bool:
+        """``can_fit`` and ``extend`` in one call: grow ``owner`` if it fits, else False.
+
+        The decode path calls this for every running request every round; most calls need no
+        new page, so that case returns after one lookup.
+        """
+        pages = self._owned.get(owner)
+        if pages is not None and num_tokens <= len(pages) * self.page_size:
+            return True
+        return self.extend(owner, num_tokens) is not None
+
     def free(self, owner: Hashable) -> int:
         """Return all of ``owner``'s pages; returns how many were freed."""
         pages = self._owned.pop(owner, [])

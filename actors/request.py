@@ -23,6 +23,9 @@ class RequestStatus(enum.IntEnum):
         return self >= RequestStatus.FINISHED_STOPPED
 
 
+# The first terminal status, as a plain comparison bound for the per-token hot path.
+_FIRST_FINISHED = RequestStatus.FINISHED_STOPPED
+
 FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
@@ -73,14 +76,14 @@ class Request:
     first_prefill_round: int | None = None
     # Rounds the prompt was held for reasons the gate does not own (pressure or a full batch).
     excused_wait_rounds: int = 0
+    # The prompt never changes after construction, so its length is stored, not recounted:
+    # the scheduler reads it for every running request every round.
+    num_prompt_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError(f"request {self.request_id}: prompt must not be empty")
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
@@ -88,7 +91,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return self.num_prompt_tokens + self.num_output_tokens
+        return self.num_prompt_tokens + len(self.output_token_ids)
 
     @property
     def num_uncomputed_prompt_tokens(self) -> int:
@@ -96,7 +99,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.is_finished
+        return self.status >= _FIRST_FINISHED
 
     @property
     def finish_reason(self) -> str | None:
@@ -113,10 +116,12 @@ class Request:
 
     def append_token(self, token_id: int, max_model_len: int | None = None) -> None:
         """Record a sampled token and apply the stop conditions."""
-        self.output_token_ids.append(token_id)
-        if token_id in self.sampling.stop_token_ids:
+        output = self.output_token_ids
+        output.append(token_id)
+        sampling = self.sampling
+        if token_id in sampling.stop_token_ids:
             self.status = RequestStatus.FINISHED_STOPPED
-        elif self.num_output_tokens >= self.sampling.max_tokens or (
-            max_model_len is not None and self.num_tokens >= max_model_len
+        elif len(output) >= sampling.max_tokens or (
+            max_model_len is not None and self.num_prompt_tokens + len(output) >= max_model_len
         ):
             self.status = RequestStatus.FINISHED_LENGTH

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from actors.request import Request
+from gate.permission import HOLD_ALL, Permission
 
 
 class RoundKind(enum.StrEnum):
@@ -15,12 +17,14 @@ class RoundKind(enum.StrEnum):
     MIXED = "mixed"  # decodes and prefill chunks in one batch
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledChunk:
+class ScheduledChunk(NamedTuple):
     """``num_tokens`` tokens of one request, starting at position ``start``.
 
     A decode is a chunk of one token (the last sampled one). A prefill chunk extends the
     prompt; only the chunk that reaches the end of the prompt produces a sample.
+
+    A named tuple rather than a frozen dataclass: one is built per running request per round,
+    and a tuple is immutable too but several times cheaper to construct.
     """
 
     request: Request
@@ -42,7 +46,7 @@ class ScheduledChunk:
         return self.request.token_ids(self.start, self.end)
 
 
-@dataclass
+@dataclass(slots=True)
 class RoundPlan:
     """Everything one rank runs this round, in execution order."""
 
@@ -54,16 +58,38 @@ class RoundPlan:
     # Retracted requests brought back into fresh pages: the executor restores their KV
     # (a cache operation, no prefill tokens).
     readmitted: list[Request] = field(default_factory=list)
-    # Whether the gate let this rank plan prefill this round.
+    # Whether the policy let this rank plan any prefill this round (new prompts or chunks).
     allow_prefill: bool = False
+    # What exactly the policy allowed: new prompts, resident chunks, both or neither.
+    permission: Permission = HOLD_ALL
+    # (len(chunks), extends, prefill tokens, all tokens) from the last count. The counts are
+    # read several times a round (the row, the executor, stats), so they are taken in one pass
+    # and reused until the chunk list changes length: chunks are only appended or removed
+    # (``Scheduler._retract`` also drops the cache).
+    _counts: tuple[int, int, int, int] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def _count(self) -> tuple[int, int, int, int]:
+        counts = self._counts
+        chunks = self.chunks
+        if counts is None or counts[0] != len(chunks):
+            extends = prefill_tokens = tokens = 0
+            for chunk in chunks:
+                tokens += chunk.num_tokens
+                if chunk.is_prefill:
+                    extends += 1
+                    prefill_tokens += chunk.num_tokens
+            counts = self._counts = (len(chunks), extends, prefill_tokens, tokens)
+        return counts
 
     @property
     def num_extends(self) -> int:
-        return sum(1 for c in self.chunks if c.is_prefill)
+        return self._count()[1]
 
     @property
     def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
+        return self._count()[3]
 
     @property
     def batch_size(self) -> int:
@@ -71,15 +97,17 @@ class RoundPlan:
 
     @property
     def num_decodes(self) -> int:
-        return sum(1 for c in self.chunks if not c.is_prefill)
+        counts = self._count()
+        return counts[0] - counts[1]
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks if c.is_prefill)
+        return self._count()[2]
 
     @property
     def kind(self) -> RoundKind:
-        extends, decodes = self.num_extends, self.num_decodes
+        size, extends, _, _ = self._count()
+        decodes = size - extends
         if extends and decodes:
             return RoundKind.MIXED
         if extends:

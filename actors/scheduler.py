@@ -14,13 +14,20 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from actors.kv_pool import KVPool
 from actors.request import Request, RequestStatus
 from actors.round import RoundPlan, RoundResult, ScheduledChunk
 from actors.server_args import ServerArgs
+from gate.permission import ALLOW_ALL, HOLD_ALL, Permission
 
 PREFILL_WATERMARK = 0.9
+# Prefill batch sizes remembered for SGLang's ``max_prefill_bs`` column (its window length).
+PREFILL_SIZE_WINDOW = 16
+_RETRACTED = RequestStatus.RETRACTED
+_DECODING = RequestStatus.DECODING
+_LOADING = RequestStatus.LOADING
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +38,15 @@ class Probe:
     has_decode_work: bool
 
 
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    """A token appended to a request (``token_id`` None for a finish without a token)."""
+# The four possible probes, built once: the probe is taken twice per rank per round.
+_PROBES = {(w, d): Probe(w, d) for w in (False, True) for d in (False, True)}
+
+
+class TokenEvent(NamedTuple):
+    """A token appended to a request (``token_id`` None for a finish without a token).
+
+    A named tuple: one is built per generated token, so construction cost matters.
+    """
 
     request: Request
     token_id: int | None
@@ -55,6 +68,11 @@ class Scheduler:
         self.max_sequence_len = min(self.max_model_len or capacity, capacity)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # The running requests whose prompt is not fully computed (resident prefill chunks).
+        # Kept in step with ``running`` so the probe is O(1) instead of a scan per round.
+        self._partial: set[Request] = set()
+        # New-prompt and chunk counts of recent prefill rounds (SGLang's max_prefill_bs).
+        self.prefill_sizes: deque[int] = deque(maxlen=PREFILL_SIZE_WINDOW)
         self.retracted: deque[Request] = deque()
         self.requests: dict[str, Request] = {}
         self.round = 0
@@ -109,15 +127,9 @@ class Scheduler:
 
     def probe(self) -> Probe:
         """What this rank publishes: prefill backlog (under the watermark rule), decode work."""
-        resident_chunk = False
-        decode_work = False
-        for req in self.running:
-            if req.num_computed_tokens < req.num_prompt_tokens:
-                resident_chunk = True
-            else:
-                decode_work = True
+        num_partial = len(self._partial)
         new_work = bool(self.waiting) and self.pool.occupancy <= PREFILL_WATERMARK
-        return Probe(resident_chunk or new_work, decode_work)
+        return _PROBES[num_partial > 0 or new_work, len(self.running) > num_partial]
 
     def publish_probe(self) -> Probe:
         """The probe taken once per round after the plan, the one the gather carries.
@@ -141,31 +153,62 @@ class Scheduler:
         return req.first_prefill_round - req.first_want_round - req.excused_wait_rounds
 
     @property
+    def num_resident_chunks(self) -> int:
+        """Running requests whose prompt is not fully computed yet."""
+        return len(self._partial)
+
+    @property
+    def can_admit(self) -> bool:
+        """Whether the next plan could admit the queue head: schedulable, a free slot, and
+        the pool at or under the watermark (SGLang's "reached admission" check)."""
+        return (
+            bool(self.waiting)
+            and self.waiting[0].status is not _LOADING
+            and len(self.running) < self.max_batch_size
+            and self.pool.occupancy <= PREFILL_WATERMARK
+        )
+
+    @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.retracted or self._pending_aborts)
 
     # ---- the plan ------------------------------------------------------------------------
 
-    def plan(self, allow_prefill: bool) -> RoundPlan:
-        """Choose this round's work. ``allow_prefill=False`` holds every prefill chunk."""
+    def plan(self, allow_prefill: bool | Permission) -> RoundPlan:
+        """Choose this round's work under the policy's permission.
+
+        ``True``/``False`` allow or hold all prefill (the gate's semantics: ``False`` holds
+        resident chunks too). A ``Permission`` separates new prompts from resident chunks.
+        """
+        permission = (
+            allow_prefill
+            if isinstance(allow_prefill, Permission)
+            else (ALLOW_ALL if allow_prefill else HOLD_ALL)
+        )
+        allow = permission.allow_new or permission.allow_chunks
         self.round += 1
-        self._apply_aborts()
-        plan = RoundPlan(allow_prefill=allow_prefill)
-        self._readmit(plan)
+        if self._pending_aborts:
+            self._apply_aborts()
+        plan = RoundPlan(allow_prefill=allow, permission=permission)
+        if self.retracted:
+            self._readmit(plan)
         budget = self.args.max_scheduled_tokens
         if self.args.enable_mixed_prefill_decode:
             # Decodes first; while prefill may run, hold back room for it in the budget.
-            reserve = min(self._pending_prefill_tokens(), budget // 2) if allow_prefill else 0
+            reserve = min(self._pending_prefill_tokens(permission), budget // 2) if allow else 0
             budget -= self._plan_decodes(plan, budget - reserve)
-            if allow_prefill:
-                self._plan_prefill(plan, budget)
+            if allow:
+                self._plan_prefill(plan, budget, permission)
         else:
             # Non-mixed: a round with prefill runs it alone; decodes run when there is none.
-            if allow_prefill:
-                self._plan_prefill(plan, budget)
+            if allow:
+                self._plan_prefill(plan, budget, permission)
             if not plan.chunks:
                 self._plan_decodes(plan, budget)
-        self._account_excused_wait()
+        if allow and plan.num_extends:
+            self.prefill_sizes.append(plan.num_extends)
+        if self.waiting:
+            self._account_excused_wait()
         return plan
 
     def _apply_aborts(self) -> None:
@@ -176,6 +219,7 @@ class Scheduler:
             for queue in (self.waiting, self.running, self.retracted):
                 if req in queue:
                     queue.remove(req)
+            self._partial.discard(req)
             self.pool.free(req.request_id)
             self._resume_status.pop(req.request_id, None)
             self._excused_at_want.pop(req.request_id, None)
@@ -197,38 +241,54 @@ class Scheduler:
             req.page_ids = self.pool.pages_of(req.request_id)
             req.status = self._resume_status.pop(req.request_id)
             self.running.append(req)
+            if req.num_computed_tokens < req.num_prompt_tokens:
+                self._partial.add(req)
             plan.readmitted.append(req)
 
     def _plan_decodes(self, plan: RoundPlan, budget: int) -> int:
-        """Schedule one token per decoding request; retract the newest under KV pressure."""
+        """Schedule one token per decoding request; retract the newest under KV pressure.
+
+        The hot loop of the control plane (every running request, every round): locals are
+        bound once, and ``KVPool.grow`` checks and extends in one call.
+        """
+        running = self.running
+        grow = self.pool.grow
+        append = plan.chunks.append
+        make_chunk = tuple.__new__  # ScheduledChunk(...) without the keyword-parsing __new__
         used = 0
         i = 0
-        while i < len(self.running) and used < budget:
-            req = self.running[i]
-            if req.num_computed_tokens < req.num_prompt_tokens:
+        while i < len(running) and used < budget:
+            req = running[i]
+            computed = req.num_computed_tokens
+            prompt = req.num_prompt_tokens
+            if computed < prompt:
                 i += 1
                 continue
-            while not self.pool.can_fit(req.request_id, req.num_tokens):
-                victim = self.running[-1]
+            while not grow(req.request_id, prompt + len(req.output_token_ids)):
+                victim = running[-1]
                 self._retract(victim, plan)
                 if victim is req:
                     break
-            if req.status is RequestStatus.RETRACTED:
+            if req.status is _RETRACTED:
                 break
-            self.pool.extend(req.request_id, req.num_tokens)
-            plan.chunks.append(ScheduledChunk(req, req.num_computed_tokens, 1, False))
-            req.num_computed_tokens += 1
+            append(make_chunk(ScheduledChunk, (req, computed, 1, False)))
+            req.num_computed_tokens = computed + 1
             used += 1
             i += 1
         return used
 
-    def _plan_prefill(self, plan: RoundPlan, budget: int) -> None:
+    def _plan_prefill(self, plan: RoundPlan, budget: int, permission: Permission) -> None:
         """Resident chunks first, then new prompts, within the token budget and the pool."""
-        for req in self.running:
-            if budget <= 0:
-                return
-            if req.num_computed_tokens < req.num_prompt_tokens:
-                budget -= self._schedule_chunk(plan, req, budget, may_retract=True)
+        if self._partial and permission.allow_chunks:
+            for req in self.running:
+                if budget <= 0:
+                    return
+                if req.num_computed_tokens < req.num_prompt_tokens:
+                    budget -= self._schedule_chunk(plan, req, budget, may_retract=True)
+        elif budget <= 0 and self.running:
+            return
+        if not permission.allow_new:
+            return
         while budget > 0 and self.waiting and len(self.running) < self.max_batch_size:
             if self.pool.occupancy > PREFILL_WATERMARK:
                 return
@@ -241,10 +301,12 @@ class Scheduler:
             req.page_ids = self.pool.pages_of(req.request_id)
             req.status = RequestStatus.PREFILLING
             self.running.append(req)
+            self._partial.add(req)
             scheduled = self._schedule_chunk(plan, req, budget, may_retract=False)
             if scheduled == 0:
                 # Admitted but no page to start on: back to the head of the queue.
                 self.running.pop()
+                self._partial.discard(req)
                 self.pool.free(req.request_id)
                 req.page_ids = []
                 req.status = RequestStatus.WAITING
@@ -267,6 +329,8 @@ class Scheduler:
         self.pool.extend(req.request_id, start + fits)
         plan.chunks.append(ScheduledChunk(req, start, fits, True))
         req.num_computed_tokens += fits
+        if req.num_computed_tokens >= req.num_prompt_tokens:
+            self._partial.discard(req)
         if req.first_prefill_round is None:
             req.first_prefill_round = self.round
             at_want = self._excused_at_want.pop(req.request_id, None)
@@ -283,6 +347,7 @@ class Scheduler:
         old_pages = list(self.pool.pages_of(req.request_id))
         self.pool.free(req.request_id)
         self.running.remove(req)
+        self._partial.discard(req)
         self._resume_status[req.request_id] = req.status
         req.status = RequestStatus.RETRACTED
         req.page_ids = []
@@ -294,11 +359,17 @@ class Scheduler:
             if chunk.request is req:
                 req.num_computed_tokens -= chunk.num_tokens
         plan.chunks[:] = kept
+        plan._counts = None
         self.num_retractions += 1
 
-    def _pending_prefill_tokens(self) -> int:
-        resident = sum(r.num_uncomputed_prompt_tokens for r in self.running)
-        return resident or (self.waiting[0].num_prompt_tokens if self.waiting else 0)
+    def _pending_prefill_tokens(self, permission: Permission = ALLOW_ALL) -> int:
+        """Prefill tokens the permission could plan: resident chunks, else the next prompt."""
+        resident = 0
+        if permission.allow_chunks:
+            resident = sum(r.num_uncomputed_prompt_tokens for r in self._partial)
+        if resident or not permission.allow_new:
+            return resident
+        return self.waiting[0].num_prompt_tokens if self.waiting else 0
 
     def _account_excused_wait(self) -> None:
         if self.waiting and (
@@ -311,20 +382,28 @@ class Scheduler:
     def update(self, plan: RoundPlan, result: RoundResult) -> list[TokenEvent]:
         """Append sampled tokens, finish requests and free their pages."""
         events, self._aborted_events = self._aborted_events, []
+        sampled = result.sampled
+        max_len = self.max_sequence_len
+        append = events.append
+        make_event = tuple.__new__
         for chunk in plan.chunks:
             req = chunk.request
-            if req.is_finished or req.status is RequestStatus.RETRACTED:
+            # RETRACTED and every finished status sort at or after RETRACTED.
+            if req.status >= _RETRACTED:
                 continue
-            if not chunk.samples:
+            # ``chunk.samples``, inlined: only a chunk that reaches the last token samples.
+            if chunk.start + chunk.num_tokens < req.num_prompt_tokens + len(req.output_token_ids):
                 continue
-            token = result.sampled[req.request_id]
-            req.status = RequestStatus.DECODING
-            req.append_token(token, self.max_sequence_len)
-            if req.is_finished:
+            token = sampled[req.request_id]
+            req.status = _DECODING
+            req.append_token(token, max_len)
+            finished = req.is_finished
+            if finished:
                 self.running.remove(req)
+                self._partial.discard(req)
                 self.pool.free(req.request_id)
                 self._finish(req)
-            events.append(TokenEvent(req, token, req.is_finished))
+            append(make_event(TokenEvent, (req, token, finished)))
         return events
 
     def _finish(self, req: Request) -> None:

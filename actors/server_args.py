@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.policy_args import resolved_policy, validate_policy_args
 from gate import PrefillDelay
+from gate.policy import POLICIES
 
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 DEVICES = ("auto", "cpu", "cuda")
@@ -48,6 +50,43 @@ class ServerArgs:
         "local policy: after a prefill round, hold new prefill for this many rounds (0 = off)",
         default=0,
     )
+    prefill_policy: str | None = _flag(
+        "prefill policy; unset = roundgate if the gate intervals are set, local-interval if "
+        "--prefill-decode-interval > 0, else none",
+        default=None,
+        choices=POLICIES,
+    )
+    prefill_delayer_max_delay_passes: int | None = _flag(
+        "sglang-delayer: forward passes a prefill may be delayed (unset = 30)", default=None
+    )
+    prefill_delayer_token_usage_low_watermark: float | None = _flag(
+        "sglang-delayer: allow at once if a prefillable rank's KV usage is below this (0..1)",
+        default=None,
+    )
+    prefill_delayer_queue_min_ratio: float | None = _flag(
+        "sglang-delayer: also delay while the queue is below running x this ratio (opt-in)",
+        default=None,
+    )
+    prefill_delayer_max_delay_ms: float | None = _flag(
+        "sglang-delayer: the queue condition gives up after this long (unset = 5000)",
+        default=None,
+    )
+    prefill_delayer_prefill_max_requests: int | None = _flag(
+        "sglang-delayer: cap of the queue threshold (unset = the max prefill batch seen)",
+        default=None,
+    )
+    prefill_schedule_interval: int | None = _flag(
+        "vllm-interval: admit fresh prefill on every N-th step only (unset = 1, off)",
+        default=None,
+    )
+    attention_dp_timeout_iters: int | None = _flag(
+        "trtllm-balance: rounds context requests may wait for every rank (unset = 50)",
+        default=None,
+    )
+    attention_dp_batching_wait_iters: int | None = _flag(
+        "trtllm-balance: rounds to gather context when all ranks have some (unset = 10)",
+        default=None,
+    )
     enable_mixed_prefill_decode: bool = _flag(
         "run decodes and prefill chunks in one batch", default=False
     )
@@ -80,6 +119,11 @@ class ServerArgs:
                 "(set --prefill-attempt-interval and --prefill-any-attempt-interval together)"
             )
         return PrefillDelay(attempt, any_)
+
+    @property
+    def prefill_policy_name(self) -> str:
+        """The policy that runs: ``prefill_policy``, or the one the older flags imply."""
+        return resolved_policy(self)
 
     @property
     def max_batch_size(self) -> int:
@@ -141,6 +185,7 @@ class ServerArgs:
                 f"--max-num-seqs ({self.max_num_seqs}) must be >= --dp-size ({self.dp_size}): "
                 "every rank needs at least one batch slot"
             )
+        validate_policy_args(self)
         return self
 
     def replace(self, **changes: Any) -> ServerArgs:

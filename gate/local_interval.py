@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from gate.group_gate import CLOSED, GateVote
 from gate.rows import RankRow
@@ -18,6 +19,8 @@ class LocalIntervalPolicy:
     ``interval == 0`` never holds anything.
     """
 
+    extra_columns: tuple[str, ...] = ()
+
     def __init__(self, interval: int, rank: int = 0) -> None:
         if interval < 0:
             raise ValueError(f"--prefill-decode-interval must be >= 0, got {interval}")
@@ -25,7 +28,7 @@ class LocalIntervalPolicy:
         self.rank = rank
         self.remaining = 0
 
-    def vote(self, rows: Sequence[RankRow]) -> GateVote:
+    def vote(self, rows: Sequence[RankRow], local: Any = None) -> GateVote:
         """Open unless the rank is still inside its hold window."""
         return CLOSED if self.remaining > 0 else OPEN_LOCAL
 

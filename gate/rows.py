@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 # The int64 column layout of the gather, in order. This tuple is the single definition: pack,
-# unpack and every consumer (metrics, the torch gather) index through it.
+# unpack and every consumer (metrics, the torch gather) index through it. A policy may append
+# extra int columns after these (``PrefillPolicy.extra_columns``); they travel in the same
+# gathered row, so the gather stays one collective.
 COLUMNS: tuple[str, ...] = (
     "num_tokens",
     "batch_size",
@@ -17,12 +19,14 @@ COLUMNS: tuple[str, ...] = (
 NUM_COLUMNS = len(COLUMNS)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RankRow:
     """What one rank publishes each round: its planned batch and its two probe booleans.
 
     The probe booleans ride the batch-metadata gather as two extra integer columns, so the
-    gate needs no collective of its own.
+    gate needs no collective of its own. ``extras`` holds the selected policy's own columns
+    (e.g. KV usage for SGLang's delayer), in the order the policy declares them; they are not
+    part of the row's identity (equality and repr cover the five gate columns).
     """
 
     num_tokens: int
@@ -30,6 +34,11 @@ class RankRow:
     num_extends: int
     wants_prefill: bool
     has_decode_work: bool
+    extras: InitVar[tuple[int, ...]] = ()
+
+    def __post_init__(self, extras: tuple[int, ...]) -> None:
+        # An InitVar is not a field, so it must be stored by hand (frozen: via object).
+        object.__setattr__(self, "extras", tuple(extras))
 
     @property
     def is_idle(self) -> bool:
@@ -37,22 +46,24 @@ class RankRow:
         return self.batch_size == 0 and self.num_tokens == 0
 
     def pack(self) -> tuple[int, ...]:
-        """The row as int64 values in ``COLUMNS`` order."""
+        """The row as int64 values: ``COLUMNS`` order, then the policy's extra columns."""
         return (
             self.num_tokens,
             self.batch_size,
             self.num_extends,
             int(self.wants_prefill),
             int(self.has_decode_work),
+            *self.extras,
         )
 
     @classmethod
     def unpack(cls, ints: Sequence[int]) -> RankRow:
-        """Inverse of ``pack``; extra trailing columns (other policies' data) are ignored."""
+        """Inverse of ``pack``; columns after the gate's five become ``extras``."""
         if len(ints) < NUM_COLUMNS:
             raise ValueError(f"a RankRow needs {NUM_COLUMNS} columns {COLUMNS}, got {len(ints)}")
         num_tokens, batch_size, num_extends, wants, decodes = (int(v) for v in ints[:NUM_COLUMNS])
-        return cls(num_tokens, batch_size, num_extends, bool(wants), bool(decodes))
+        extras = tuple(int(v) for v in ints[NUM_COLUMNS:])
+        return cls(num_tokens, batch_size, num_extends, bool(wants), bool(decodes), extras)
 
 
 IDLE_ROW = RankRow(0, 0, 0, False, False)

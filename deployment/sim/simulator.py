@@ -14,18 +14,19 @@ from dataclasses import dataclass, field
 
 from actors.cost_executor import CostExecutor
 from actors.dp_round import RankLoop
+from actors.policy_args import build_policy_for
 from actors.request import Request, SamplingParams
 from actors.round import RoundKind
 from actors.scheduler import Scheduler
 from actors.server_args import ServerArgs
 from deployment.sim.workload import Arrival, Router
-from gate.policy import make_policy
 from gate.round_costs import RoundCosts
 
 KIND_CODES = {RoundKind.IDLE: 0, RoundKind.DECODE: 1, RoundKind.PREFILL: 2, RoundKind.MIXED: 3}
 POINT_CODES = {None: 0, "all": 1, "any": 2}
 # A round in which no rank runs a forward still costs the scheduler pass; keeps time moving.
 IDLE_ROUND_MS = 0.01
+INF = float("inf")
 
 
 @dataclass
@@ -69,7 +70,11 @@ class SimResult:
 
 
 class GroupSimulator:
-    """Runs one workload through ``dp_size`` ranks under one ``ServerArgs`` configuration."""
+    """Runs one workload through ``dp_size`` ranks under one ``ServerArgs`` configuration.
+
+    The policy is the one ``args`` select (``--prefill-policy``, or derived from the gate and
+    local-interval flags); ``policy_name`` labels the result.
+    """
 
     def __init__(
         self,
@@ -85,16 +90,21 @@ class GroupSimulator:
         self.router = router
         self.policy_name = policy_name
         self.keep_timeline = keep_timeline
+        self.clock = 0.0
         self.loops = [
             RankLoop(
                 Scheduler(args),
-                make_policy(args.prefill_delay, args.prefill_decode_interval, rank),
+                build_policy_for(args, rank),
                 CostExecutor(costs),
                 args.dp_size,
+                clock=self._now,
             )
             for rank in range(args.dp_size)
         ]
         self._prompts: dict[int, list[int]] = {}
+
+    def _now(self) -> float:
+        return self.clock
 
     def _prompt(self, length: int) -> list[int]:
         # Shared read-only token lists: the cost executor never reads token values.
@@ -108,55 +118,77 @@ class GroupSimulator:
         max_rounds: int | None = None,
         on_round: Callable[[int, int], None] | None = None,
     ) -> SimResult:
-        """Simulate until every request finishes (or ``max_rounds``)."""
+        """Simulate until every request finishes (or ``max_rounds``).
+
+        The loop body runs once per group round: keep per-round work out of it where it can
+        be hoisted (it is the simulator's hot path, next to the ranks' own round).
+        """
         loops, costs, dp = self.loops, self.costs, self.args.dp_size
+        schedulers = [loop.scheduler for loop in loops]
+        begins = [loop.begin for loop in loops]
+        finishes = [loop.finish for loop in loops]
         records: dict[str, RequestRecord] = {}
         itl = array("d")
+        itl_append = itl.append
         timeline = Timeline() if self.keep_timeline else None
+        group_ms = costs.group_ms
         clock = 0.0
         next_arrival = 0
+        num_arrivals = len(arrivals)
+        next_time = arrivals[0].time_s if num_arrivals else float("inf")
         rounds = busy = prefill_rounds = decode_rounds = 0
         finished = 0
         while True:
-            while next_arrival < len(arrivals) and arrivals[next_arrival].time_s <= clock:
+            while next_time <= clock:
                 self._admit(arrivals[next_arrival], next_arrival, clock, records)
                 next_arrival += 1
-            if not any(loop.scheduler.has_unfinished for loop in loops):
-                if next_arrival >= len(arrivals):
+                next_time = arrivals[next_arrival].time_s if next_arrival < num_arrivals else INF
+            if not any(s.has_unfinished for s in schedulers):
+                if next_arrival >= num_arrivals:
                     break
-                clock = arrivals[next_arrival].time_s
+                # A live group would step idle rounds until the next arrival; one idle
+                # observation leaves each policy in the state those rounds would.
+                for loop in loops:
+                    loop.observe_idle()
+                clock = self.clock = next_time
                 continue
             if max_rounds is not None and rounds >= max_rounds:
                 break
-            rows = [loop.begin() for loop in loops]
-            outcomes = [loop.finish(rows) for loop in loops]
-            any_extend = any(row.num_extends for row in rows)
-            is_busy = not all(row.is_idle for row in rows)
+            rows = [begin() for begin in begins]
+            outcomes = [finish(rows) for finish in finishes]
+            any_extend = False
+            is_busy = False
+            for row in rows:
+                if row.num_extends:
+                    any_extend = is_busy = True
+                    break
+                if row.batch_size or row.num_tokens:
+                    is_busy = True
             if is_busy:
-                round_ms = costs.group_ms((o.result.cost_s * 1000 for o in outcomes), any_extend)
-            else:
-                round_ms = IDLE_ROUND_MS
-            start = clock
-            clock += round_ms / 1000.0
-            rounds += 1
-            if is_busy:
+                round_ms = group_ms([o.result.cost_s * 1000 for o in outcomes], any_extend)
                 busy += 1
                 if any_extend:
                     prefill_rounds += 1
                 else:
                     decode_rounds += 1
+            else:
+                round_ms = IDLE_ROUND_MS
+            start = clock
+            clock += round_ms / 1000.0
+            self.clock = clock
+            rounds += 1
             for rank, outcome in enumerate(outcomes):
-                for event in outcome.events:
-                    rec = records[event.request.request_id]
-                    if event.token_id is not None:
+                for request, token_id, done in outcome.events:
+                    rec = records[request.request_id]
+                    if token_id is not None:
                         if rec.first_token_s is None:
                             rec.first_token_s = clock
-                            rec.admission_wait = loops[rank].scheduler.admission_wait(event.request)
+                            rec.admission_wait = schedulers[rank].admission_wait(request)
                         else:
-                            itl.append((clock - rec.last_token_s) * 1000.0)
+                            itl_append((clock - rec.last_token_s) * 1000.0)
                         rec.last_token_s = clock
                         rec.num_output += 1
-                    if event.finished:
+                    if done:
                         rec.finish_s = clock
                         finished += 1
             if timeline is not None:

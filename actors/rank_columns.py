@@ -1,0 +1,51 @@
+"""The extra gather columns a policy may ask for, read from one rank's scheduler.
+
+Peer policies (PEER_POLICIES.md) decide on more than the gate's five columns: SGLang reads KV
+usage, queue lengths and a "prefillable" flag, TRT-LLM the context/generation counts. Each is
+an int read right after the plan (the same moment as the published probe), appended to the
+rank's row of the one metadata gather. Unknown names are refused when the loop is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from actors.scheduler import Scheduler
+
+ColumnReader = Callable[[Scheduler, float], int]
+
+
+def _prefillable(s: Scheduler) -> int:
+    # A rank mid-chunk says 1; otherwise only if it would get past its admission checks.
+    return int(s.num_resident_chunks > 0 or s.can_admit)
+
+
+def _ctx_requests(s: Scheduler) -> int:
+    new = min(len(s.waiting), s.max_batch_size - len(s.running)) if s.can_admit else 0
+    return s.num_resident_chunks + new
+
+
+READERS: dict[str, ColumnReader] = {
+    "prefillable": lambda s, now: _prefillable(s),
+    "kv_permille": lambda s, now: s.pool.num_used_pages * 1000 // s.pool.num_pages,
+    "running": lambda s, now: len(s.running),
+    "waiting": lambda s, now: len(s.waiting),
+    "max_prefill_bs": lambda s, now: max(s.prefill_sizes, default=0),
+    "ctx_requests": lambda s, now: _ctx_requests(s),
+    "gen_requests": lambda s, now: len(s.running) - s.num_resident_chunks,
+    # Wall or simulated clock in ms: policies use the max over ranks, so they agree.
+    "now_ms": lambda s, now: int(now * 1000),
+}
+
+
+def column_reader(names: Sequence[str]) -> Callable[[Scheduler, float], tuple[int, ...]]:
+    """A function returning ``names``' values for a scheduler at time ``now`` (seconds)."""
+    unknown = [n for n in names if n not in READERS]
+    if unknown:
+        raise ValueError(f"unknown gather columns {unknown} (known: {sorted(READERS)})")
+    readers = tuple(READERS[n] for n in names)
+
+    def read(scheduler: Scheduler, now: float) -> tuple[int, ...]:
+        return tuple(r(scheduler, now) for r in readers)
+
+    return read

@@ -1,0 +1,35 @@
+"""What a prefill policy lets one rank plan this round: new prompts, resident chunks, or both.
+
+A plain open/closed bit is not enough for the peers: SGLang's delayer holds new requests but
+lets a rank finish the chunk it is in the middle of, while vLLM's interval and our gate hold
+both. The scheduler reads the two bits separately.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Permission(NamedTuple):
+    """``allow_new``: admit waiting prompts. ``allow_chunks``: continue resident prefill."""
+
+    allow_new: bool
+    allow_chunks: bool
+
+    @property
+    def any(self) -> bool:
+        """Whether any prefill work may be planned at all."""
+        return self.allow_new or self.allow_chunks
+
+    @classmethod
+    def of(cls, allow: bool | Permission) -> Permission:
+        """A bool means both bits (the gate's semantics); a Permission is returned as is."""
+        if isinstance(allow, Permission):
+            return allow
+        return ALLOW_ALL if allow else HOLD_ALL
+
+
+ALLOW_ALL = Permission(True, True)
+HOLD_ALL = Permission(False, False)
+CHUNKS_ONLY = Permission(False, True)
+NEW_ONLY = Permission(True, False)

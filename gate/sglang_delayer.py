@@ -1,0 +1,139 @@
+"""SGLang's ``PrefillDelayer`` (``--enable-prefill-delayer``), re-implemented over our rows.
+
+SGLang negotiates with an all-gather of its own at admission time. Here the same inputs ride
+the round's single metadata gather as extra columns, so the decision reads the rows gathered
+*last* round (what every rank could prefill next, published after its plan), as our gate does.
+That shifts the reaction by one round and costs no collective.
+
+State (``st``, ``skip_first``) is updated only from gathered rows, so every rank agrees.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gate.group_gate import GateVote
+from gate.rows import RankRow
+
+COLUMNS = ("prefillable", "kv_permille", "running", "max_prefill_bs", "waiting", "now_ms")
+_PF, _KV, _RUN, _MP, _WAIT, _NOW = range(len(COLUMNS))
+
+
+@dataclass(frozen=True)
+class SGLangDelayerConfig:
+    """SGLang's knobs with its defaults; ``max_running_requests`` is the per-rank MRR."""
+
+    max_running_requests: int
+    max_delay_passes: int = 30
+    token_usage_low_watermark: float | None = None
+    queue_min_ratio: float | None = None
+    max_delay_ms: float = 5000.0
+    prefill_max_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_delay_passes < 1:
+            raise ValueError(
+                f"--prefill-delayer-max-delay-passes must be >= 1, got {self.max_delay_passes}"
+            )
+        wm = self.token_usage_low_watermark
+        if wm is not None and not 0 <= wm <= 1:
+            raise ValueError(
+                f"--prefill-delayer-token-usage-low-watermark must be in [0, 1], got {wm}"
+            )
+        if self.queue_min_ratio is not None and not self.queue_min_ratio > 0:
+            raise ValueError(
+                f"--prefill-delayer-queue-min-ratio must be > 0, got {self.queue_min_ratio}"
+            )
+        if not self.max_delay_ms > 0:
+            raise ValueError(f"--prefill-delayer-max-delay-ms must be > 0, got {self.max_delay_ms}")
+        if self.prefill_max_requests is not None and self.prefill_max_requests < 1:
+            raise ValueError(
+                "--prefill-delayer-prefill-max-requests must be >= 1, got "
+                f"{self.prefill_max_requests}"
+            )
+
+
+REASONS = ("none", "token_watermark", "wait_success", "no_wait", "wait_timeout")
+_DELAY = GateVote(False, None, chunks=True, reason="delay")
+_ALLOW = {reason: GateVote(True, None, reason=reason) for reason in REASONS}
+
+
+class SGLangDelayer:
+    """ALLOW or DELAY each round from every rank's prefillable flag, KV usage and queues.
+
+    DELAY holds new requests on every rank but lets a rank in the middle of a chunk run it
+    (``GateVote(open=False, chunks=True)``).
+    """
+
+    extra_columns: tuple[str, ...] = COLUMNS
+
+    def __init__(self, config: SGLangDelayerConfig) -> None:
+        self.config = config
+        self.state: tuple[int, float] | None = None  # (delayed passes, start ms)
+        self.skip_first = True
+        # outcomes_total{input_estimation, output_allow, output_reason, actual_execution}
+        self.outcomes: Counter[tuple[str, bool, str, bool]] = Counter()
+        self.wait_passes: list[int] = []  # histogram samples: passes waited before an ALLOW
+        self.wait_ms: list[float] = []
+        self._pending: tuple[str, bool, str] | None = None
+
+    def vote(self, rows: Sequence[RankRow], local: Any = None) -> GateVote:
+        """``decide(rows, now)`` of PEER_POLICIES.md, on last round's rows."""
+        prev = self.state
+        cfg = self.config
+        extras = [row.extras for row in rows]
+        now = float(max(e[_NOW] for e in extras))
+        pf = [e[_PF] > 0 for e in extras]
+        if not any(pf):
+            return self._allow("none", "none", prev, now)
+        estimation = "all" if all(pf) else "mixed"
+        wm = cfg.token_usage_low_watermark
+        if wm is not None and any(
+            p and e[_KV] < wm * 1000 for p, e in zip(pf, extras, strict=True)
+        ):
+            return self._allow(estimation, "token_watermark", prev, now)
+        if estimation == "mixed":
+            return self._bounded(estimation, prev, now)
+        run = max(e[_RUN] for e in extras)
+        mp = max(e[_MP] for e in extras)
+        wq = max(e[_WAIT] for e in extras)
+        slot = cfg.max_running_requests - run < mp
+        queue = False
+        if cfg.queue_min_ratio is not None and run > 0:
+            qmin = min(int(run * cfg.queue_min_ratio), cfg.prefill_max_requests or mp)
+            waited_out = prev is not None and now - prev[1] >= cfg.max_delay_ms
+            queue = qmin > 0 and wq < qmin and not waited_out
+        if slot or queue:
+            if self.skip_first:
+                self.skip_first = False  # SGLang lets the very first such pass through
+            else:
+                return self._bounded(estimation, prev, now)
+        return self._allow(estimation, "wait_success" if prev else "no_wait", prev, now)
+
+    def _bounded(self, estimation: str, prev: tuple[int, float] | None, now: float) -> GateVote:
+        count = prev[0] if prev else 0
+        if count < self.config.max_delay_passes - 1:
+            self.state = (count + 1, prev[1] if prev else now)
+            self._pending = (estimation, False, "delay")
+            return _DELAY
+        return self._allow(estimation, "wait_timeout", prev, now)
+
+    def _allow(
+        self, estimation: str, reason: str, prev: tuple[int, float] | None, now: float
+    ) -> GateVote:
+        self.state = None
+        if prev is not None:
+            self.wait_passes.append(prev[0])
+            self.wait_ms.append(now - prev[1])
+        self._pending = (estimation, True, reason)
+        return _ALLOW[reason]
+
+    def observe(self, rows: Sequence[RankRow]) -> None:
+        """Count the outcome with whether prefill actually ran (``actual_execution``)."""
+        if self._pending is not None:
+            executed = any(row.num_extends > 0 for row in rows)
+            self.outcomes[(*self._pending, executed)] += 1
+            self._pending = None

@@ -1,0 +1,62 @@
+"""vLLM's ``--prefill-schedule-interval N`` (DP > 1), re-implemented over our rows.
+
+Only the step clock is shared: every rank counts the same rounds (idle "dummy" rounds too) and
+resets when a wave ends, so ``step_counter % N`` agrees everywhere. Whether a rank then defers
+is its own decision: it defers only with a running decode to protect and while it is not
+``capacity_bound`` (its queue did not drain the last time it admitted). That per-rank part is
+the documented exception to "identical on every rank".
+
+Mapping onto one gather per round: vLLM's wave ends after a global idleness check (every 32
+steps); here a wave ends on a round whose gathered rows are all idle, the same signal our gate
+uses. The rank's waiting-queue length after admission comes from its own published row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gate.group_gate import GateVote
+from gate.rows import RankRow
+
+COLUMNS = ("waiting",)
+
+_ADMIT = GateVote(True, None, reason="admit")
+_DEFER = GateVote(False, None, reason="defer")
+
+
+class VllmInterval:
+    """Throttle fresh prefill to every N-th step on ranks that have decodes running."""
+
+    extra_columns: tuple[str, ...] = COLUMNS
+
+    def __init__(self, interval: int = 1, rank: int = 0) -> None:
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(
+                f"--prefill-schedule-interval must be an integer >= 1, got {interval!r}"
+            )
+        self.interval = interval
+        self.rank = rank
+        self.step_counter = 0
+        self.capacity_bound = False
+        self._deferred = False
+
+    def vote(self, rows: Sequence[RankRow], local: Any = None) -> GateVote:
+        """``defer = throttle and not capacity_bound and a decode is running on this rank``.
+
+        ``local`` is the rank's fresh probe (``has_decode_work``); without it, the rank's own
+        row of last round stands in.
+        """
+        throttle = self.interval > 1 and self.step_counter % self.interval != 0
+        decoding = local.has_decode_work if local is not None else rows[self.rank].has_decode_work
+        self._deferred = throttle and not self.capacity_bound and decoding
+        return _DEFER if self._deferred else _ADMIT
+
+    def observe(self, rows: Sequence[RankRow]) -> None:
+        """Saturation guard from this rank's row, then advance (or reset) the shared clock."""
+        if not self._deferred:
+            self.capacity_bound = rows[self.rank].extras[0] > 0
+        if all(row.is_idle for row in rows):
+            self.step_counter = 0  # the wave ended: the next one starts aligned
+        else:
+            self.step_counter += 1
