@@ -1,4 +1,4 @@
-"""The ``roundgate`` command: ``simulate`` and ``serve``."""
+"""The ``roundgate`` command: ``serve``, ``simulate`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from deployment.bench import cli as bench_cli
 from deployment.sim import cli as sim_cli
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "local.yaml"
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a `serve run` config (default: deployment/configs/local.yaml)",
     )
     serve.set_defaults(func=_serve, parser=serve)
+    bench_cli.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,239 @@
+"""``roundgate bench``: load a live deployment over its OpenAI API and report what clients saw.
+
+Against a running server (``--url``), or with ``--compare POLICY,...`` it starts the local
+deployment itself (a Ray cluster on loopback) and redeploys it once per prefill policy, running
+the same seeded workload against each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from deployment.bench.client import RequestResult, run_load
+from deployment.bench.report import format_table, summarize, write_plots
+from deployment.sim.workload import ARRIVALS, LENGTH_DISTS, Arrival, WorkloadSpec, generate
+
+POLICIES = ("roundgate", "none", "local-interval")
+LENGTH_PRESETS = {"short": (32, 32), "chat": (230, 200), "long-prompt": (900, 32)}
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "local.yaml"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmark a live deployment over its OpenAI API",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default=None, help="model name (default: the server's first)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--num-requests", type=int, default=100)
+    p.add_argument("--arrival", default="poisson", choices=[a for a in ARRIVALS])
+    p.add_argument("--rate", type=float, default=4.0, help="requests/s (open loop)")
+    p.add_argument("--burst-size", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=None, help="closed loop instead of rate")
+    p.add_argument(
+        "--lengths",
+        default="short",
+        choices=sorted(LENGTH_PRESETS),
+        help="prompt/output length preset (overridden by --input-len/--output-len)",
+    )
+    p.add_argument("--input-len", type=int, default=None)
+    p.add_argument("--output-len", type=int, default=None)
+    p.add_argument("--length-dist", default="uniform", choices=LENGTH_DISTS)
+    p.add_argument(
+        "--trace", default=None, help="JSONL arrivals (time_s, prompt_tokens, output_tokens, rank?)"
+    )
+    p.add_argument(
+        "--pin-weights",
+        default=None,
+        help="pin requests to dp ranks with these weights, e.g. 8,1 (skewed routing)",
+    )
+    p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
+    p.add_argument("--slo-itl-ms", type=float, default=200.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--compare",
+        default=None,
+        help=f"restart the local deployment per policy: {','.join(POLICIES)}",
+    )
+    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="for --compare")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--plot", type=Path, default=None)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run, parser=p)
+
+
+def workload(ns: argparse.Namespace) -> list[Arrival]:
+    inp, out = LENGTH_PRESETS[ns.lengths]
+    spec = WorkloadSpec(
+        num_requests=ns.num_requests,
+        arrival="trace" if ns.trace else ns.arrival,
+        rate=ns.rate,
+        burst_size=ns.burst_size,
+        input_len=ns.input_len or inp,
+        output_len=ns.output_len or out,
+        length_dist=ns.length_dist,
+        trace=ns.trace,
+        seed=ns.seed,
+    )
+    arrivals = generate(spec)
+    if ns.pin_weights:
+        import random
+
+        try:
+            weights = [int(w) for w in ns.pin_weights.split(",")]
+        except ValueError:
+            raise ValueError(
+                f"--pin-weights: expected integers like 8,1, got {ns.pin_weights!r}"
+            ) from None
+        if any(w < 0 for w in weights) or sum(weights) == 0:
+            raise ValueError("--pin-weights must be >= 0 with a positive sum")
+        rng = random.Random(ns.seed + 1)
+        ranks = rng.choices(range(len(weights)), weights=weights, k=len(arrivals))
+        arrivals = [
+            Arrival(a.time_s, a.prompt_tokens, a.output_tokens, r)
+            for a, r in zip(arrivals, ranks, strict=True)
+        ]
+    return arrivals
+
+
+def policy_overrides(policy: str, base: dict[str, Any]) -> dict[str, Any]:
+    """Engine args that select ``policy`` on top of a config's args."""
+    gate = {
+        "prefill_attempt_interval": base.get("prefill_attempt_interval") or 4,
+        "prefill_any_attempt_interval": base.get("prefill_any_attempt_interval") or 16,
+    }
+    off = {"prefill_attempt_interval": None, "prefill_any_attempt_interval": None}
+    if policy == "roundgate":
+        return {**gate, "prefill_decode_interval": 0}
+    if policy == "none":
+        return {**off, "prefill_decode_interval": 0}
+    if policy == "local-interval":
+        return {**off, "prefill_decode_interval": base.get("prefill_decode_interval") or 4}
+    raise ValueError(f"--compare: unknown policy {policy!r} (policies: {', '.join(POLICIES)})")
+
+
+def _load(
+    url: str, model: str | None, arrivals: list[Arrival], ns: argparse.Namespace, label: str
+) -> tuple[list[RequestResult], float]:
+    import httpx
+
+    if model is None:
+        headers = {"Authorization": f"Bearer {ns.api_key}"} if ns.api_key else {}
+        model = httpx.get(f"{url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+    bar = None
+    if not ns.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(arrivals), desc=label, unit="req", file=sys.stderr)
+    results, duration = asyncio.run(
+        run_load(
+            url,
+            model,
+            arrivals,
+            ns.concurrency,
+            ns.seed,
+            ns.api_key,
+            on_done=(lambda _r: bar.update(1)) if bar else None,
+        )
+    )
+    if bar:
+        bar.close()
+    return results, duration
+
+
+def run(ns: argparse.Namespace) -> int:
+    try:
+        arrivals = workload(ns)
+        policies = [s.strip() for s in ns.compare.split(",")] if ns.compare else []
+        if ns.compare:
+            from deployment.local import load_config
+
+            cfg = load_config(ns.config)
+            base = cfg["applications"][0]["args"]
+            overrides = {p: policy_overrides(p, base) for p in policies}
+    except ValueError as exc:
+        ns.parser.error(str(exc))
+    named: list[tuple[str, dict[str, Any], list[RequestResult]]] = []
+    if not ns.compare:
+        results, duration = _load(ns.url, ns.model, arrivals, ns, "bench")
+        named.append(
+            ("bench", summarize(results, duration, ns.slo_ttft_ms, ns.slo_itl_ms), results)
+        )
+        configs = {"bench": {"url": ns.url}}
+    else:
+        named, configs = _compare(ns, cfg, overrides, arrivals)
+    print(format_table([(n, s) for n, s, _ in named]))
+    if ns.json:
+        report = {
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": sys.argv,
+            "workload": _args(ns),
+            "configs": configs,
+            "results": {n: s for n, s, _ in named},
+        }
+        ns.json.parent.mkdir(parents=True, exist_ok=True)
+        ns.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    if ns.plot:
+        for path in write_plots([(n, r) for n, _, r in named], ns.plot):
+            print(f"wrote {path}")
+    failed = sum(s["requests"] - s["completed"] for _, s, _ in named)
+    return 1 if failed and failed == sum(s["requests"] for _, s, _ in named) else 0
+
+
+def _compare(
+    ns: argparse.Namespace, cfg: dict[str, Any], overrides: dict[str, dict], arrivals: list[Arrival]
+):
+    import ray
+    from ray import serve
+
+    from deployment.local import deploy, shutdown, start_local_cluster
+
+    http = cfg.get("http_options") or {}
+    url = f"http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}"
+    start_local_cluster()
+    named, configs = [], {}
+    try:
+        for policy, extra in overrides.items():
+            deploy(cfg, extra)
+            _wait_ready(url)
+            results, duration = _load(url, None, arrivals, ns, policy)
+            named.append(
+                (policy, summarize(results, duration, ns.slo_ttft_ms, ns.slo_itl_ms), results)
+            )
+            configs[policy] = {**cfg["applications"][0]["args"], **extra}
+    finally:
+        shutdown(serve, ray)
+    return named, configs
+
+
+def _wait_ready(url: str, timeout_s: float = 180.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.post(
+                f"{url}/v1/completions", json={"prompt": "ok", "max_tokens": 1}, timeout=10
+            )
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"deployment at {url} not ready in {timeout_s:.0f}s")
+
+
+def _args(ns: argparse.Namespace) -> dict[str, Any]:
+    return {
+        k: str(v) if isinstance(v, Path) else v
+        for k, v in vars(ns).items()
+        if k not in ("func", "parser", "api_key")
+    }
