@@ -16,11 +16,11 @@ from collections.abc import Callable
 from actors.dp_round import RankLoop, RoundOutcome
 from actors.executor import Executor
 from actors.gather import Gather, SingleRankGather
+from actors.policy_args import build_policy_for
 from actors.request import Request
 from actors.scheduler import Scheduler, TokenEvent
 from actors.server_args import ServerArgs
 from gate import RankRow
-from gate.policy import make_policy
 
 EventSink = Callable[[TokenEvent], None]
 
@@ -41,7 +41,7 @@ class EngineCore:
         self.args = args
         self.rank = rank
         self.scheduler = Scheduler(args, max_model_len)
-        policy = make_policy(args.prefill_delay, args.prefill_decode_interval, rank)
+        policy = build_policy_for(args, rank)
         self.loop = RankLoop(
             self.scheduler, policy, executor, args.dp_size, gather or SingleRankGather()
         )

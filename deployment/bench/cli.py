@@ -19,7 +19,8 @@ from deployment.bench.client import RequestResult, run_load
 from deployment.bench.report import format_table, summarize, write_plots
 from deployment.sim.workload import ARRIVALS, LENGTH_DISTS, Arrival, WorkloadSpec, generate
 
-POLICIES = ("roundgate", "none", "local-interval")
+POLICIES = ("roundgate", "none", "local-interval", "sglang-delayer", "vllm-interval",
+            "trtllm-balance")
 LENGTH_PRESETS = {"short": (32, 32), "chat": (230, 200), "long-prompt": (900, 32)}
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "local.yaml"
 
@@ -117,6 +118,8 @@ def policy_overrides(policy: str, base: dict[str, Any]) -> dict[str, Any]:
         return {**off, "prefill_decode_interval": 0}
     if policy == "local-interval":
         return {**off, "prefill_decode_interval": base.get("prefill_decode_interval") or 4}
+    if policy in POLICIES:  # a peer policy with its own defaults
+        return {**off, "prefill_decode_interval": 0, "prefill_policy": policy}
     raise ValueError(f"--compare: unknown policy {policy!r} (policies: {', '.join(POLICIES)})")
 
 
