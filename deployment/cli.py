@@ -8,6 +8,7 @@ from pathlib import Path
 
 from deployment.bench import cli as bench_cli
 from deployment.sim import cli as sim_cli
+from deployment.sim import tune
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "local.yaml"
 
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="roundgate", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sim_cli.add_parser(sub)
+    tune.add_parser(sub)
     serve = sub.add_parser("serve", help="run the local deployment (127.0.0.1:8000)")
     serve.add_argument(
         "--config",

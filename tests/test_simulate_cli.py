@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from deployment.cli import main
+from gate.policy import POLICIES
 
 # A small, fast run: 2 ranks, 24 short requests.
 BASE = [
@@ -71,7 +72,8 @@ def test_same_seed_same_json(tmp_path: Path, extra: tuple[str, ...]) -> None:
 def test_compare_runs_each_policy_on_one_workload(tmp_path: Path) -> None:
     report = run_json(tmp_path, "cmp.json", "--compare", "all")
     results = report["results"]
-    assert [r["policy"] for r in results] == ["roundgate", "none", "local-interval"]
+    assert [r["policy"] for r in results] == list(POLICIES)
+    assert set(report["ratios_to_none"]) == set(POLICIES)
     # Same workload: same requests and the same total output for every policy.
     assert len({(r["requests"], r["output_tokens"]) for r in results}) == 1
 
@@ -105,7 +107,13 @@ def test_cost_flag_overrides_the_preset(tmp_path: Path) -> None:
 def test_plots_are_written(tmp_path: Path, capsys) -> None:
     assert simulate("--compare", "roundgate,none", "--plot", str(tmp_path / "plots")) == 0
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert names == ["itl_cdf.png", "timeline_none.png", "timeline_roundgate.png", "ttft_cdf.png"]
+    assert names == [
+        "itl_cdf.png",
+        "ratios.png",
+        "timeline_none.png",
+        "timeline_roundgate.png",
+        "ttft_cdf.png",
+    ]
     assert "wrote" in capsys.readouterr().out
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from deployment.sim import plots
 from deployment.sim.simulator import SimResult
 
 PERCENTILES = (50, 90, 99)
@@ -90,61 +91,57 @@ def format_table(summaries: Sequence[dict[str, Any]], baseline: str | None = "no
     )
 
 
-def write_plots(results: Sequence[SimResult], out_dir: Path, max_rounds: int = 400) -> list[Path]:
-    """Per-policy rank timelines (first ``max_rounds`` busy rounds) and TTFT/ITL CDFs."""
-    import matplotlib
+# The metrics the comparison reports as ratios to a baseline policy.
+RATIO_METRICS = (
+    ("decode_round_fraction", "decode frac"),
+    ("output_tokens_per_s", "out tok/s"),
+    (("ttft_ms", "p50"), "TTFT p50"),
+    (("ttft_ms", "p99"), "TTFT p99"),
+    (("itl_ms", "p50"), "ITL p50"),
+    (("itl_ms", "p99"), "ITL p99"),
+    ("max_admission_wait_rounds", "adm wait max"),
+)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import ListedColormap
 
+def metric_name(key: str | tuple[str, str]) -> str:
+    return key if isinstance(key, str) else f"{key[0]}_{key[1]}"
+
+
+def ratios_to(
+    summaries: Sequence[dict[str, Any]], baseline: str = "none"
+) -> dict[str, dict[str, float | None]]:
+    """Each policy's metrics divided by the baseline's (None where either is missing or 0)."""
+    base = next((s for s in summaries if s["policy"] == baseline), None)
+    if base is None:
+        return {}
+    out: dict[str, dict[str, float | None]] = {}
+    for s in summaries:
+        row: dict[str, float | None] = {}
+        for key, _ in RATIO_METRICS:
+            value, ref = _get(s, key), _get(base, key)
+            ok = isinstance(value, int | float) and isinstance(ref, int | float) and ref
+            row[metric_name(key)] = round(value / ref, 4) if ok else None
+        out[s["policy"]] = row
+    return out
+
+
+def write_plots(
+    results: Sequence[SimResult],
+    out_dir: Path,
+    summaries: Sequence[dict[str, Any]] | None = None,
+    max_rounds: int = 400,
+) -> list[Path]:
+    """Per-policy rank timelines, TTFT/ITL CDFs and, with a ``none`` run among several, a bar
+    chart of every policy's ratio to it per metric."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
-    cmap = ListedColormap(["#eeeeee", "#4c72b0", "#dd8452", "#c44e52"])
-    for res in results:
-        tl = res.timeline
-        if tl is None or not tl.points:
-            continue
-        n = min(len(tl.points), max_rounds)
-        grid = np.frombuffer(bytes(tl.kinds[: n * res.dp_size]), dtype=np.uint8)
-        grid = grid.reshape(n, res.dp_size).T
-        fig, ax = plt.subplots(figsize=(12, 1 + 0.4 * res.dp_size))
-        ax.imshow(grid, aspect="auto", cmap=cmap, vmin=0, vmax=3, interpolation="nearest")
-        for i in range(n):
-            if tl.opened[i] and tl.points[i]:
-                ax.axvline(i, color="black" if tl.points[i] == 1 else "red", lw=0.6, alpha=0.7)
-        ax.set_xlabel(
-            "round (grey idle, blue decode, orange prefill, red mixed; "
-            "lines: gate opened at ALL (black) / ANY (red))"
-        )
-        ax.set_ylabel("dp rank")
-        ax.set_title(f"{res.policy}: per-rank rounds")
-        path = out_dir / f"timeline_{res.policy}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(path)
-    for metric in ("ttft", "itl"):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for res in results:
-            if metric == "ttft":
-                data = [
-                    (r.first_token_s - r.arrival_s) * 1000
-                    for r in res.records
-                    if r.first_token_s is not None
-                ]
-            else:
-                data = list(res.itl_ms)
-            if data:
-                xs = np.sort(np.asarray(data))
-                ax.plot(xs, np.arange(1, xs.size + 1) / xs.size, label=res.policy)
-        ax.set_xscale("log")
-        ax.set_xlabel(f"{metric.upper()} (ms)")
-        ax.set_ylabel("CDF")
-        ax.legend()
-        path = out_dir / f"{metric}_cdf.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(path)
+    paths = [plots.timeline(res, out_dir, max_rounds) for res in results]
+    paths = [p for p in paths if p is not None]
+    paths += plots.cdfs(results, out_dir)
+    summaries = summaries if summaries is not None else [summarize(r) for r in results]
+    ratios = ratios_to(summaries, "none")
+    if len(summaries) > 1 and ratios:
+        labels = [label for _, label in RATIO_METRICS]
+        keys = [metric_name(key) for key, _ in RATIO_METRICS]
+        table = {p: [row[k] for k in keys] for p, row in ratios.items() if p != "none"}
+        paths.append(plots.ratio_bars(table, labels, out_dir / "ratios.png"))
     return paths

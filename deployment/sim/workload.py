@@ -13,6 +13,23 @@ LENGTH_DISTS = ("fixed", "uniform", "exponential")
 ROUTERS = ("round-robin", "least-loaded", "skewed")
 
 
+@dataclass(frozen=True)
+class WorkloadPreset:
+    """Mean prompt and output lengths of a published workload (CALIBRATION.md) and the
+    distribution drawn around them (uniform, mean +-50 %: the sources give means only)."""
+
+    input_len: int
+    output_len: int
+    length_dist: str = "uniform"
+
+
+WORKLOADS: dict[str, WorkloadPreset] = {
+    "chat": WorkloadPreset(230, 200),  # ShareGPT, SGLang PR #2643
+    "agentic": WorkloadPreset(8596, 182),  # Mooncake tool-use traces
+    "reasoning": WorkloadPreset(803, 3654),  # TRT-LLM blog 10
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Arrival:
     """One request of the workload: when it arrives and how long its prompt and output are."""

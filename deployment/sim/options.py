@@ -1,0 +1,179 @@
+"""Turning ``roundgate simulate``/``tune`` flags into validated runs: costs, workload, policies.
+
+Every refusal is a ``ValueError`` whose message names the flag; the commands turn it into an
+argparse error (one line, exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from actors.server_args import ServerArgs
+from deployment.sim.workload import WORKLOADS, Arrival, Router, WorkloadSpec
+from gate.policy import POLICIES
+from gate.round_costs import RoundCosts, load_costs
+
+COST_FLAGS = (
+    "decode_base_ms",
+    "decode_per_seq_ms",
+    "prefill_per_token_ms",
+    "extend_overhead_ms",
+    "gather_ms",
+)
+# Without --workload (or where it leaves them open), the lengths the simulator always used.
+BASE_LENGTHS = {"input_len": 1000, "output_len": 200, "length_dist": "fixed"}
+# Each policy's own simulate flags; only the selected policy's reach its ServerArgs.
+POLICY_FLAGS: dict[str, tuple[str, ...]] = {
+    "roundgate": ("prefill_attempt_interval", "prefill_any_attempt_interval"),
+    "local-interval": ("prefill_decode_interval",),
+    "sglang-delayer": (
+        "prefill_delayer_max_delay_passes",
+        "prefill_delayer_token_usage_low_watermark",
+        "prefill_delayer_queue_min_ratio",
+        "prefill_delayer_max_delay_ms",
+        "prefill_delayer_prefill_max_requests",
+    ),
+    "vllm-interval": ("prefill_schedule_interval",),
+    "trtllm-balance": ("attention_dp_timeout_iters", "attention_dp_batching_wait_iters"),
+}
+
+
+@dataclass
+class RunSetup:
+    """Everything a simulate run needs, validated up front."""
+
+    policies: list[str]
+    args: dict[str, ServerArgs]
+    costs: RoundCosts
+    spec: WorkloadSpec
+    weights: list[int] | None
+
+
+def resolve_costs(ns: argparse.Namespace) -> RoundCosts:
+    """``--costs`` preset or JSON file, then any per-field override flags."""
+    text = None
+    if ns.costs.endswith(".json"):
+        try:
+            text = Path(ns.costs).read_text()
+        except OSError as exc:
+            raise ValueError(f"--costs {ns.costs}: cannot read ({exc.strerror})") from exc
+    try:
+        costs = load_costs(ns.costs, text)
+    except ValueError as exc:
+        # RoundCosts' own refusals name the field, not the flag: say which flag supplied it.
+        message = str(exc)
+        if not message.startswith("--costs"):
+            message = f"--costs {ns.costs}: {message}"
+        raise ValueError(message) from exc
+    overrides = {n: getattr(ns, n) for n in COST_FLAGS if getattr(ns, n, None) is not None}
+    for name, value in overrides.items():
+        if not value >= 0:  # also refuses NaN
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+    if overrides:
+        values = {n: getattr(costs, n) for n in COST_FLAGS} | overrides
+        costs = RoundCosts(**values)
+    return costs
+
+
+def resolve_lengths(ns: argparse.Namespace) -> None:
+    """Fill unset length flags from ``--workload`` (explicit flags win), else the base ones."""
+    preset = None
+    if ns.workload is not None:
+        if ns.workload not in WORKLOADS:
+            raise ValueError(
+                f"--workload must be one of {', '.join(WORKLOADS)}, got {ns.workload!r}"
+            )
+        preset = WORKLOADS[ns.workload]
+    for name, base in BASE_LENGTHS.items():
+        if getattr(ns, name) is None:
+            setattr(ns, name, getattr(preset, name) if preset is not None else base)
+
+
+def policies_of(ns: argparse.Namespace) -> list[str]:
+    """``--policy``, or the ``--compare`` list (``all`` = every policy)."""
+    if ns.compare is None:
+        names = [ns.policy]
+    elif ns.compare == "all":
+        names = list(POLICIES)
+    else:
+        names = [s.strip() for s in ns.compare.split(",")]
+    for name in names:
+        if name not in POLICIES:
+            flag = "--policy" if ns.compare is None else "--compare"
+            raise ValueError(f"{flag}: unknown policy {name!r} (policies: {', '.join(POLICIES)})")
+    return names
+
+
+def server_args_for(ns: argparse.Namespace, policy: str, **overrides: Any) -> ServerArgs:
+    """The engine flags one policy runs with; the rest of the group config is shared."""
+    own = {name: getattr(ns, name) for name in POLICY_FLAGS.get(policy, ())}
+    return ServerArgs(
+        dp_size=ns.dp_size,
+        max_num_seqs=ns.max_num_seqs,
+        max_scheduled_tokens=ns.max_scheduled_tokens,
+        page_size=ns.page_size,
+        num_kv_pages=ns.num_kv_pages,
+        enable_mixed_prefill_decode=ns.enable_mixed_prefill_decode,
+        prefill_policy=policy,
+        **(own | overrides),
+    ).validate()
+
+
+def route_weights(ns: argparse.Namespace) -> list[int] | None:
+    if ns.route_weights is None:
+        return None
+    try:
+        return [int(w) for w in ns.route_weights.split(",")]
+    except ValueError:
+        raise ValueError(
+            f"--route-weights: expected integers like 8,1,1,1, got {ns.route_weights!r}"
+        ) from None
+
+
+def workload_spec(ns: argparse.Namespace) -> WorkloadSpec:
+    resolve_lengths(ns)
+    return WorkloadSpec(
+        num_requests=ns.num_requests,
+        arrival=ns.arrival,
+        rate=ns.rate,
+        burst_size=ns.burst_size,
+        input_len=ns.input_len,
+        output_len=ns.output_len,
+        length_dist=ns.length_dist,
+        trace=ns.trace,
+        seed=ns.seed,
+    )
+
+
+def prepare(ns: argparse.Namespace) -> RunSetup:
+    """Validate every flag up front (before any simulated round)."""
+    policies = policies_of(ns)
+    costs = resolve_costs(ns)
+    spec = workload_spec(ns)
+    weights = route_weights(ns)
+    Router(ns.router, ns.dp_size, weights, ns.seed)  # validates router flags
+    args = {p: server_args_for(ns, p) for p in policies}
+    if ns.max_rounds is not None and ns.max_rounds < 1:
+        raise ValueError(f"--max-rounds must be >= 1, got {ns.max_rounds}")
+    return RunSetup(policies, args, costs, spec, weights)
+
+
+def check_arrivals(arrivals: list[Arrival], args: ServerArgs, ns: argparse.Namespace) -> None:
+    """Refuse, as flag errors, workloads a rank could never run (else they fail mid-run)."""
+    source = f"--trace {ns.trace}" if ns.arrival == "trace" else "--input-len"
+    capacity = args.num_kv_pages * args.page_size
+    for index, arrival in enumerate(arrivals):
+        if arrival.rank is not None and not 0 <= arrival.rank < args.dp_size:
+            raise ValueError(
+                f"--trace {ns.trace}: request {index} pins rank {arrival.rank}, outside "
+                f"--dp-size {args.dp_size}"
+            )
+        if arrival.prompt_tokens + 1 > capacity:
+            raise ValueError(
+                f"{source}: a prompt of {arrival.prompt_tokens} tokens does not fit one rank's "
+                f"KV pool (--num-kv-pages {args.num_kv_pages} x --page-size {args.page_size} = "
+                f"{capacity} tokens, one kept for the first output token)"
+            )
