@@ -124,8 +124,12 @@ class Pusher:
         self._thread.start()
 
     def _run(self) -> None:
+        import ray
+
         hub = None
         while not self._stop.wait(PUSH_INTERVAL_S):
+            if not ray.is_initialized():
+                continue  # outside Ray (unit tests, the offline engine): nothing to push to
             try:
                 hub = hub or get_hub()
                 hub.push.remote(self.source, self.collect())

@@ -9,7 +9,8 @@ import time
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from ray import serve
 from ray.serve import Application
 from ray.serve.config import GangSchedulingConfig, RequestRouterConfig
@@ -28,6 +29,7 @@ from deployment.ingress import (
     usage,
 )
 from deployment.protocol import ChatRequest, CompletionRequest, render_chat
+from deployment.request_metrics import exposition
 from deployment.routers import ROUTER_CLASSES
 
 
@@ -70,6 +72,11 @@ class OpenAIServer:
     async def health(self) -> dict[str, str]:
         self.core.check_available()
         return {"status": "ok"}
+
+    @api.get("/metrics")
+    async def metrics(self) -> Response:
+        """Every process's series, merged: ranks, groups and all ingress replicas."""
+        return Response(await exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @api.get("/v1/models")
     async def models(self, request: Request) -> dict[str, Any]:

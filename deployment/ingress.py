@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from actors.request import SamplingParams
 from deployment.generation import Choice, Delta, rank_payload, run_choice
 from deployment.protocol import APIError, ChatRequest, CompletionRequest
+from deployment.request_metrics import RequestRecorder
 
 RETRY_AFTER_S = 5
 api = FastAPI(title="roundgate", version="0.1.0")
@@ -142,6 +143,7 @@ class Ingress:
         self.ranks = ranks.options(stream=True)
         self.ranks_unary = ranks
         self._degraded_until = 0.0
+        self.metrics = RequestRecorder(self.model_name)
 
     # ---- request checks ------------------------------------------------------------------
 
@@ -238,8 +240,10 @@ class Ingress:
         gen = self.ranks.generate.remote(
             rank_payload(choice.prompt_token_ids, sampling, req.dp_rank)
         )
+        timer = self.metrics.timer()
         try:
             async for delta in run_choice(gen, choice, self.tokenizer, req.stop_strings):
+                timer.tokens(len(delta.token_ids))
                 yield delta
         except APIError:
             raise
@@ -253,6 +257,9 @@ class Ingress:
             ) from None
         finally:
             gen.cancel()
+            timer.finish(
+                choice.finish_reason, len(choice.prompt_token_ids), len(choice.output_token_ids)
+            )
 
     async def generate(
         self, prompts: list[list[int]], req: Any, max_tokens: int | None, param: str
