@@ -31,6 +31,18 @@ def gate_window_record(outcome: RoundOutcome, round_index: int, group: str) -> d
     }
 
 
+def enable() -> None:
+    """Send the window lines to stderr (the replica's log) at INFO, whatever the root level."""
+    import sys
+
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def log_gate_window(outcome: RoundOutcome, round_index: int, group: str) -> None:
     record = gate_window_record(outcome, round_index, group)
     if record is not None:

@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from actors.engine_core import EngineCore
+from actors import gate_log
+from actors.gate_log import log_gate_window
 from actors.metrics_hub import Pusher, snapshot
 from actors.rank_metrics import RankMetrics
 from actors.rank_stats import RankStats
@@ -95,10 +97,16 @@ class RankReplica:
     # ---- engine thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        # Group-level: rank 0 speaks for the group (every rank saw the same window).
+        log_windows = self.args.log_gate_windows and self.rank == 0
+        if log_windows:
+            gate_log.enable()
         try:
             while not self._stop.is_set():
                 outcome = self.core.step()
                 self.stats.observe(outcome)
+                if log_windows:
+                    log_gate_window(outcome, self.stats.rounds, self.gang_id)
                 self.metrics.observe(
                     outcome,
                     self.core.scheduler,

@@ -101,6 +101,10 @@ class ServerArgs:
     seed: int = _flag("seed for preset weights and sampling", default=0)
     stream_interval: int = _flag("tokens batched per streamed chunk under load", default=1)
     collective_timeout_s: float = _flag("timeout of one group collective, seconds", default=30.0)
+    log_gate_windows: bool = _flag(
+        "log one JSON line per gate window (round, point, ranks that prefilled, tokens)",
+        default=False,
+    )
 
     @property
     def prefill_delay(self) -> PrefillDelay | None:
