@@ -16,8 +16,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from actors.engine_core import EngineCore
 from actors import gate_log
+from actors.engine_core import EngineCore
 from actors.gate_log import log_gate_window
 from actors.metrics_hub import Pusher, snapshot
 from actors.rank_metrics import RankMetrics
