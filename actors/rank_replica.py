@@ -28,8 +28,10 @@ from actors.server_args import ServerArgs
 
 logger = logging.getLogger("roundgate.rank")
 
-# Idle group: back off between empty rounds (every rank sees the same idle rows, so all sleep).
-IDLE_SLEEP_S = 0.002
+# Idle group: back off between empty rounds, 1 ms doubling to 8 ms. Every rank sees the same
+# idle rows, so every rank sleeps the same schedule and the group stays in step.
+IDLE_SLEEP_MIN_S = 0.001
+IDLE_SLEEP_MAX_S = 0.008
 
 
 class GroupFailure(RuntimeError):
@@ -101,6 +103,7 @@ class RankReplica:
         log_windows = self.args.log_gate_windows and self.rank == 0
         if log_windows:
             gate_log.enable()
+        idle_sleep = IDLE_SLEEP_MIN_S
         try:
             while not self._stop.is_set():
                 outcome = self.core.step()
@@ -114,7 +117,10 @@ class RankReplica:
                     getattr(self.core.loop.policy, "rounds_since_prefill", None),
                 )
                 if outcome.group_idle and not self.core.has_local_work:
-                    time.sleep(IDLE_SLEEP_S)
+                    time.sleep(idle_sleep)
+                    idle_sleep = min(idle_sleep * 2, IDLE_SLEEP_MAX_S)
+                else:
+                    idle_sleep = IDLE_SLEEP_MIN_S
         except BaseException as exc:  # a dead peer or a timed-out collective ends the group
             self._error = GroupFailure(f"rank {self.rank}: DP group failed: {exc}")
             logger.error("%s", self._error)

@@ -1,8 +1,10 @@
 """One local Ray cluster and one roundgate deployment for the whole integration session.
 
 The deployment is ``deployment/configs/local.yaml`` (tiny MoE, dp=2, gate on) on a test port,
-so a developer's own ``make serve`` on 8000 is left alone. Tests that need other settings
-redeploy the same application name and restore the default afterwards (``redeploy``).
+so a developer's own ``make serve`` on 8000 is left alone. Integration tests run after every
+unit test, so the cluster (started by the first of them) never competes with unit tests.
+Tests that need other settings redeploy the same application name and restore the default
+afterwards (``redeploy``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ TEST_PORT = int(os.environ.get("ROUNDGATE_TEST_PORT", "18765"))
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.integration)
+    integration = [item for item in items if here in Path(item.fspath).parents]
+    for item in integration:
+        item.add_marker(pytest.mark.integration)
+    chosen = {id(item) for item in integration}
+    items[:] = [item for item in items if id(item) not in chosen] + integration
 
 
 @pytest.fixture(scope="session")
