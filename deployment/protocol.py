@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 MAX_INT32 = 2**31 - 1
+
+
+def _integral(value: Any) -> Any:
+    """``2.0`` is an integer in JSON (and in JSON Schema); ``2.5`` and ``true`` are not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+StopString = Annotated[str, Field(min_length=1)]
 
 
 class APIError(Exception):
@@ -49,7 +60,10 @@ class APIError(Exception):
 
 
 # Strict types: ``"max_tokens": true`` or ``"stream": "yes"`` is the client's mistake (400),
-# not something to coerce; ints are still accepted where a float is expected.
+# not something to coerce; ints are still accepted where a float is expected, and integral
+# floats where an int is (``Int``). Constraints live in the fields, so the OpenAPI document
+# states them: a body that fits the schema is refused only for what depends on the model
+# (context length, vocabulary) or is unsupported (``n > 1``).
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
@@ -61,30 +75,25 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: Int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     # Bounded: the rank packs sampling parameters into int64 tensors.
-    top_k: int = Field(0, ge=-1, le=MAX_INT32)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    top_k: Int = Field(0, ge=-1, le=MAX_INT32)
+    seed: Int | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = None
+    stop_token_ids: list[Int] | None = None
     ignore_eos: bool = False
-    n: int = Field(1, ge=1)
+    n: Int = Field(1, ge=1, description="only 1 is supported")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    dp_rank: int | None = Field(None, ge=0, description="vendor field: pin to one DP rank")
+    dp_rank: Int | None = Field(None, ge=0, description="vendor field: pin to one DP rank")
     return_token_ids: bool = Field(False, description="vendor field: add token ids to choices")
 
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
-        if value is None:
-            return None
-        stops = [value] if isinstance(value, str) else value
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("stop takes up to 4 non-empty strings")
-        return stops
+        return [value] if isinstance(value, str) else value
 
     @property
     def stop_strings(self) -> list[str]:
@@ -92,10 +101,12 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[Int] | list[list[Int]] = Field(
+        description="text, texts, token ids (within the tokenizer's vocabulary) or lists of them"
+    )
     echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
+    logprobs: Int | None = None
+    best_of: Int | None = None
     suffix: str | None = None
 
 
@@ -119,7 +130,7 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: Int | None = Field(None, ge=1)
     logprobs: bool | None = None
 
 

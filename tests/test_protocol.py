@@ -153,7 +153,10 @@ def test_declared_oversized_body_is_refused_before_reading() -> None:
         (CompletionRequest, {"prompt": "a", "top_p": 0}, "top_p", "greater than"),
         (CompletionRequest, {"prompt": "a", "top_k": 2**64}, "top_k", "less than"),
         (CompletionRequest, {"prompt": "a", "stream": "yes"}, "stream", "boolean"),
-        (CompletionRequest, {"prompt": "a", "stop": ["a"] * 5}, "stop", "up to 4"),
+        (CompletionRequest, {"prompt": "a", "max_tokens": 2.5}, "max_tokens", "integer"),
+        (CompletionRequest, {"prompt": "a", "stop": ["a"] * 5}, "stop", "at most 4 items"),
+        (CompletionRequest, {"prompt": "a", "stop": ""}, "stop", "stop: String should have"),
+        (CompletionRequest, {"prompt": "a", "stop": ["a", ""]}, "stop", "stop.1: String"),
         (CompletionRequest, {"prompt": "a", "stop": 3}, "stop", "expected one of str"),
         (CompletionRequest, {"prompt": "a", "stream_options": {"x": 1}}, "stream_options", ""),
         (CompletionRequest, {"prompt": "a", "dp_rank": -1}, "dp_rank", "greater than"),
@@ -168,6 +171,12 @@ def test_invalid_fields_name_their_param(model, body, param, fragment) -> None:
     assert (exc.status, exc.param) == (400, param)
     assert fragment in exc.message
     assert set(exc.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_integral_floats_are_integers() -> None:
+    req = parse(CompletionRequest, {"prompt": [72.0, 105], "max_tokens": 3.0, "n": 1.0})
+    assert (req.prompt, req.max_tokens, req.n) == ([72, 105], 3, 1)
+    assert all(type(t) is int for t in req.prompt)
 
 
 def test_union_errors_are_one_line() -> None:
