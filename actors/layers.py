@@ -30,7 +30,7 @@ class ForwardContext:
     moe: MoEBackend | None
     # DeepEP legs for this round (from the gathered rows; identical on every rank).
     low_latency: bool
-    # [T, 1, D/2] RoPE tables at each token's position, looked up once per forward.
+    # [T, 1, D] RoPE tables at each token's position (see ``RotaryTable.lookup``).
     cos: torch.Tensor
     sin: torch.Tensor
 
@@ -69,17 +69,20 @@ class RotaryTable(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """``[T, 1, D/2]`` cos and sin at ``positions``."""
+        """``[T, 1, D]`` tables for ``apply_rope`` at ``positions``: ``cat(cos, cos)`` and
+        the sign-folded ``cat(-sin, sin)``, built once per forward for every layer."""
+        cos, sin = self.cos[positions], self.sin[positions]
         return (
-            self.cos[positions].unsqueeze(1).to(dtype),
-            self.sin[positions].unsqueeze(1).to(dtype),
+            torch.cat((cos, cos), dim=-1).unsqueeze(1).to(dtype),
+            torch.cat((-sin, sin), dim=-1).unsqueeze(1).to(dtype),
         )
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate halves: equals transformers' ``x * cos + rotate_half(x) * sin``."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate halves: ``x * cos + cat(x2, x1) * cat(-sin, sin)``, which is bit-for-bit
+    transformers' ``x * cos + rotate_half(x) * sin`` (negating a factor is exact)."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return x * cos + torch.cat((x2, x1), dim=-1) * signed_sin
 
 
 class Attention(nn.Module):

@@ -3,16 +3,18 @@
     .venv/bin/python benchmarks/bench_model.py [--model tiny-llama] [--batch-sizes 1 8 32]
         [--threads 1] [--clock wall|cpu] [--repeats 3]
 
-Decode: ragged prompts (seeded lengths), one prefill round, then ``--new-tokens`` greedy
-decode rounds; only the decode rounds are timed. transformers runs ``generate`` on the
-left-padded batch; its decode time is ``generate(N) - generate(1)`` (prefill and first
-token subtracted the same way). Prefill: one 2,048-token prompt through one forward.
-Each measurement is the best of ``--repeats`` runs (the machine may be shared).
+Decode: ragged prompts (seeded lengths), one prefill round, then greedy decode rounds up
+to ``--new-tokens``; every decode step is timed on its own (ModelRunner: one ``execute``;
+transformers: ``generate`` on the left-padded batch, the gap between consecutive sampling
+points, taken by a no-op logits processor) and tokens/s is ``batch / median step``, which
+shrugs off load spikes on a shared machine. Prefill: one 2,048-token prompt through one
+forward, best of ``--repeats``.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -47,8 +49,10 @@ def ragged_prompts(batch: int, low: int, high: int, vocab: int, seed: int) -> li
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
-def runner_decode_seconds(runner: ModelRunner, prompts: list[list[int]], new_tokens: int) -> float:
-    """Seconds for ``new_tokens - 1`` decode rounds after a prefill round."""
+def runner_decode_steps(
+    runner: ModelRunner, prompts: list[list[int]], new_tokens: int
+) -> list[float]:
+    """Seconds of each decode round after one prefill round (``new_tokens - 1`` rounds)."""
     page_size = runner.args.page_size
     pool = KVPool(runner.args.num_kv_pages, page_size)
     requests = [
@@ -57,36 +61,54 @@ def runner_decode_seconds(runner: ModelRunner, prompts: list[list[int]], new_tok
     for r in requests:
         r.page_ids = pool.allocate(r.request_id, r.num_prompt_tokens + new_tokens)
     plan = RoundPlan(chunks=[ScheduledChunk(r, 0, r.num_tokens, True) for r in requests])
-    started = None
+    steps: list[float] = []
     while True:
+        started = CLOCK()
         result = runner.execute(plan)
+        if plan.num_extends == 0:
+            steps.append(CLOCK() - started)
         for chunk in plan.chunks:
             chunk.request.num_computed_tokens = chunk.end
             chunk.request.append_token(result.sampled[chunk.request.request_id])
-        if started is None:
-            started = CLOCK()
         live = [r for r in requests if not r.is_finished]
         if not live:
-            return CLOCK() - started
+            return steps
         plan = RoundPlan(chunks=[ScheduledChunk(r, r.num_tokens - 1, 1, False) for r in live])
 
 
-def hf_generate_seconds(model, prompts: list[list[int]], new_tokens: int) -> float:
+class StepClock:
+    """A logits processor that only records when each generation step reaches sampling."""
+
+    def __init__(self) -> None:
+        self.marks: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.marks.append(CLOCK())
+        return scores
+
+
+def hf_decode_steps(model, prompts: list[list[int]], new_tokens: int) -> list[float]:
+    """Seconds of each ``generate`` decode step: the gaps between consecutive sampling points
+    (each gap is one full step: sampling, cache update and the next forward)."""
+    from transformers import LogitsProcessorList
+
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    started = CLOCK()
+    clock = StepClock()
     with torch.inference_mode():
-        model.generate(
+        out = model.generate(
             ids,
             attention_mask=mask,
             max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
             do_sample=False,
             eos_token_id=None,
             pad_token_id=0,
+            logits_processor=LogitsProcessorList([clock]),
         )
-    return CLOCK() - started
+    if out.shape[1] != width + new_tokens:
+        raise RuntimeError("transformers stopped early; the comparison needs full length")
+    return [b - a for a, b in zip(clock.marks, clock.marks[1:], strict=False)]
 
 
 def runner_prefill_seconds(runner: ModelRunner, prompt: list[int]) -> float:
@@ -146,15 +168,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'batch':>5} {'runner tok/s':>13} {'hf tok/s':>10} {'ratio':>6}")
     for batch in args.batch_sizes:
         prompts = ragged_prompts(batch, *args.prompt_len, vocab=256, seed=batch)
-        decoded = batch * (args.new_tokens - 1)
-        ours, hf_full, hf_first = best_of_interleaved(
-            args.repeats,
-            lambda p=prompts: runner_decode_seconds(runner, p, args.new_tokens),
-            lambda p=prompts: hf_generate_seconds(hf, p, args.new_tokens),
-            lambda p=prompts: hf_generate_seconds(hf, p, 1),
-        )
-        theirs = hf_full - hf_first
-        print(f"{batch:>5} {decoded / ours:>13.0f} {decoded / theirs:>10.0f} {theirs / ours:>6.2f}")
+        ours_steps: list[float] = []
+        theirs_steps: list[float] = []
+        for _ in range(args.repeats):  # alternate so load spikes hit both alike
+            ours_steps += runner_decode_steps(runner, prompts, args.new_tokens)
+            theirs_steps += hf_decode_steps(hf, prompts, args.new_tokens)
+        ours, theirs = statistics.median(ours_steps), statistics.median(theirs_steps)
+        print(f"{batch:>5} {batch / ours:>13.0f} {batch / theirs:>10.0f} {theirs / ours:>6.2f}")
 
     prompt = ragged_prompts(1, args.prefill_len, args.prefill_len, vocab=256, seed=7)[0]
     ours, theirs = best_of_interleaved(

@@ -34,7 +34,7 @@ ROUNDS = [
     {0: [], 1: ["c"]},  # rank 0 idle
     {0: ["a"], 1: ["c"]},  # both decode
 ]
-TIMEOUT_S = 60
+TIMEOUT_S = 180  # a safety net against a hung collective; a normal run takes ~10 s
 
 
 def gathered_rows(round_index: int) -> list[RankRow]:
