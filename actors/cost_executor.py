@@ -19,12 +19,15 @@ class CostExecutor:
         self.costs = costs
 
     def execute(self, plan: RoundPlan, rows: Sequence[RankRow]) -> RoundResult:
+        if not plan.chunks:
+            return RoundResult()  # an idle forward: no samples, and it costs nothing of its own
         # ``chunk.samples`` inlined (a chunk samples iff it reaches the request's last token):
         # this runs for every scheduled request of every rank in every simulated round.
         sampled = {
-            c.request.request_id: SIM_TOKEN
-            for c in plan.chunks
-            if c.start + c.num_tokens >= c.request.num_tokens
+            req.request_id: SIM_TOKEN
+            for req, start, num_tokens, _ in plan.chunks
+            if start + num_tokens >= req.num_prompt_tokens + len(req.output_token_ids)
         }
-        cost_ms = self.costs.rank_ms(plan.num_decodes, plan.num_prefill_tokens)
+        size, extends, prefill_tokens, _ = plan.counts()
+        cost_ms = self.costs.rank_ms(size - extends, prefill_tokens)
         return RoundResult(sampled, cost_ms / 1000.0)

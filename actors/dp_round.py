@@ -91,10 +91,11 @@ class RankLoop:
         probe = scheduler.publish_probe()
         self._vote, self._plan = vote, plan
         extras = () if self._read_columns is None else self._read_columns(scheduler, self.clock())
+        batch_size, num_extends, _, num_tokens = plan.counts()
         key = (
-            plan.num_tokens,
-            len(plan.chunks),
-            plan.num_extends,
+            num_tokens,
+            batch_size,
+            num_extends,
             probe.wants_prefill,
             probe.has_decode_work,
             extras,

@@ -114,8 +114,8 @@ class Request:
             return self.output_token_ids[start - prompt_len : stop - prompt_len]
         return self.prompt_token_ids[start:] + self.output_token_ids[: stop - prompt_len]
 
-    def append_token(self, token_id: int, max_model_len: int | None = None) -> None:
-        """Record a sampled token and apply the stop conditions."""
+    def append_token(self, token_id: int, max_model_len: int | None = None) -> bool:
+        """Record a sampled token and apply the stop conditions; returns whether it finished."""
         output = self.output_token_ids
         output.append(token_id)
         sampling = self.sampling
@@ -125,3 +125,6 @@ class Request:
             max_model_len is not None and self.num_prompt_tokens + len(output) >= max_model_len
         ):
             self.status = RequestStatus.FINISHED_LENGTH
+        else:
+            return self.status >= _FIRST_FINISHED
+        return True

@@ -70,7 +70,8 @@ class RoundPlan:
         default=None, init=False, repr=False, compare=False
     )
 
-    def _count(self) -> tuple[int, int, int, int]:
+    def counts(self) -> tuple[int, int, int, int]:
+        """``(batch_size, num_extends, num_prefill_tokens, num_tokens)`` in one call."""
         counts = self._counts
         chunks = self.chunks
         if counts is None or counts[0] != len(chunks):
@@ -85,11 +86,11 @@ class RoundPlan:
 
     @property
     def num_extends(self) -> int:
-        return self._count()[1]
+        return self.counts()[1]
 
     @property
     def num_tokens(self) -> int:
-        return self._count()[3]
+        return self.counts()[3]
 
     @property
     def batch_size(self) -> int:
@@ -97,16 +98,16 @@ class RoundPlan:
 
     @property
     def num_decodes(self) -> int:
-        counts = self._count()
+        counts = self.counts()
         return counts[0] - counts[1]
 
     @property
     def num_prefill_tokens(self) -> int:
-        return self._count()[2]
+        return self.counts()[2]
 
     @property
     def kind(self) -> RoundKind:
-        size, extends, _, _ = self._count()
+        size, extends, _, _ = self.counts()
         decodes = size - extends
         if extends and decodes:
             return RoundKind.MIXED

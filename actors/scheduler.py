@@ -192,6 +192,8 @@ class Scheduler:
         plan = RoundPlan(allow_prefill=allow, permission=permission)
         if self.retracted:
             self._readmit(plan)
+        if not self.running and not self.waiting:
+            return plan  # nothing to plan: the common case of an idle rank in a busy group
         budget = self.args.max_scheduled_tokens
         if self.args.enable_mixed_prefill_decode:
             # Decodes first; while prefill may run, hold back room for it in the budget.
@@ -253,6 +255,7 @@ class Scheduler:
         """
         running = self.running
         grow = self.pool.grow
+        page_size = self.pool.page_size
         append = plan.chunks.append
         make_chunk = tuple.__new__  # ScheduledChunk(...) without the keyword-parsing __new__
         used = 0
@@ -264,13 +267,17 @@ class Scheduler:
             if computed < prompt:
                 i += 1
                 continue
-            while not grow(req.request_id, prompt + len(req.output_token_ids)):
-                victim = running[-1]
-                self._retract(victim, plan)
-                if victim is req:
+            # ``req.page_ids`` is the pool's live page list while the request is resident (set
+            # at admission and readmission), so most rounds need no pool call at all.
+            need = prompt + len(req.output_token_ids)
+            if need > len(req.page_ids) * page_size:
+                while not grow(req.request_id, need):
+                    victim = running[-1]
+                    self._retract(victim, plan)
+                    if victim is req:
+                        break
+                if req.status is _RETRACTED:
                     break
-            if req.status is _RETRACTED:
-                break
             append(make_chunk(ScheduledChunk, (req, computed, 1, False)))
             req.num_computed_tokens = computed + 1
             used += 1
@@ -381,23 +388,24 @@ class Scheduler:
 
     def update(self, plan: RoundPlan, result: RoundResult) -> list[TokenEvent]:
         """Append sampled tokens, finish requests and free their pages."""
+        if not plan.chunks and not self._aborted_events:
+            return []
         events, self._aborted_events = self._aborted_events, []
         sampled = result.sampled
         max_len = self.max_sequence_len
         append = events.append
         make_event = tuple.__new__
-        for chunk in plan.chunks:
-            req = chunk.request
+        append_token = Request.append_token  # unbound: no bound method built per token
+        for req, start, num_tokens, _ in plan.chunks:
             # RETRACTED and every finished status sort at or after RETRACTED.
             if req.status >= _RETRACTED:
                 continue
             # ``chunk.samples``, inlined: only a chunk that reaches the last token samples.
-            if chunk.start + chunk.num_tokens < req.num_prompt_tokens + len(req.output_token_ids):
+            if start + num_tokens < req.num_prompt_tokens + len(req.output_token_ids):
                 continue
             token = sampled[req.request_id]
             req.status = _DECODING
-            req.append_token(token, max_len)
-            finished = req.is_finished
+            finished = append_token(req, token, max_len)
             if finished:
                 self.running.remove(req)
                 self._partial.discard(req)

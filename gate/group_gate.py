@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gate.delay import PrefillDelay
@@ -26,14 +26,16 @@ class GateVote:
     point: Point | None
     chunks: bool | None = None
     reason: str | None = None
+    # The two bits the scheduler reads, derived once (votes are read every round).
+    permission: Permission = field(init=False, repr=False, compare=False)
 
-    @property
-    def permission(self) -> Permission:
-        """The two bits the scheduler reads."""
+    def __post_init__(self) -> None:
         chunks = self.open if self.chunks is None else self.chunks
         if self.open:
-            return ALLOW_ALL if chunks else NEW_ONLY
-        return CHUNKS_ONLY if chunks else HOLD_ALL
+            permission = ALLOW_ALL if chunks else NEW_ONLY
+        else:
+            permission = CHUNKS_ONLY if chunks else HOLD_ALL
+        object.__setattr__(self, "permission", permission)
 
 
 CLOSED = GateVote(False, None)
