@@ -24,11 +24,13 @@ from actors.executor import Executor
 from actors.gather import Gather
 from actors.rank_columns import column_reader
 from actors.round import RoundPlan, RoundResult
-from actors.scheduler import Scheduler, TokenEvent
+from actors.scheduler import Probe, Scheduler, TokenEvent
 from gate import GateVote, RankRow
 from gate.permission import HOLD_ALL
 from gate.policy import PrefillPolicy
 
+# What an empty rank's probe always says.
+IDLE_PROBE = Probe(False, False)
 # Distinct rows a loop remembers for reuse (rows are immutable and repeat round after round).
 _ROW_CACHE_SIZE = 4096
 
@@ -85,6 +87,12 @@ class RankLoop:
     def begin(self) -> RankRow:
         """Vote, plan and probe; returns the row this rank contributes to the gather."""
         scheduler = self.scheduler
+        if not scheduler.has_unfinished and self._read_columns is None:
+            # An empty rank (common: most ranks of a lightly loaded group): the same steps
+            # with their known outcome. The policy still votes, so its state advances.
+            self._vote = self.policy.vote(self.last_rows, IDLE_PROBE)
+            self._plan = scheduler.plan(HOLD_ALL)
+            return self.idle_rows[0]
         local = scheduler.probe()
         vote = self.policy.vote(self.last_rows, local)
         plan = scheduler.plan(vote.permission if local.wants_prefill else HOLD_ALL)
