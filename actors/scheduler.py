@@ -260,7 +260,8 @@ class Scheduler:
         make_chunk = tuple.__new__  # ScheduledChunk(...) without the keyword-parsing __new__
         used = 0
         i = 0
-        while i < len(running) and used < budget:
+        num_running = len(running)  # changes only by retraction, in the slow branch below
+        while i < num_running and used < budget:
             req = running[i]
             computed = req.num_computed_tokens
             prompt = req.num_prompt_tokens
@@ -276,6 +277,7 @@ class Scheduler:
                     self._retract(victim, plan)
                     if victim is req:
                         break
+                num_running = len(running)
                 if req.status is _RETRACTED:
                     break
             append(make_chunk(ScheduledChunk, (req, computed, 1, False)))
