@@ -89,6 +89,14 @@ def _exposition_with_ranks(url: str) -> str | None:
 
 
 def test_prometheus_sees_the_gate_move_with_a_skewed_workload(app, prometheus) -> None:
+    # The workload must start after Prometheus holds samples of the counters, or their
+    # whole increase happens before its first scrape and rate() sees a flat line.
+    wait_until(
+        lambda: query(prometheus, "roundgate_prefill_rounds_total")["result"],
+        timeout_s=60,
+        interval_s=0.5,
+    )
+    time.sleep(2)
     base_any = scalar(prometheus, 'roundgate_gate_votes_total{point="any",outcome="open"}')
     decoder = BackgroundStream(
         app.url, prompt=[5, 6, 7], max_tokens=3000, ignore_eos=True, dp_rank=1
@@ -103,15 +111,30 @@ def test_prometheus_sees_the_gate_move_with_a_skewed_workload(app, prometheus) -
         complete(app.url, prompt=f"both {i}", max_tokens=2, dp_rank=i % 2)
     time.sleep(4)  # a few scrapes
 
-    def moved() -> bool:
-        return (
-            scalar(prometheus, "rate(roundgate_prefill_rounds_total[1m])") > 0
-            and scalar(prometheus, 'roundgate_gate_votes_total{point="any",outcome="open"}')
-            > base_any
-            and scalar(prometheus, 'roundgate_gate_votes_total{point="all",outcome="open"}') > 0
-        )
+    seen: dict[str, float] = {}
 
-    wait_until(moved, timeout_s=30, interval_s=1.0)
+    def moved() -> bool:
+        seen["prefill_rate"] = scalar(prometheus, "rate(roundgate_prefill_rounds_total[1m])")
+        seen["any_open"] = scalar(
+            prometheus, 'roundgate_gate_votes_total{point="any",outcome="open"}'
+        )
+        seen["all_open"] = scalar(
+            prometheus, 'roundgate_gate_votes_total{point="all",outcome="open"}'
+        )
+        return seen["prefill_rate"] > 0 and seen["any_open"] > base_any and seen["all_open"] > 0
+
+    try:
+        wait_until(moved, timeout_s=30, interval_s=1.0)
+    except TimeoutError:
+        lines = [
+            x
+            for x in httpx.get(f"{app.url}/metrics", timeout=10).text.splitlines()
+            if "rounds_total" in x and not x.startswith("#")
+        ]
+        pytest.fail(
+            f"gate counters did not move as expected: {seen}, any before {base_any}; "
+            f"exposition: {lines}"
+        )
 
 
 def test_every_dashboard_query_executes(app, prometheus) -> None:
