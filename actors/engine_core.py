@@ -72,6 +72,11 @@ class EngineCore:
         self.scheduler.abort(request_id)
 
     @property
+    def num_unfinished(self) -> int:
+        """Requests queued for the next round plus those the scheduler holds."""
+        return len(self._intake) + len(self.scheduler.requests)
+
+    @property
     def has_local_work(self) -> bool:
         return bool(self._intake) or self.scheduler.has_unfinished
 
