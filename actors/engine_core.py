@@ -46,6 +46,8 @@ class EngineCore:
             self.scheduler, policy, executor, args.dp_size, gather or SingleRankGather()
         )
         self.on_event = on_event
+        # Executors that park retracted KV off-device (the model runner) free it on abort.
+        self._drop_parked = getattr(executor, "drop_parked", None)
         self._intake: deque[Request] = deque()
         self._lock = threading.Lock()
         self.last_outcome: RoundOutcome | None = None
@@ -102,6 +104,11 @@ class EngineCore:
             "finish": max(0.0, t3 - t2 - forward),
         }
         self.last_outcome = outcome
+        parked = self.scheduler.aborted_parked_ids
+        while parked:
+            request_id = parked.pop()
+            if self._drop_parked is not None:
+                self._drop_parked(request_id)
         if self.on_event is not None:
             for event in outcome.events:
                 self.on_event(event)

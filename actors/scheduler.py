@@ -81,6 +81,8 @@ class Scheduler:
         # Rounds in which a new prompt was held by pressure or a full batch, not by the gate.
         self.excused_rounds = 0
         self._pending_aborts: deque[str] = deque()
+        # Retracted requests aborted before readmission; the engine drains this list.
+        self.aborted_parked_ids: list[str] = []
         # Prompts not yet covered by a published want, and the excused count at their want.
         self._unstamped: list[Request] = []
         self._excused_at_want: dict[str, int] = {}
@@ -218,6 +220,9 @@ class Scheduler:
             req = self.requests.get(self._pending_aborts.popleft())
             if req is None or req.is_finished:
                 continue
+            if req in self.retracted:
+                # Its KV is parked off-device: the executor must let go of it too.
+                self.aborted_parked_ids.append(req.request_id)
             for queue in (self.waiting, self.running, self.retracted):
                 if req in queue:
                     queue.remove(req)
