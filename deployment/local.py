@@ -74,6 +74,24 @@ def deploy(cfg: dict[str, Any], overrides: dict[str, Any] | None = None, blockin
     )
 
 
+def wait_ready(url: str, timeout_s: float = 180.0) -> None:
+    """Poll with a one-token completion until the deployment answers 200."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.post(
+                f"{url}/v1/completions", json={"prompt": "ok", "max_tokens": 1}, timeout=10
+            )
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"deployment at {url} not ready in {timeout_s:.0f}s")
+
+
 def shutdown(serve: Any, ray: Any, timeout_s: float = 20.0) -> None:
     """Stop Serve, then the local Ray cluster, even if part of it is already gone.
 

@@ -203,7 +203,7 @@ def _compare(
     import ray
     from ray import serve
 
-    from deployment.local import deploy, shutdown, start_local_cluster
+    from deployment.local import deploy, shutdown, start_local_cluster, wait_ready
 
     http = cfg.get("http_options") or {}
     url = f"http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}"
@@ -212,7 +212,7 @@ def _compare(
     try:
         for policy, extra in overrides.items():
             deploy(cfg, extra)
-            _wait_ready(url)
+            wait_ready(url)
             results, duration = _load(url, None, arrivals, ns, policy)
             named.append(
                 (policy, summarize(results, duration, ns.slo_ttft_ms, ns.slo_itl_ms), results)
@@ -221,23 +221,6 @@ def _compare(
     finally:
         shutdown(serve, ray)
     return named, configs
-
-
-def _wait_ready(url: str, timeout_s: float = 180.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            r = httpx.post(
-                f"{url}/v1/completions", json={"prompt": "ok", "max_tokens": 1}, timeout=10
-            )
-            if r.status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"deployment at {url} not ready in {timeout_s:.0f}s")
 
 
 def _args(ns: argparse.Namespace) -> dict[str, Any]:

@@ -10,7 +10,6 @@ afterwards (``redeploy``).
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,7 +67,7 @@ class Deployment:
     def deploy(self, **overrides: Any) -> None:
         from ray import serve
 
-        from deployment.local import deploy
+        from deployment.local import deploy, wait_ready
 
         self.overrides = overrides
         deploy(self.cfg, overrides)
@@ -77,23 +76,6 @@ class Deployment:
 
     def rank_call(self, method: str, rank: int, timeout_s: float = 30.0) -> Any:
         return getattr(self.ranks, method).remote({"dp_rank": rank}).result(timeout_s=timeout_s)
-
-
-def wait_ready(url: str, timeout_s: float = 120.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            r = httpx.post(
-                f"{url}/v1/completions", json={"prompt": "ok", "max_tokens": 1}, timeout=10
-            )
-            if r.status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"deployment at {url} not ready in {timeout_s}s")
 
 
 @pytest.fixture(scope="session")
