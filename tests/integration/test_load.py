@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import time
 from collections import Counter
@@ -118,16 +119,37 @@ async def run_clients(url: str, duration_s: float, seed: int) -> list[Outcome]:
 
 
 def rank_pids() -> list[int]:
-    """The rank replica processes (Ray titles them ``ray::ServeReplica:<app>:<deployment>``)."""
+    """This session's rank replica processes (Ray titles them ``ray::ServeReplica:<app>:<name>``).
+
+    Only descendants of this process count: the raylet this test session started spawns
+    them, and another session's cluster may run on the same machine.
+    """
     pids = []
     for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
         try:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except (OSError, ValueError):
             continue
-        if proc.name.isdigit() and cmd.startswith("ray::ServeReplica:roundgate:RankReplica"):
+        if cmd.startswith("ray::ServeReplica:roundgate:RankReplica") and _descends_from_us(
+            int(proc.name)
+        ):
             pids.append(int(proc.name))
     return sorted(pids)
+
+
+def _descends_from_us(pid: int) -> bool:
+    me = os.getpid()
+    while pid > 1:
+        if pid == me:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state is ppid
+    return False
 
 
 def rss_mib(pids: list[int]) -> dict[int, float]:
