@@ -23,12 +23,11 @@ from deployment.ingress import (
     api,
     json_body,
     new_id,
-    parse,
     read_json,
     sse,
     usage,
 )
-from deployment.protocol import ChatRequest, CompletionRequest, render_chat
+from deployment.protocol import ChatRequest, CompletionRequest, parse, render_chat
 from deployment.request_metrics import exposition
 from deployment.routers import ROUTER_CLASSES
 

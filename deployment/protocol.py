@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 MAX_INT32 = 2**31 - 1
 
@@ -141,3 +149,57 @@ def render_chat(messages: list[ChatMessage]) -> str:
     """
     lines = [f"<|{m.role}|>\n{m.text()}" for m in messages]
     return "\n".join(lines) + "\n<|assistant|>\n"
+
+
+def parse(model: type[BaseModel], body: Any) -> Any:
+    """``body`` (decoded JSON) as ``model``, or a 400 naming the first bad field."""
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        param, message = describe_error(exc)
+        raise APIError(400, message, param=param) from None
+
+
+def describe_error(exc: ValidationError) -> tuple[str | None, str]:
+    """``(param, message)`` for the first invalid field, e.g. ``("max_tokens", "max_tokens: ...")``.
+
+    A union field (``prompt``, ``stop``, a message's ``content``) fails once per accepted
+    form, each error tagged with the form (``prompt.list[int].0``). When the value has the
+    right type for exactly one form, that form's complaint is the message; otherwise the
+    message names the accepted forms.
+    """
+    errors = exc.errors()
+    first = errors[0]["loc"]
+    param = str(first[0]) if first else None
+    cut = next((i for i, p in enumerate(first) if _is_union_tag(p)), None)
+    if cut is None:
+        return param, f"{_dotted(first) or 'body'}: {errors[0]['msg']}"
+    forms = [
+        e
+        for e in errors
+        if len(e["loc"]) > cut and e["loc"][:cut] == first[:cut] and _is_union_tag(e["loc"][cut])
+    ]
+    near = [e for e in forms if not e["type"].endswith("_type")]
+    if len(near) == 1:
+        return param, f"{_dotted(near[0]['loc'])}: {near[0]['msg']}"
+    names = ", ".join(dict.fromkeys(_form_name(str(e["loc"][cut])) for e in forms))
+    return param, f"{_dotted(first)}: invalid type or value; expected one of {names}"
+
+
+def _is_union_tag(part: Any) -> bool:
+    """pydantic's name of a union member in an error location (``str``, ``list[int]``)."""
+    return isinstance(part, str) and (
+        part in {"str", "int", "float", "bool"} or "[" in part or "-" in part
+    )
+
+
+def _dotted(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc if not _is_union_tag(p))
+
+
+def _form_name(tag: str) -> str:
+    """``list[function-before[_integral(), int]]`` -> ``list[int]``."""
+    tag = re.sub(r"function-[a-z]+\[[^\[\]]*?, ([^\[\]]+)\]", r"\1", tag)
+    return tag.replace("constrained-", "")

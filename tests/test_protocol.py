@@ -15,8 +15,15 @@ import pytest
 from starlette.requests import Request
 
 from deployment import ingress
-from deployment.ingress import Ingress, describe_error, parse, read_json
-from deployment.protocol import APIError, ChatRequest, CompletionRequest, render_chat
+from deployment.ingress import Ingress, read_json
+from deployment.protocol import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    describe_error,
+    parse,
+    render_chat,
+)
 
 APP_ARGS = {"model": "tiny-moe", "dp_size": 2, "max_num_seqs": 4, "device": "cpu"}
 CONTEXT = 4096  # tiny-moe's max_position
