@@ -18,15 +18,8 @@ from typing import Any
 from deployment.bench.client import RequestResult, run_load
 from deployment.bench.report import format_table, summarize, write_plots
 from deployment.sim.workload import ARRIVALS, LENGTH_DISTS, Arrival, WorkloadSpec, generate
+from gate.policy import POLICIES
 
-POLICIES = (
-    "roundgate",
-    "none",
-    "local-interval",
-    "sglang-delayer",
-    "vllm-interval",
-    "trtllm-balance",
-)
 LENGTH_PRESETS = {"short": (32, 32), "chat": (230, 200), "long-prompt": (900, 32)}
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "local.yaml"
 

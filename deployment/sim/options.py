@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from actors.policy_args import POLICY_FIELDS
 from actors.server_args import ServerArgs
 from deployment.sim.workload import WORKLOADS, Arrival, Router, WorkloadSpec
 from gate.policy import POLICIES
@@ -29,15 +30,7 @@ BASE_LENGTHS = {"input_len": 1000, "output_len": 200, "length_dist": "fixed"}
 POLICY_FLAGS: dict[str, tuple[str, ...]] = {
     "roundgate": ("prefill_attempt_interval", "prefill_any_attempt_interval"),
     "local-interval": ("prefill_decode_interval",),
-    "sglang-delayer": (
-        "prefill_delayer_max_delay_passes",
-        "prefill_delayer_token_usage_low_watermark",
-        "prefill_delayer_queue_min_ratio",
-        "prefill_delayer_max_delay_ms",
-        "prefill_delayer_prefill_max_requests",
-    ),
-    "vllm-interval": ("prefill_schedule_interval",),
-    "trtllm-balance": ("attention_dp_timeout_iters", "attention_dp_batching_wait_iters"),
+    **POLICY_FIELDS,
 }
 
 
