@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from actors.engine_core import EngineCore
-from actors.request import Request, SamplingParams
+from actors.control.engine_core import EngineCore
+from actors.control.request import Request, SamplingParams
 from actors.server_args import ServerArgs
 
 __all__ = ["Engine", "SamplingParams"]
@@ -17,7 +17,7 @@ class Engine:
     """
 
     def __init__(self, args: ServerArgs) -> None:
-        from actors.model_runner import ModelRunner
+        from actors.model.runner import ModelRunner
 
         if args.dp_size != 1:
             raise ValueError(

@@ -18,14 +18,14 @@ import argparse
 import statistics
 import time
 
-from actors.cost_executor import CostExecutor
-from actors.dp_round import RankLoop
+from actors.control.rank_loop import RankLoop
+from actors.control.request import Request, SamplingParams
+from actors.control.scheduler import Scheduler
 from actors.policy_args import build_policy_for
-from actors.request import Request, SamplingParams
-from actors.scheduler import Scheduler
 from actors.server_args import ServerArgs
+from deployment.sim.cost_executor import CostExecutor
+from deployment.sim.round_costs import TOY
 from gate.policy import POLICIES
-from gate.round_costs import TOY
 
 POLICY_ARGS = {
     "roundgate": {"prefill_attempt_interval": 4, "prefill_any_attempt_interval": 16},

@@ -21,13 +21,13 @@ from collections.abc import Callable
 
 import torch
 
-from actors.kv_pool import KVPool
-from actors.model_config import PRESETS
-from actors.model_runner import ModelRunner
-from actors.request import Request, SamplingParams
-from actors.round import RoundPlan, ScheduledChunk
+from actors.control.kv_pool import KVPool
+from actors.control.request import Request, SamplingParams
+from actors.control.round import RoundPlan, ScheduledChunk
+from actors.model.config import PRESETS
+from actors.model.runner import ModelRunner
+from actors.model.weights import random_hf_state, save_hf_dir
 from actors.server_args import ServerArgs
-from actors.weights import random_hf_state, save_hf_dir
 
 # Wall clock by default; --clock cpu switches to process CPU time, steadier on a shared
 # machine (with --threads 1 it is the compute actually spent).

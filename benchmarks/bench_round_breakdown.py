@@ -53,11 +53,11 @@ def worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
         world_size=2,
         timeout=timedelta(seconds=60),
     )
-    from actors.engine_core import EngineCore
-    from actors.model_runner import ModelRunner
-    from actors.request import Request, SamplingParams
+    from actors.control.engine_core import EngineCore
+    from actors.control.request import Request, SamplingParams
+    from actors.model.runner import ModelRunner
+    from actors.replica.torch_gather import TorchGather
     from actors.server_args import ServerArgs
-    from actors.torch_gather import TorchGather
 
     args = ServerArgs(
         model="tiny-moe",
@@ -89,7 +89,7 @@ def worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
     loop.gather.all_gather = timed(times, "all_gather", loop.gather.all_gather)
     loop.executor.execute = timed(times, "forward", loop.executor.execute)
     core.on_event = timed(times, "stream", sink.append)
-    from actors.rank_metrics import RankMetrics
+    from actors.telemetry.rank_metrics import RankMetrics
 
     metrics = RankMetrics("bench", "tiny-moe", rank)
     gen = torch.Generator().manual_seed(rank)
@@ -138,7 +138,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=16, help="unfinished requests kept per rank")
     p.add_argument("--max-tokens", type=int, default=32)
     ns = p.parse_args()
-    from actors.rendezvous import free_port
+    from actors.replica.rendezvous import free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

@@ -103,7 +103,7 @@ def summarize(seconds: list[float]) -> dict[str, float]:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from ray import serve
 
-    from actors.tokenizer import ByteTokenizer
+    from actors.model.tokenizer import ByteTokenizer
 
     # Inside the event loop: a handle's router may live on the caller's loop (Serve's
     # throughput-optimized mode), and the HTTP client shares the same loop either way.

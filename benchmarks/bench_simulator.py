@@ -18,10 +18,10 @@ import pstats
 import time
 
 from actors.server_args import ServerArgs
+from deployment.sim.round_costs import PRESETS
 from deployment.sim.simulator import GroupSimulator
 from deployment.sim.workload import WORKLOADS, Router, WorkloadSpec, generate
 from gate.policy import POLICIES
-from gate.round_costs import PRESETS
 
 # Each policy's own settings (the simulate command's defaults).
 POLICY_ARGS = {

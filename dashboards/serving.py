@@ -19,7 +19,7 @@ from dashboards.panels import (
     watermark_graph,
 )
 
-# actors.scheduler.PREFILL_WATERMARK: above it a rank stops admitting new prompts (a test keeps
+# actors.control.scheduler.PREFILL_WATERMARK: above it a rank stops admitting new prompts (a test keeps
 # the two equal; dashboards import nothing from the engine).
 PREFILL_WATERMARK = 0.9
 

@@ -15,7 +15,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import GangSchedulingConfig, RequestRouterConfig
 
-from actors.rank_replica import RankReplica
+from actors.replica.rank_replica import RankReplica
 from deployment.config import AppArgs
 from deployment.ingress import (
     APIError,

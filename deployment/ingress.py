@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from actors.request import SamplingParams
+from actors.control.request import SamplingParams
 from deployment.generation import Choice, Delta, rank_payload, run_choice
 from deployment.protocol import APIError, ChatRequest, CompletionRequest
 from deployment.request_metrics import RequestRecorder
@@ -93,8 +93,8 @@ class Ingress:
     """State and logic behind the routes; ``deployment.app`` wraps it in a Serve deployment."""
 
     def __init__(self, ranks: Any, app_args: dict[str, Any]) -> None:
-        from actors.model_config import resolve_model_config
-        from actors.tokenizer import load_tokenizer
+        from actors.model.config import resolve_model_config
+        from actors.model.tokenizer import load_tokenizer
         from deployment.config import AppArgs
 
         self.app_args = AppArgs.model_validate(app_args)

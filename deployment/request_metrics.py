@@ -6,8 +6,8 @@ import time
 import uuid
 from typing import Any
 
-from actors.metrics import RequestMetricSet
-from actors.metrics_hub import Pusher, get_hub, snapshot
+from actors.telemetry.metrics import RequestMetricSet
+from actors.telemetry.metrics_hub import Pusher, get_hub, snapshot
 
 
 class RequestTimer:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from actors.kv_pool import KVPool
-from actors.model_runner import ModelRunner
-from actors.request import Request, RequestStatus, SamplingParams
-from actors.round import RoundPlan, ScheduledChunk
+from actors.control.kv_pool import KVPool
+from actors.control.request import Request, RequestStatus, SamplingParams
+from actors.control.round import RoundPlan, ScheduledChunk
+from actors.model.runner import ModelRunner
 from actors.server_args import ServerArgs
 
 # Small enough for milliseconds per forward, big enough for GQA, several pages and experts.

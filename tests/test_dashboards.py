@@ -16,8 +16,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
 import dashboards
-from actors.metrics import RankMetricSet, RequestMetricSet
-from actors.scheduler import PREFILL_WATERMARK
+from actors.control.scheduler import PREFILL_WATERMARK
+from actors.telemetry.metrics import RankMetricSet, RequestMetricSet
 from dashboards import build, serving
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

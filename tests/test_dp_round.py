@@ -7,17 +7,17 @@ from collections.abc import Sequence
 
 import pytest
 
-from actors.cost_executor import CostExecutor
-from actors.dp_round import RankLoop, RoundOutcome
-from actors.executor import is_low_latency
-from actors.gather import SingleRankGather, ThreadGather
-from actors.request import Request, SamplingParams
-from actors.round import RoundPlan, RoundResult
-from actors.scheduler import Scheduler
+from actors.control.executor import is_low_latency
+from actors.control.gather import SingleRankGather, ThreadGather
+from actors.control.rank_loop import RankLoop, RoundOutcome
+from actors.control.request import Request, SamplingParams
+from actors.control.round import RoundPlan, RoundResult
+from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
+from deployment.sim.cost_executor import CostExecutor
+from deployment.sim.round_costs import TOY
 from gate import GateVote, RankRow
 from gate.policy import make_policy
-from gate.round_costs import TOY
 
 # --- builders ---------------------------------------------------------------------------------
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from actors.cost_executor import CostExecutor
-from actors.engine_core import EngineCore
-from actors.request import Request, RequestStatus, SamplingParams
+from actors.control.engine_core import EngineCore
+from actors.control.request import Request, RequestStatus, SamplingParams
 from actors.server_args import ServerArgs
-from gate.round_costs import TOY
+from deployment.sim.cost_executor import CostExecutor
+from deployment.sim.round_costs import TOY
 
 
 class ParkingExecutor(CostExecutor):

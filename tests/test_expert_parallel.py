@@ -18,10 +18,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from model_driver import grow_pages, next_chunk
 
-from actors.kv_pool import KVPool
-from actors.model_runner import ModelRunner
-from actors.request import Request
-from actors.round import RoundPlan
+from actors.control.kv_pool import KVPool
+from actors.control.request import Request
+from actors.control.round import RoundPlan
+from actors.model.runner import ModelRunner
 from actors.server_args import ServerArgs
 from gate import RankRow
 

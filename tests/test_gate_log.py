@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from actors.dp_round import RoundOutcome
-from actors.gate_log import gate_window_record, log_gate_window
-from actors.round import RoundPlan, RoundResult
+from actors.control.rank_loop import RoundOutcome
+from actors.control.round import RoundPlan, RoundResult
+from actors.telemetry.gate_log import gate_window_record, log_gate_window
 from gate import GateVote, RankRow
 
 

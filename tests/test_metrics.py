@@ -8,16 +8,16 @@ import subprocess
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.cost_executor import CostExecutor
-from actors.dp_round import RankLoop
-from actors.metrics import RankMetricSet, RequestMetricSet
-from actors.metrics_hub import merge, render, snapshot
-from actors.rank_metrics import RankMetrics
-from actors.request import Request, SamplingParams
-from actors.scheduler import Scheduler
+from actors.control.rank_loop import RankLoop
+from actors.control.request import Request, SamplingParams
+from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
+from actors.telemetry.metrics import RankMetricSet, RequestMetricSet
+from actors.telemetry.metrics_hub import merge, render, snapshot
+from actors.telemetry.rank_metrics import RankMetrics
+from deployment.sim.cost_executor import CostExecutor
+from deployment.sim.round_costs import TOY
 from gate.policy import make_policy
-from gate.round_costs import TOY
 
 
 def run_group(rounds: int = 40) -> list[RankMetrics]:

@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from actors.model_config import PRESETS, ModelConfig, resolve_model_config
-from actors.model_runner import ModelRunner
+from actors.model.config import PRESETS, ModelConfig, resolve_model_config
+from actors.model.runner import ModelRunner
+from actors.model.weights import hf_param_shapes, random_hf_state, save_hf_dir
 from actors.server_args import ServerArgs
-from actors.weights import hf_param_shapes, random_hf_state, save_hf_dir
 
 TINY = ModelConfig(
     vocab_size=32,
@@ -154,8 +154,8 @@ def test_resolve_reads_presets_without_touching_disk() -> None:
 def test_fused_expert_names_load_like_per_expert_names(tmp_path: Path) -> None:
     """transformers 5's in-memory Mixtral names (fused experts) give the same model."""
     transformers = pytest.importorskip("transformers")
-    from actors.model import build_model
-    from actors.weights import DictSource, SafetensorsSource
+    from actors.model.llama import build_model
+    from actors.model.weights import DictSource, SafetensorsSource
     from kernels.moe import ExpertPlacement
 
     torch.manual_seed(0)

@@ -21,10 +21,10 @@ from model_driver import (
     save_tiny_hf_model,
 )
 
-from actors.kv_pool import KVPool
-from actors.model_config import PRESETS
-from actors.round import RoundPlan, ScheduledChunk
-from actors.weights import random_hf_state, save_hf_dir
+from actors.control.kv_pool import KVPool
+from actors.control.round import RoundPlan, ScheduledChunk
+from actors.model.config import PRESETS
+from actors.model.weights import random_hf_state, save_hf_dir
 
 transformers = pytest.importorskip("transformers")
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from model_driver import grow_pages, make_requests, make_runner
 
-from actors.executor import is_low_latency
-from actors.kv_pool import KVPool
-from actors.round import RoundPlan, ScheduledChunk
+from actors.control.executor import is_low_latency
+from actors.control.kv_pool import KVPool
+from actors.control.round import RoundPlan, ScheduledChunk
 from gate import RankRow
 from kernels.moe import ExpertPlacement, LocalMoE, resolve_moe_backend, run_experts
 from kernels.moe.deepep import DeepEPMoE

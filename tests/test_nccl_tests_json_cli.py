@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gate.round_costs import load_costs
+from deployment.sim.round_costs import load_costs
 from gate.rows import NUM_COLUMNS
 from kernels.nccl_tests import (
     NcclTestsResult,

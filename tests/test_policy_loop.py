@@ -9,19 +9,19 @@ from collections.abc import Sequence
 
 import pytest
 
-from actors.cost_executor import CostExecutor
-from actors.dp_round import RankLoop, RoundOutcome
-from actors.gather import ThreadGather
+from actors.control.gather import ThreadGather
+from actors.control.rank_loop import RankLoop, RoundOutcome
+from actors.control.request import Request, RequestStatus, SamplingParams
+from actors.control.scheduler import Scheduler
 from actors.policy_args import build_policy_for
-from actors.request import Request, RequestStatus, SamplingParams
-from actors.scheduler import Scheduler
 from actors.server_args import ServerArgs
+from deployment.sim.cost_executor import CostExecutor
 from deployment.sim.report import summarize
+from deployment.sim.round_costs import PRESETS, TOY
 from deployment.sim.simulator import GroupSimulator
 from deployment.sim.workload import Router, WorkloadSpec, generate
 from gate.permission import ALLOW_ALL, CHUNKS_ONLY, HOLD_ALL, NEW_ONLY
 from gate.policy import POLICIES
-from gate.round_costs import PRESETS, TOY
 
 # The settings each policy needs to run (its own flags only).
 POLICY_FLAGS: dict[str, dict] = {

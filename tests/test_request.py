@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.request import FINISH_REASONS, Request, RequestStatus, SamplingParams
+from actors.control.request import FINISH_REASONS, Request, RequestStatus, SamplingParams
 
 
 def make_request(

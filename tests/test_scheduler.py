@@ -7,9 +7,9 @@ import itertools
 
 import pytest
 
-from actors.request import Request, RequestStatus, SamplingParams
-from actors.round import RoundKind, RoundPlan, RoundResult
-from actors.scheduler import Probe, Scheduler
+from actors.control.request import Request, RequestStatus, SamplingParams
+from actors.control.round import RoundKind, RoundPlan, RoundResult
+from actors.control.scheduler import Probe, Scheduler
 from actors.server_args import ServerArgs
 
 # --- builders -------------------------------------------------------------------------------------

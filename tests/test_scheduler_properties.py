@@ -9,14 +9,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.cost_executor import CostExecutor
-from actors.dp_round import RankLoop, RoundOutcome
-from actors.request import Request, RequestStatus, SamplingParams
-from actors.round import RoundKind
-from actors.scheduler import PREFILL_WATERMARK, Scheduler
+from actors.control.rank_loop import RankLoop, RoundOutcome
+from actors.control.request import Request, RequestStatus, SamplingParams
+from actors.control.round import RoundKind
+from actors.control.scheduler import PREFILL_WATERMARK, Scheduler
 from actors.server_args import ServerArgs
+from deployment.sim.cost_executor import CostExecutor
+from deployment.sim.round_costs import TOY
 from gate.policy import make_policy
-from gate.round_costs import TOY
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -10,9 +10,9 @@ import pytest
 
 from actors.server_args import ServerArgs
 from deployment.sim.report import format_table, percentiles, summarize
+from deployment.sim.round_costs import PRESETS, RoundCosts
 from deployment.sim.simulator import GroupSimulator
 from deployment.sim.workload import Arrival, Router, WorkloadSpec, generate, load_trace
-from gate.round_costs import PRESETS, RoundCosts
 
 POLICIES = ("roundgate", "none", "local-interval")
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from actors.model_config import BYTE_EOS_ID, PRESETS
+from actors.model.config import BYTE_EOS_ID, PRESETS
+from actors.model.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 from actors.server_args import ServerArgs
-from actors.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 
 
 @pytest.mark.parametrize("text", ["", "hello", "naïve café ☕", "line\nbreak\t\x00", "日本語"])

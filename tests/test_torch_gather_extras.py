@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
-from actors.torch_gather import TorchGather
+from actors.replica.torch_gather import TorchGather
 from gate import RankRow
 
 

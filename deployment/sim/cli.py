@@ -9,10 +9,10 @@ from pathlib import Path
 
 from deployment.sim.options import COST_FLAGS, RunSetup, check_arrivals, prepare
 from deployment.sim.report import format_table, ratios_to, summarize, write_plots
+from deployment.sim.round_costs import PRESETS, RoundCosts
 from deployment.sim.simulator import GroupSimulator, SimResult
 from deployment.sim.workload import ARRIVALS, LENGTH_DISTS, ROUTERS, WORKLOADS, Router, generate
 from gate.policy import POLICIES
-from gate.round_costs import PRESETS, RoundCosts
 
 # Kept importable from here: older callers and tests read these names from the CLI module.
 __all__ = ["COST_FLAGS", "POLICIES", "add_common_args", "add_parser", "run", "simulate_policy"]

@@ -13,9 +13,9 @@ from typing import Any
 
 from actors.policy_args import POLICY_FIELDS
 from actors.server_args import ServerArgs
+from deployment.sim.round_costs import RoundCosts, load_costs
 from deployment.sim.workload import WORKLOADS, Arrival, Router, WorkloadSpec
 from gate.policy import POLICIES
-from gate.round_costs import RoundCosts, load_costs
 
 COST_FLAGS = (
     "decode_base_ms",

@@ -12,15 +12,15 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from actors.cost_executor import CostExecutor
-from actors.dp_round import RankLoop
+from actors.control.rank_loop import RankLoop
+from actors.control.request import Request, SamplingParams
+from actors.control.round import RoundKind
+from actors.control.scheduler import Scheduler
 from actors.policy_args import build_policy_for
-from actors.request import Request, SamplingParams
-from actors.round import RoundKind
-from actors.scheduler import Scheduler
 from actors.server_args import ServerArgs
+from deployment.sim.cost_executor import CostExecutor
+from deployment.sim.round_costs import RoundCosts
 from deployment.sim.workload import Arrival, Router
-from gate.round_costs import RoundCosts
 
 KIND_CODES = {RoundKind.IDLE: 0, RoundKind.DECODE: 1, RoundKind.PREFILL: 2, RoundKind.MIXED: 3}
 POINT_CODES = {None: 0, "all": 1, "any": 2}

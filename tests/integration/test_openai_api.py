@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from actors.engine import Engine, SamplingParams
+from actors.model.tokenizer import ByteTokenizer
 from actors.server_args import ServerArgs
-from actors.tokenizer import ByteTokenizer
 from deployment.protocol import ChatMessage, render_chat
 
 TOKENIZER = ByteTokenizer()

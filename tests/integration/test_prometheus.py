@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from actors.rendezvous import free_port
+from actors.replica.rendezvous import free_port
 from dashboards import queries
 from tests.integration.helpers import BackgroundStream, complete, wait_until
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Byte-level tokenizer ids used by the presets (see actors/tokenizer.py): 0..255 are bytes.
+# Byte-level tokenizer ids used by the presets (see actors/model/tokenizer.py): 0..255 are bytes.
 BYTE_BOS_ID = 256
 BYTE_EOS_ID = 257
 

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from actors.request import Request
+from actors.control.request import Request
 from gate.permission import HOLD_ALL, Permission
 
 

@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from actors.executor import Executor
-from actors.gather import Gather
-from actors.rank_columns import column_reader
-from actors.round import RoundPlan, RoundResult
-from actors.scheduler import Probe, Scheduler, TokenEvent
+from actors.control.columns import column_reader
+from actors.control.executor import Executor
+from actors.control.gather import Gather
+from actors.control.round import RoundPlan, RoundResult
+from actors.control.scheduler import Probe, Scheduler, TokenEvent
 from gate import GateVote, RankRow
 from gate.permission import HOLD_ALL
 from gate.policy import PrefillPolicy

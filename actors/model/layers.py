@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from actors.model_config import ModelConfig
+from actors.model.config import ModelConfig
 from kernels.attention import AttentionBackend, AttentionBatch, PagedKVCache
 from kernels.moe import MoEBackend, run_experts
 

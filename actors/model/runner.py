@@ -19,15 +19,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from actors.executor import is_low_latency
-from actors.layers import ForwardContext
-from actors.model import build_model
-from actors.model_config import resolve_model_config
-from actors.request import Request
-from actors.round import RoundPlan, RoundResult
-from actors.sampling import sample_tokens
+from actors.control.executor import is_low_latency
+from actors.control.request import Request
+from actors.control.round import RoundPlan, RoundResult
+from actors.model.config import resolve_model_config
+from actors.model.layers import ForwardContext
+from actors.model.llama import build_model
+from actors.model.sampling import sample_tokens
+from actors.model.weights import open_source
 from actors.server_args import ServerArgs
-from actors.weights import open_source
 from gate import RankRow
 from kernels.attention import PagedKVCache, build_attention_batch, select_attention_backend
 from kernels.moe import ExpertPlacement, select_moe_backend

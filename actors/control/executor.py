@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from actors.round import RoundPlan, RoundResult
+from actors.control.round import RoundPlan, RoundResult
 from gate import RankRow
 
 

@@ -16,15 +16,15 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from actors import gate_log
-from actors.engine_core import EngineCore
-from actors.gate_log import log_gate_window
-from actors.metrics_hub import Pusher, snapshot
-from actors.rank_metrics import RankMetrics
-from actors.rank_stats import RankStats
-from actors.request import Request, SamplingParams
-from actors.scheduler import TokenEvent
+from actors.control.engine_core import EngineCore
+from actors.control.request import Request, SamplingParams
+from actors.control.scheduler import TokenEvent
 from actors.server_args import ServerArgs
+from actors.telemetry import gate_log
+from actors.telemetry.gate_log import log_gate_window
+from actors.telemetry.metrics_hub import Pusher, snapshot
+from actors.telemetry.rank_metrics import RankMetrics
+from actors.telemetry.rank_stats import RankStats
 
 logger = logging.getLogger("roundgate.rank")
 
@@ -44,7 +44,7 @@ class RankReplica:
     async def __init__(self, args: dict[str, Any]) -> None:
         from ray import serve
 
-        from actors import rendezvous
+        from actors.replica import rendezvous
 
         self.args = ServerArgs(**args).validate()
         _limit_threads()
@@ -83,8 +83,8 @@ class RankReplica:
     def _build_core(self, device: str) -> EngineCore:
         import torch.distributed as dist
 
-        from actors.model_runner import ModelRunner
-        from actors.torch_gather import TorchGather
+        from actors.model.runner import ModelRunner
+        from actors.replica.torch_gather import TorchGather
 
         runner = ModelRunner(self.args, rank=self.rank, group=dist.group.WORLD)
         return EngineCore(

@@ -7,9 +7,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from actors.layers import Attention, DenseMLP, ForwardContext, RMSNorm, RotaryTable, SparseMoE
-from actors.model_config import ModelConfig
-from actors.weights import TensorSource, hf_param_shapes
+from actors.model.config import ModelConfig
+from actors.model.layers import Attention, DenseMLP, ForwardContext, RMSNorm, RotaryTable, SparseMoE
+from actors.model.weights import TensorSource, hf_param_shapes
 from kernels.moe import ExpertPlacement, MoEBackend
 
 

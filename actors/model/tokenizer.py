@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Protocol
 
-from actors.model_config import BYTE_BOS_ID, BYTE_EOS_ID, PRESETS
+from actors.model.config import BYTE_BOS_ID, BYTE_EOS_ID, PRESETS
 from actors.server_args import ServerArgs
 
 

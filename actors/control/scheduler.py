@@ -16,9 +16,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from actors.kv_pool import KVPool
-from actors.request import Request, RequestStatus
-from actors.round import RoundPlan, RoundResult, ScheduledChunk
+from actors.control.kv_pool import KVPool
+from actors.control.request import Request, RequestStatus
+from actors.control.round import RoundPlan, RoundResult, ScheduledChunk
 from actors.server_args import ServerArgs
 from gate.permission import ALLOW_ALL, HOLD_ALL, Permission
 

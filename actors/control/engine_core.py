@@ -13,12 +13,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from actors.dp_round import RankLoop, RoundOutcome
-from actors.executor import Executor
-from actors.gather import Gather, SingleRankGather
+from actors.control.executor import Executor
+from actors.control.gather import Gather, SingleRankGather
+from actors.control.rank_loop import RankLoop, RoundOutcome
+from actors.control.request import Request
+from actors.control.scheduler import Scheduler, TokenEvent
 from actors.policy_args import build_policy_for
-from actors.request import Request
-from actors.scheduler import Scheduler, TokenEvent
 from actors.server_args import ServerArgs
 from gate import RankRow
 

@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from actors.model_config import ModelConfig
+from actors.model.config import ModelConfig
 
 
 class TensorSource(Protocol):
@@ -145,7 +145,7 @@ def _check_shape(
 
 def open_source(model: str, config: ModelConfig, seed: int) -> TensorSource:
     """The weights behind ``--model``: a seeded preset, or a directory's safetensors."""
-    from actors.model_config import PRESETS
+    from actors.model.config import PRESETS
 
     if model in PRESETS:
         return DictSource(random_hf_state(config, seed), f"preset {model}")

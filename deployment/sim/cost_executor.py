@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from actors.round import RoundPlan, RoundResult
+from actors.control.round import RoundPlan, RoundResult
+from deployment.sim.round_costs import RoundCosts
 from gate import RankRow
-from gate.round_costs import RoundCosts
 
 # The token every simulated sample returns; simulated requests stop on max_tokens only.
 SIM_TOKEN = 0

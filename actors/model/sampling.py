@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from actors.request import SamplingParams
+from actors.control.request import SamplingParams
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, index) pairs over the generator's seed space
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from actors.dp_round import RoundOutcome
-from actors.metrics import ROUND_PARTS, RankMetricSet
-from actors.scheduler import Scheduler
+from actors.control.rank_loop import RoundOutcome
+from actors.control.scheduler import Scheduler
+from actors.telemetry.metrics import ROUND_PARTS, RankMetricSet
 
 
 class RankMetrics:
