@@ -23,10 +23,9 @@ class Engine:
             raise ValueError(
                 f"the offline Engine runs one rank: --dp-size must be 1, got {args.dp_size}"
             )
-        args.validate()
         self.args = args
         self.runner = ModelRunner(args)
-        self.core = EngineCore(args, self.runner, max_model_len=self.runner.max_model_len)
+        self.core = EngineCore(args, self.runner)
         self._next_id = 0
 
     def generate(

@@ -21,11 +21,10 @@ import time
 from actors.control.rank_loop import RankLoop
 from actors.control.request import Request, SamplingParams
 from actors.control.scheduler import Scheduler
-from actors.policy_args import build_policy_for
 from actors.server_args import ServerArgs
 from deployment.sim.cost_executor import CostExecutor
 from deployment.sim.round_costs import TOY
-from gate.policy import POLICIES
+from gate import registry
 
 POLICY_ARGS = {
     "roundgate": {"prefill_attempt_interval": 4, "prefill_any_attempt_interval": 16},
@@ -46,10 +45,10 @@ def build(ns: argparse.Namespace) -> RankLoop:
         num_kv_pages=ns.running * (tokens // page_size + 2),
         prefill_policy=ns.policy,
         **POLICY_ARGS.get(ns.policy, {}),
-    ).validate()
-    loop = RankLoop(
-        Scheduler(args), build_policy_for(args, 0), CostExecutor(TOY), ns.dp_size, clock=lambda: 0
     )
+    # No model: only the pool bounds a sequence (as in the simulator).
+    scheduler = Scheduler(args, max_model_len=None)
+    loop = RankLoop(scheduler, args.build_policy(0), CostExecutor(TOY), ns.dp_size, clock=lambda: 0)
     for i in range(ns.running):
         params = SamplingParams(max_tokens=rounds + 8)
         loop.scheduler.add_request(Request(f"r{i}", [1] * ns.prompt_len, params))
@@ -63,7 +62,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--dp-size", type=int, default=8)
-    parser.add_argument("--policy", default="roundgate", choices=POLICIES)
+    parser.add_argument("--policy", default="roundgate", choices=registry.names())
     ns = parser.parse_args()
     loop = build(ns)
     wall: list[float] = []

@@ -68,7 +68,7 @@ def worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
         prefill_attempt_interval=4,
         prefill_any_attempt_interval=16,
         device="cpu",
-    ).validate()
+    )
     times: dict[str, list[float]] = defaultdict(list)
     sink: list[Any] = []
     runner = ModelRunner(args, rank=rank, group=dist.group.WORLD)
@@ -77,7 +77,6 @@ def worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
         runner,
         rank=rank,
         gather=TorchGather(),
-        max_model_len=runner.max_model_len,
         on_event=sink.append,
     )
     loop, sched = core.loop, core.scheduler
@@ -108,10 +107,10 @@ def worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
             )
             n += 1
         t = time.perf_counter()
-        core.step()
+        outcome = core.step()
         t_round = time.perf_counter() - t
         t = time.perf_counter()
-        metrics.observe(core.last_outcome, sched, core.last_parts, loop.policy.rounds_since_prefill)
+        metrics.observe(outcome, sched, loop.parts, loop.policy.rounds_since_prefill)
         times["metrics"].append(time.perf_counter() - t)
         times["round"].append(t_round)
     # Bare all-gather of one packed row, same group, same run.

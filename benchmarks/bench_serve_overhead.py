@@ -34,6 +34,8 @@ from typing import Any
 
 import httpx
 
+from actors.control.messages import RankTarget
+
 REPO = Path(__file__).resolve().parents[1]
 TARGET_MS = 15.0
 
@@ -60,15 +62,15 @@ async def http_ttft(client: httpx.AsyncClient, prompt: str) -> float:
 
 
 async def direct_ttft(ranks: Any, prompt_ids: list[int]) -> float:
-    payload = {
-        "request_id": f"bench-{uuid.uuid4().hex}",
-        "prompt_token_ids": prompt_ids,
-        "sampling": {"max_tokens": 1, "temperature": 0.0},
-        "dp_rank": 0,
-    }
+    from actors.control.messages import GenerateRequest
+    from actors.control.request import SamplingParams
+
+    message = GenerateRequest(
+        f"bench-{uuid.uuid4().hex}", tuple(prompt_ids), SamplingParams(max_tokens=1), dp_rank=0
+    )
     first = None
     start = time.perf_counter()
-    async for _ in ranks.generate.remote(payload):
+    async for _ in ranks.generate.remote(message):
         if first is None:
             first = time.perf_counter() - start
     if first is None:
@@ -86,7 +88,7 @@ async def floor_http(client: httpx.AsyncClient) -> float:
 async def floor_handle(unary_ranks: Any) -> float:
     """A trivial unary call to rank 0: one Serve handle hop, no engine work."""
     start = time.perf_counter()
-    await unary_ranks.check_pool.remote({"dp_rank": 0})
+    await unary_ranks.check_pool.remote(RankTarget(0))
     return time.perf_counter() - start
 
 

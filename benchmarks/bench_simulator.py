@@ -21,7 +21,7 @@ from actors.server_args import ServerArgs
 from deployment.sim.round_costs import PRESETS
 from deployment.sim.simulator import GroupSimulator
 from deployment.sim.workload import WORKLOADS, Router, WorkloadSpec, generate
-from gate.policy import POLICIES
+from gate import registry
 
 # Each policy's own settings (the simulate command's defaults).
 POLICY_ARGS = {
@@ -40,7 +40,7 @@ def build(ns: argparse.Namespace) -> tuple[GroupSimulator, list]:
         num_kv_pages=4096,
         prefill_policy=ns.policy,
         **POLICY_ARGS.get(ns.policy, {}),
-    ).validate()
+    )
     costs = PRESETS[ns.costs]
     preset = WORKLOADS[ns.workload]
     # Enough arrivals to outlast the rounds: a round costs at least the decode base.
@@ -59,7 +59,7 @@ def build(ns: argparse.Namespace) -> tuple[GroupSimulator, list]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policy", default="roundgate", choices=POLICIES)
+    parser.add_argument("--policy", default="roundgate", choices=registry.names())
     parser.add_argument("--rounds", type=int, default=100_000)
     parser.add_argument("--dp-size", type=int, default=8)
     parser.add_argument("--rate", type=float, default=8.0, help="requests/s, whole group")

@@ -17,7 +17,8 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "$__rate_interval"
-# Label filters by the series' label sets (actors/telemetry/metrics.py: GROUP, RANK, request metrics).
+# Label filters by the series' label sets (actors/telemetry/metrics.py: GROUP, RANK, and the
+# request metrics).
 MODEL = 'model=~"$model"'
 GROUP = f'group=~"$group", {MODEL}'
 RANK = f'{GROUP}, dp_rank=~"$dp_rank"'

@@ -19,8 +19,8 @@ from dashboards.panels import (
     watermark_graph,
 )
 
-# actors.control.scheduler.PREFILL_WATERMARK: above it a rank stops admitting new prompts (a test keeps
-# the two equal; dashboards import nothing from the engine).
+# actors.control.scheduler.PREFILL_WATERMARK: above it a rank stops admitting new prompts (a test
+# keeps the two equal; dashboards import nothing from the engine).
 PREFILL_WATERMARK = 0.9
 
 

@@ -1,8 +1,8 @@
 """The Serve application: ``build_app(args)`` → ingress + one gang of rank replicas per group.
 
 ``serve run deployment/configs/local.yaml`` imports ``deployment.app:build_app`` and passes the
-config's ``args``; they are validated (pydantic, then ``ServerArgs.validate``) before any
-replica starts.
+config's ``args``; they are validated (pydantic ``AppArgs``, which builds the one ``ServerArgs``)
+before any replica starts.
 """
 
 import time
@@ -21,8 +21,8 @@ from deployment.ingress import (
     APIError,
     Ingress,
     api,
+    http_request_id,
     json_body,
-    new_id,
     read_json,
     sse,
     usage,
@@ -106,10 +106,10 @@ class OpenAIServer:
             if getattr(req, name) not in (None, 0, 1):
                 raise APIError(400, f"{name} is not supported", param=name)
         prompts = core.prompts_of(req)
-        choices, deltas = await core.generate(prompts, req, req.max_tokens or 16, "prompt")
-        rid, created = new_id("cmpl"), int(time.time())
+        rid, created = http_request_id(), int(time.time())
+        choices, deltas = await core.generate(rid, prompts, req, req.max_tokens or 16, "prompt")
         head = {
-            "id": rid,
+            "id": f"cmpl-{rid}",
             "object": "text_completion",
             "created": created,
             "model": core.model_name,
@@ -160,10 +160,10 @@ class OpenAIServer:
             raise APIError(400, str(exc), param="messages") from None
         ids = core.tokenizer.encode(text)
         max_tokens = req.max_completion_tokens or req.max_tokens
-        choices, deltas = await core.generate([ids], req, max_tokens, "messages")
-        rid, created = new_id("chatcmpl"), int(time.time())
+        rid, created = http_request_id(), int(time.time())
+        choices, deltas = await core.generate(rid, [ids], req, max_tokens, "messages")
         head = {
-            "id": rid,
+            "id": f"chatcmpl-{rid}",
             "object": "chat.completion.chunk",
             "created": created,
             "model": core.model_name,
@@ -229,7 +229,7 @@ def build_app(args: dict[str, Any]) -> Application:
         health_check_period_s=2.0,
         health_check_timeout_s=max(10.0, engine.collective_timeout_s),
         graceful_shutdown_timeout_s=5.0,
-    ).bind(engine_fields(engine))
+    ).bind(engine.to_dict())
     ingress = serve.deployment(
         OpenAIServer,
         name="OpenAIServer",
@@ -238,12 +238,6 @@ def build_app(args: dict[str, Any]) -> Application:
         ray_actor_options={"num_cpus": 0.25},
     )
     return ingress.bind(ranks, cfg.model_dump())
-
-
-def engine_fields(engine: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(engine)
 
 
 __all__ = ["JSONResponse", "OpenAIServer", "build_app"]

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from actors.server_args import ServerArgs
-
-ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(ServerArgs))
+from actors.server_args import ServerArgs, engine_arg_names
 
 
 class AppArgs(BaseModel):
-    """``build_app`` arguments: every ServerArgs field plus how the groups are served.
+    """``build_app`` arguments: every engine flag plus how the groups are served.
 
-    Unknown keys are refused (a typo in a config must not be silently ignored).
+    Unknown keys are refused (a typo in a config must not be silently ignored). The engine
+    flags become one ``ServerArgs`` at validation (``server_args()`` returns it), so a process
+    that validates its ``AppArgs`` validates its ``ServerArgs`` exactly once.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -32,6 +31,7 @@ class AppArgs(BaseModel):
     num_gpus_per_rank: float = Field(0.0, ge=0)
     max_ongoing_requests: int = Field(1024, ge=1)
     ingress_replicas: int = Field(1, ge=1)
+    _server_args: ServerArgs | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -41,7 +41,7 @@ class AppArgs(BaseModel):
             return data
         data = dict(data)
         engine = dict(data.pop("engine", None) or {})
-        for name in ENGINE_FIELDS:
+        for name in engine_arg_names():
             if name in data:
                 engine[name] = data.pop(name)
         data["engine"] = engine
@@ -49,10 +49,14 @@ class AppArgs(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> AppArgs:
-        unknown = sorted(set(self.engine) - set(ENGINE_FIELDS))
+        unknown = sorted(set(self.engine) - set(engine_arg_names()))
         if unknown:
             raise ValueError(f"unknown engine argument(s) {unknown}")
-        args = self.server_args()  # ServerArgs.validate() refusals, with the flag's name
+        try:
+            args = ServerArgs(**self.engine)  # its refusals name the flag
+        except TypeError as exc:
+            raise ValueError(f"bad engine arguments: {exc}") from exc
+        self._server_args = args
         if self.router == "skewed":
             if not self.route_weights or len(self.route_weights) != args.dp_size:
                 raise ValueError(
@@ -66,10 +70,9 @@ class AppArgs(BaseModel):
         return self
 
     def server_args(self) -> ServerArgs:
-        try:
-            return ServerArgs(**self.engine).validate()
-        except TypeError as exc:
-            raise ValueError(f"bad engine arguments: {exc}") from exc
+        """The engine flags as the one ``ServerArgs`` built when this model was validated."""
+        assert self._server_args is not None  # set by the validator
+        return self._server_args
 
     @property
     def resolved_api_key(self) -> str | None:

@@ -6,18 +6,11 @@ applied here, on text, and end the rank's stream early, which aborts the request
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
-
-class Tokenizer(Protocol):
-    eos_token_id: int | None
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
+from actors.control.messages import GenerateChunk
+from actors.model.tokenizer import Tokenizer
 
 
 @dataclass
@@ -41,28 +34,17 @@ class Delta:
     finish_reason: str | None
 
 
-def rank_payload(
-    prompt_token_ids: list[int], sampling: dict[str, Any], dp_rank: int | None
-) -> dict[str, Any]:
-    return {
-        "request_id": uuid.uuid4().hex,
-        "prompt_token_ids": prompt_token_ids,
-        "sampling": sampling,
-        "dp_rank": dp_rank,
-    }
-
-
 async def run_choice(
-    stream: AsyncIterator[dict[str, Any]],
+    stream: AsyncIterator[GenerateChunk],
     choice: Choice,
     tokenizer: Tokenizer,
     stop_strings: list[str],
 ) -> AsyncIterator[Delta]:
     """Turn the rank's token chunks into text deltas; stops at the first stop string."""
     async for chunk in stream:
-        choice.output_token_ids.extend(chunk["token_ids"])
+        choice.output_token_ids.extend(chunk.token_ids)
         full = tokenizer.decode(choice.output_token_ids)
-        reason = chunk.get("finish_reason")
+        reason = chunk.finish_reason
         cut = _first_stop(full, stop_strings)
         if cut is not None:
             full, reason = full[:cut], "stop"
@@ -72,7 +54,7 @@ async def run_choice(
         choice.text = full
         if reason is not None:
             choice.finish_reason = reason
-        yield Delta(choice.index, delta, list(chunk["token_ids"]), reason)
+        yield Delta(choice.index, delta, list(chunk.token_ids), reason)
         if cut is not None:
             return  # leaving the stream cancels it: the rank aborts the request
 

@@ -20,8 +20,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from actors.control.messages import GenerateRequest
 from actors.control.request import SamplingParams
-from deployment.generation import Choice, Delta, rank_payload, run_choice
+from deployment.generation import Choice, Delta, run_choice
 from deployment.protocol import APIError, ChatRequest, CompletionRequest
 from deployment.request_metrics import RequestRecorder
 
@@ -93,19 +94,17 @@ class Ingress:
     """State and logic behind the routes; ``deployment.app`` wraps it in a Serve deployment."""
 
     def __init__(self, ranks: Any, app_args: dict[str, Any]) -> None:
-        from actors.model.config import resolve_model_config
         from actors.model.tokenizer import load_tokenizer
         from deployment.config import AppArgs
 
-        self.app_args = AppArgs.model_validate(app_args)
+        self.app_args = AppArgs.model_validate(app_args)  # this process's one validation
         self.engine_args = self.app_args.server_args()
         self.model_name = self.app_args.served_model_name
         self.api_key = self.app_args.resolved_api_key
         self.tokenizer = load_tokenizer(self.engine_args)
-        context = resolve_model_config(self.engine_args.model).max_position
-        self.max_model_len = min(context, self.engine_args.max_model_len or context)
+        # The ranks' own number (both resolve it from the same flag and model config).
+        self.max_model_len = self.engine_args.max_model_len
         self.ranks = ranks.options(stream=True)
-        self.ranks_unary = ranks
         self._degraded_until = 0.0
         self.metrics = RequestRecorder(self.model_name)
 
@@ -157,7 +156,10 @@ class Ingress:
                 raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
         return prompts
 
-    def sampling_of(self, req: Any, prompt_len: int, param: str, max_tokens: int | None) -> dict:
+    def sampling_of(
+        self, req: Any, prompt_len: int, param: str, max_tokens: int | None
+    ) -> SamplingParams:
+        """The request's ``SamplingParams``, built and validated once, here."""
         room = self.max_model_len - prompt_len
         if room < 1:
             raise APIError(
@@ -178,35 +180,31 @@ class Ingress:
         eos = self.tokenizer.eos_token_id
         if eos is not None and not req.ignore_eos:
             stop_ids.append(eos)
-        sampling = {
-            "max_tokens": max_tokens or room,
-            "temperature": req.temperature,
-            "top_p": req.top_p,
-            "top_k": max(0, req.top_k),
-            "seed": req.seed,
-            "stop_token_ids": tuple(stop_ids),
-        }
         # What the rank would refuse is refused here: an exception on the rank reads as a
         # group failure (503 for everyone), never as this client's mistake.
         try:
-            SamplingParams(**sampling)
+            return SamplingParams(
+                max_tokens=max_tokens or room,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=max(0, req.top_k),
+                seed=req.seed,
+                stop_token_ids=tuple(stop_ids),
+            )
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
-        return sampling
 
     # ---- generation ----------------------------------------------------------------------
 
     async def _choice_stream(
-        self, choice: Choice, sampling: dict, req: Any, own_request_id: bool
+        self, choice: Choice, message: GenerateRequest, stops: list[str], own_id: bool
     ) -> AsyncIterator[Delta]:
-        if own_request_id:
-            _new_internal_request_id()
-        gen = self.ranks.generate.remote(
-            rank_payload(choice.prompt_token_ids, sampling, req.dp_rank)
-        )
+        if own_id:
+            _set_serve_request_id(message.request_id)
+        gen = self.ranks.generate.remote(message)
         timer = self.metrics.timer()
         try:
-            async for delta in run_choice(gen, choice, self.tokenizer, req.stop_strings):
+            async for delta in run_choice(gen, choice, self.tokenizer, stops):
                 timer.tokens(len(delta.token_ids))
                 yield delta
         except APIError:
@@ -226,38 +224,71 @@ class Ingress:
             )
 
     async def generate(
-        self, prompts: list[list[int]], req: Any, max_tokens: int | None, param: str
+        self,
+        request_id: str,
+        prompts: list[list[int]],
+        req: Any,
+        max_tokens: int | None,
+        param: str,
     ) -> tuple[list[Choice], AsyncIterator[Delta]]:
-        """Validate every choice up front (no partial work on a bad request), then stream."""
+        """Validate every choice up front (no partial work on a bad request), then stream.
+
+        ``request_id`` is the response's id; each choice's rank request is that id (with
+        ``-i`` appended when a completion has several prompts), so the id a client sees is
+        the one in the rank's scheduler, metrics and logs.
+        """
         if req.n != 1:
             raise APIError(400, "n > 1 is not supported; send separate requests", param="n")
         if req.dp_rank is not None and req.dp_rank >= self.engine_args.dp_size:
             raise APIError(
                 400, f"dp_rank must be < dp_size {self.engine_args.dp_size}", param="dp_rank"
             )
+        several = len(prompts) > 1
         plans = [
-            (Choice(i, ids), self.sampling_of(req, len(ids), param, max_tokens))
+            (
+                Choice(i, ids),
+                GenerateRequest(
+                    f"{request_id}-{i}" if several else request_id,
+                    tuple(ids),
+                    self.sampling_of(req, len(ids), param, max_tokens),
+                    req.dp_rank,
+                ),
+            )
             for i, ids in enumerate(prompts)
         ]
         self.check_available()
         choices = [c for c, _ in plans]
-        several = len(plans) > 1
-        return choices, _merge([self._choice_stream(c, s, req, several) for c, s in plans])
+        return choices, _merge(
+            [self._choice_stream(c, m, req.stop_strings, several) for c, m in plans]
+        )
 
 
-def _new_internal_request_id() -> None:
-    """Give this task's handle calls an internal request id of their own.
+def _set_serve_request_id(request_id: str) -> None:
+    """Make ``request_id`` the Serve request id of this task's handle calls.
 
     Handle calls made while serving an HTTP request inherit its ``internal_request_id``, and
     Ray Serve 2.60's request router indexes pending requests by that id: two calls in flight
     at once from one HTTP request (one per prompt of a batched completion) can leave the
     second one never assigned to a replica, hanging the response. Each choice runs in a task
-    of its own (``_merge``), so setting the context var here touches only that choice.
+    of its own (``_merge``), so setting the context var here touches only that choice, and
+    Serve's logs of the call show the choice's id.
     """
-    from ray.serve._private.utils import generate_request_id
     from ray.serve.context import _set_request_context
 
-    _set_request_context(_internal_request_id=generate_request_id())
+    _set_request_context(request_id=request_id, _internal_request_id=request_id)
+
+
+def http_request_id() -> str:
+    """The id Serve gave this HTTP request (the client's ``X-Request-Id`` when it sent one,
+    and Serve's ``x-request-id`` response header): the one id of the request from the
+    proxy's log to the rank's scheduler. Outside Serve (tests), a fresh one."""
+    try:
+        from ray.serve.context import _get_serve_request_context
+
+        request_id = _get_serve_request_context().request_id
+    except ImportError:  # pragma: no cover - Serve is a dependency
+        request_id = ""
+    return request_id or uuid.uuid4().hex
 
 
 async def _merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[Delta]:
@@ -294,10 +325,6 @@ async def _merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[Delta]:
             t.cancel()
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
 def usage(choices: list[Choice]) -> dict[str, int]:
     prompt = sum(len(c.prompt_token_ids) for c in choices)
     completion = sum(len(c.output_token_ids) for c in choices)
@@ -310,10 +337,6 @@ def usage(choices: list[Choice]) -> dict[str, int]:
 
 def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
-
-
-def error_stream_chunk(exc: APIError) -> str:
-    return sse(exc.body())
 
 
 __all__ = ["Ingress", "Response", "StreamingResponse", "api", "read_json"]

@@ -1,9 +1,9 @@
 """Serve request routers that spread prompts over the ranks of the DP groups.
 
 Each rank replica announces ``{"dp_rank", "gang_id"}`` once (``record_replica_metadata``)
-and reports ``{"load", "kv_occupancy"}`` through ``record_routing_stats``. A request payload
-may pin a rank with ``"dp_rank"`` (tests and
-benchmarks use it to reproduce skewed traffic). A request is routed once and streams from
+and reports ``{"load", "kv_occupancy"}`` through ``record_routing_stats``. A call's message
+(``GenerateRequest``, ``RankTarget``) may pin a rank with ``dp_rank`` (tests and benchmarks use
+it to reproduce skewed traffic). A request is routed once and streams from
 the replica that took it, so it never crosses into another group mid-stream.
 """
 
@@ -23,10 +23,10 @@ ROUTER_CLASSES = {
 
 
 def pinned_rank(pending: PendingRequest | None) -> int | None:
-    """The ``dp_rank`` a request payload asks for, if any."""
-    if pending is None or not pending.args or not isinstance(pending.args[0], dict):
+    """The ``dp_rank`` a call's message (``GenerateRequest`` or ``RankTarget``) asks for."""
+    if pending is None or not pending.args:
         return None
-    rank = pending.args[0].get("dp_rank")
+    rank = getattr(pending.args[0], "dp_rank", None)
     return None if rank is None else int(rank)
 
 

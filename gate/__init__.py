@@ -1,8 +1,23 @@
-"""Pure prefill-gating policy: no torch, no Ray, no clocks."""
+"""Pure prefill-gating policy: no torch, no Ray, no clocks.
+
+``rows`` (the gathered row and its one reading), ``vote`` (a policy's decision), ``policy``
+(the interface), ``spec`` + ``registry`` (policies by name and their flags), and one module per
+policy: ``group_gate`` (roundgate), ``no_gate``, ``local_interval`` and the three peers.
+"""
 
 from gate.delay import PrefillDelay
-from gate.group_gate import GateVote, GroupGate
+from gate.group_gate import GroupGate
 from gate.local_interval import LocalIntervalPolicy
-from gate.rows import COLUMNS, RankRow
+from gate.rows import COLUMNS, RankRow, RoundView, read_rows
+from gate.vote import GateVote
 
-__all__ = ["COLUMNS", "GateVote", "GroupGate", "LocalIntervalPolicy", "PrefillDelay", "RankRow"]
+__all__ = [
+    "COLUMNS",
+    "GateVote",
+    "GroupGate",
+    "LocalIntervalPolicy",
+    "PrefillDelay",
+    "RankRow",
+    "RoundView",
+    "read_rows",
+]

@@ -1,8 +1,8 @@
-"""The two intervals that make up the group prefill gate."""
+"""The two intervals that make up the group prefill gate (the ``roundgate`` policy's config)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -15,8 +15,20 @@ class PrefillDelay:
     burst could never see two ALL points in a row.
     """
 
-    attempt_interval: int
-    any_interval: int
+    attempt_interval: int = field(
+        metadata={
+            "flag": "prefill_attempt_interval",
+            "help": "group gate: rounds between ALL attempt points (set with the ANY interval)",
+            "sim_default": 4,
+        }
+    )
+    any_interval: int = field(
+        metadata={
+            "flag": "prefill_any_attempt_interval",
+            "help": "group gate: rounds between ANY attempt points, the admission latency bound",
+            "sim_default": 16,
+        }
+    )
 
     def __post_init__(self) -> None:
         for flag, value in (

@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from gate.group_gate import CLOSED, GateVote
-from gate.rows import RankRow
+from gate.rows import RankRow, RoundView
+from gate.spec import PolicyContext, PolicySpec
+from gate.vote import CLOSED, OPEN, GateVote
 
-OPEN_LOCAL = GateVote(True, None)
+
+@dataclass(frozen=True)
+class LocalIntervalConfig:
+    interval: int = field(
+        metadata={
+            "flag": "prefill_decode_interval",
+            "help": "local policy: after a prefill round, hold new prefill for this many rounds",
+            "sim_default": 4,
+        }
+    )
+
+    def __post_init__(self) -> None:
+        if self.interval < 1:
+            raise ValueError(
+                f"--prefill-decode-interval must be >= 1, got {self.interval} "
+                "(leave it unset for no local policy)"
+            )
 
 
 class LocalIntervalPolicy:
@@ -30,11 +48,23 @@ class LocalIntervalPolicy:
 
     def vote(self, rows: Sequence[RankRow], local: Any = None) -> GateVote:
         """Open unless the rank is still inside its hold window."""
-        return CLOSED if self.remaining > 0 else OPEN_LOCAL
+        return CLOSED if self.remaining > 0 else OPEN
 
-    def observe(self, rows: Sequence[RankRow]) -> None:
+    def observe(self, rows: Sequence[RankRow], view: RoundView) -> None:
         """Start a hold window after an extend on this rank; count down otherwise."""
         if rows[self.rank].num_extends > 0:
             self.remaining = self.interval
         elif self.remaining > 0:
             self.remaining -= 1
+
+
+def _build(config: LocalIntervalConfig, ctx: PolicyContext) -> LocalIntervalPolicy:
+    return LocalIntervalPolicy(config.interval, ctx.rank)
+
+
+POLICY = PolicySpec(
+    name="local-interval",
+    summary="the rank's own extends (per-rank hold window)",
+    config=LocalIntervalConfig,
+    build=_build,
+)

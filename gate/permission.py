@@ -16,18 +16,6 @@ class Permission(NamedTuple):
     allow_new: bool
     allow_chunks: bool
 
-    @property
-    def any(self) -> bool:
-        """Whether any prefill work may be planned at all."""
-        return self.allow_new or self.allow_chunks
-
-    @classmethod
-    def of(cls, allow: bool | Permission) -> Permission:
-        """A bool means both bits (the gate's semantics); a Permission is returned as is."""
-        if isinstance(allow, Permission):
-            return allow
-        return ALLOW_ALL if allow else HOLD_ALL
-
 
 ALLOW_ALL = Permission(True, True)
 HOLD_ALL = Permission(False, False)

@@ -66,4 +66,42 @@ class RankRow:
         return cls(num_tokens, batch_size, num_extends, bool(wants), bool(decodes), extras)
 
 
-IDLE_ROW = RankRow(0, 0, 0, False, False)
+@dataclass(frozen=True, slots=True)
+class RoundView:
+    """The one reading of a round's gathered rows that everything downstream shares.
+
+    The gate, the peers, the executor (DeepEP mode), stats, metrics, the gate log and the
+    simulator all ask the same two questions of the rows; ``read_rows`` answers them once.
+    """
+
+    any_extend: bool  # some rank extends a prompt: the group's slow (prefill) round
+    all_idle: bool  # no rank has anything planned: nobody runs a forward
+
+    @property
+    def busy(self) -> bool:
+        return not self.all_idle
+
+    @property
+    def low_latency(self) -> bool:
+        """DeepEP low-latency legs (and the decode graph) are usable: nobody extends."""
+        return not self.any_extend
+
+    @property
+    def decode_only(self) -> bool:
+        """A busy round in which nobody extends: the fast round the gate exists to protect."""
+        return not self.any_extend and not self.all_idle
+
+
+# The four possible readings, shared: one is read per round on every rank.
+_VIEWS = {(e, i): RoundView(e, i) for e in (False, True) for i in (False, True)}
+
+
+def read_rows(rows: Sequence[RankRow]) -> RoundView:
+    """Whether any rank extends and whether every rank is idle, in one pass."""
+    idle = True
+    for row in rows:
+        if row.num_extends:
+            return _VIEWS[True, False]
+        if idle and (row.batch_size or row.num_tokens):
+            idle = False
+    return _VIEWS[False, idle]

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from gate.group_gate import GateVote
-from gate.rows import RankRow
+from gate.rows import RankRow, RoundView
+from gate.spec import PolicyContext, PolicySpec
+from gate.vote import GateVote
 
 COLUMNS = ("prefillable", "kv_permille", "running", "max_prefill_bs", "waiting", "now_ms")
 _PF, _KV, _RUN, _MP, _WAIT, _NOW = range(len(COLUMNS))
@@ -24,14 +25,35 @@ _PF, _KV, _RUN, _MP, _WAIT, _NOW = range(len(COLUMNS))
 
 @dataclass(frozen=True)
 class SGLangDelayerConfig:
-    """SGLang's knobs with its defaults; ``max_running_requests`` is the per-rank MRR."""
+    """SGLang's knobs with its defaults (flags ``--prefill-delayer-*``)."""
 
-    max_running_requests: int
-    max_delay_passes: int = 30
-    token_usage_low_watermark: float | None = None
-    queue_min_ratio: float | None = None
-    max_delay_ms: float = 5000.0
-    prefill_max_requests: int | None = None
+    max_delay_passes: int = field(
+        default=30, metadata={"help": "sglang-delayer: forward passes a prefill may be delayed"}
+    )
+    token_usage_low_watermark: float | None = field(
+        default=None,
+        metadata={
+            "help": "sglang-delayer: allow at once if a prefillable rank's KV usage is below "
+            "this (0..1)"
+        },
+    )
+    queue_min_ratio: float | None = field(
+        default=None,
+        metadata={
+            "help": "sglang-delayer: also delay while the queue is below running x this ratio"
+        },
+    )
+    max_delay_ms: float = field(
+        default=5000.0,
+        metadata={"help": "sglang-delayer: the queue condition gives up after this long"},
+    )
+    prefill_max_requests: int | None = field(
+        default=None,
+        metadata={
+            "help": "sglang-delayer: cap of the queue threshold (unset = the max prefill "
+            "batch seen)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.max_delay_passes < 1:
@@ -70,8 +92,9 @@ class SGLangDelayer:
 
     extra_columns: tuple[str, ...] = COLUMNS
 
-    def __init__(self, config: SGLangDelayerConfig) -> None:
+    def __init__(self, config: SGLangDelayerConfig, max_running_requests: int) -> None:
         self.config = config
+        self.max_running_requests = max_running_requests  # SGLang's per-rank MRR
         self.state: tuple[int, float] | None = None  # (delayed passes, start ms)
         self.skip_first = True
         # outcomes_total{input_estimation, output_allow, output_reason, actual_execution}
@@ -100,7 +123,7 @@ class SGLangDelayer:
         run = max(e[_RUN] for e in extras)
         mp = max(e[_MP] for e in extras)
         wq = max(e[_WAIT] for e in extras)
-        slot = cfg.max_running_requests - run < mp
+        slot = self.max_running_requests - run < mp
         queue = False
         if cfg.queue_min_ratio is not None and run > 0:
             qmin = min(int(run * cfg.queue_min_ratio), cfg.prefill_max_requests or mp)
@@ -131,9 +154,22 @@ class SGLangDelayer:
         self._pending = (estimation, True, reason)
         return _ALLOW[reason]
 
-    def observe(self, rows: Sequence[RankRow]) -> None:
+    def observe(self, rows: Sequence[RankRow], view: RoundView) -> None:
         """Count the outcome with whether prefill actually ran (``actual_execution``)."""
         if self._pending is not None:
-            executed = any(row.num_extends > 0 for row in rows)
+            executed = view.any_extend
             self.outcomes[(*self._pending, executed)] += 1
             self._pending = None
+
+
+def _build(config: SGLangDelayerConfig, ctx: PolicyContext) -> SGLangDelayer:
+    return SGLangDelayer(config, ctx.max_batch_size)
+
+
+POLICY = PolicySpec(
+    name="sglang-delayer",
+    summary="SGLang's PrefillDelayer: prefillable, KV usage, running, queues of all ranks",
+    config=SGLangDelayerConfig,
+    build=_build,
+    flag_prefix="prefill_delayer_",
+)

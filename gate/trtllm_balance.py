@@ -11,11 +11,12 @@ round from those rows, so every rank agrees; the reaction is one round later tha
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from gate.group_gate import GateVote
-from gate.rows import RankRow
+from gate.rows import RankRow, RoundView
+from gate.spec import PolicyContext, PolicySpec
+from gate.vote import GateVote
 
 COLUMNS = ("ctx_requests", "gen_requests")
 
@@ -25,11 +26,16 @@ _HOLD = GateVote(False, None, reason="hold")
 
 @dataclass(frozen=True)
 class TrtllmBalanceConfig:
-    """TRT-LLM's knobs with its defaults; ``max_batch_size`` is the per-rank batch limit."""
+    """TRT-LLM's knobs with its defaults (flags ``--attention-dp-*``)."""
 
-    max_batch_size: int
-    timeout_iters: int = 50
-    batching_wait_iters: int = 10
+    timeout_iters: int = field(
+        default=50,
+        metadata={"help": "trtllm-balance: rounds context requests may wait for every rank"},
+    )
+    batching_wait_iters: int = field(
+        default=10,
+        metadata={"help": "trtllm-balance: rounds to gather context when all ranks have some"},
+    )
 
     def __post_init__(self) -> None:
         if self.timeout_iters < 1:
@@ -45,8 +51,9 @@ class TrtllmBalance:
 
     extra_columns: tuple[str, ...] = COLUMNS
 
-    def __init__(self, config: TrtllmBalanceConfig) -> None:
+    def __init__(self, config: TrtllmBalanceConfig, max_batch_size: int) -> None:
         self.config = config
+        self.max_batch_size = max_batch_size  # the per-rank batch limit
         self.wait_cnt = 0
         self.batch_cnt = 0
 
@@ -55,7 +62,7 @@ class TrtllmBalance:
         cfg = self.config
         ctx = [row.extras[0] for row in rows]
         gen = [row.extras[1] for row in rows]
-        free = all(g < cfg.max_batch_size for g in gen)
+        free = all(g < self.max_batch_size for g in gen)
         all_ctx = all(c > 0 for c in ctx)
         all_gen = all(g > 0 for g in gen)
         release = True
@@ -75,6 +82,19 @@ class TrtllmBalance:
                 release = True
         return _RELEASE if release else _HOLD
 
-    def observe(self, rows: Sequence[RankRow]) -> None:
+    def observe(self, rows: Sequence[RankRow], view: RoundView) -> None:
         """The counters move at decision time; nothing to learn after the gather."""
         return None
+
+
+def _build(config: TrtllmBalanceConfig, ctx: PolicyContext) -> TrtllmBalance:
+    return TrtllmBalance(config, ctx.max_batch_size)
+
+
+POLICY = PolicySpec(
+    name="trtllm-balance",
+    summary="TensorRT-LLM's attention-DP balance: context/generation counts of all ranks",
+    config=TrtllmBalanceConfig,
+    build=_build,
+    flag_prefix="attention_dp_",
+)

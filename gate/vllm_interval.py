@@ -14,12 +14,33 @@ uses. The rank's waiting-queue length after admission comes from its own publish
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from gate.group_gate import GateVote
-from gate.rows import RankRow
+from gate.rows import RankRow, RoundView
+from gate.spec import PolicyContext, PolicySpec
+from gate.vote import GateVote
 
 COLUMNS = ("waiting",)
+
+
+@dataclass(frozen=True)
+class VllmIntervalConfig:
+    interval: int = field(
+        default=1,
+        metadata={
+            "flag": "prefill_schedule_interval",
+            "help": "vllm-interval: admit fresh prefill on every N-th step only (1 = off); "
+            "simulate defaults to 2, the setting of vLLM's PR",
+            "sim_default": 2,
+        },
+    )
+
+    def __post_init__(self) -> None:
+        value = self.interval
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"--prefill-schedule-interval must be an integer >= 1, got {value!r}")
+
 
 _ADMIT = GateVote(True, None, reason="admit")
 _DEFER = GateVote(False, None, reason="defer")
@@ -52,11 +73,23 @@ class VllmInterval:
         self._deferred = throttle and not self.capacity_bound and decoding
         return _DEFER if self._deferred else _ADMIT
 
-    def observe(self, rows: Sequence[RankRow]) -> None:
+    def observe(self, rows: Sequence[RankRow], view: RoundView) -> None:
         """Saturation guard from this rank's row, then advance (or reset) the shared clock."""
         if not self._deferred:
             self.capacity_bound = rows[self.rank].extras[0] > 0
-        if all(row.is_idle for row in rows):
+        if view.all_idle:
             self.step_counter = 0  # the wave ended: the next one starts aligned
         else:
             self.step_counter += 1
+
+
+def _build(config: VllmIntervalConfig, ctx: PolicyContext) -> VllmInterval:
+    return VllmInterval(config.interval, ctx.rank)
+
+
+POLICY = PolicySpec(
+    name="vllm-interval",
+    summary="vLLM's --prefill-schedule-interval: a shared step clock, plus the rank's own state",
+    config=VllmIntervalConfig,
+    build=_build,
+)

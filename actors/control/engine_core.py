@@ -9,7 +9,6 @@ scheduler itself is only ever touched by one thread.
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 
@@ -17,16 +16,19 @@ from actors.control.executor import Executor
 from actors.control.gather import Gather, SingleRankGather
 from actors.control.rank_loop import RankLoop, RoundOutcome
 from actors.control.request import Request
-from actors.control.scheduler import Scheduler, TokenEvent
-from actors.policy_args import build_policy_for
+from actors.control.round import TokenEvent
+from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
-from gate import RankRow
 
 EventSink = Callable[[TokenEvent], None]
 
 
 class EngineCore:
-    """Scheduler + policy + executor of one rank, stepped one round at a time."""
+    """Scheduler + policy + executor of one rank, stepped one round at a time.
+
+    ``args`` is already validated (a ``ServerArgs`` always is); the context length is its
+    ``max_model_len``, the same number the ingress checks prompts against.
+    """
 
     def __init__(
         self,
@@ -34,33 +36,28 @@ class EngineCore:
         executor: Executor,
         rank: int = 0,
         gather: Gather | None = None,
-        max_model_len: int | None = None,
         on_event: EventSink | None = None,
     ) -> None:
-        args.validate()
         self.args = args
         self.rank = rank
-        self.scheduler = Scheduler(args, max_model_len)
-        policy = build_policy_for(args, rank)
+        self.scheduler = Scheduler(args)
         self.loop = RankLoop(
-            self.scheduler, policy, executor, args.dp_size, gather or SingleRankGather()
+            self.scheduler,
+            args.build_policy(rank),
+            executor,
+            args.dp_size,
+            gather or SingleRankGather(),
         )
         self.on_event = on_event
         # Executors that park retracted KV off-device (the model runner) free it on abort.
         self._drop_parked = getattr(executor, "drop_parked", None)
         self._intake: deque[Request] = deque()
         self._lock = threading.Lock()
-        self.last_outcome: RoundOutcome | None = None
-        self.last_parts: dict[str, float] = {}
 
     def submit(self, request: Request) -> None:
-        """Queue a request for the next round (any thread). Validation errors raise here."""
-        limit = self.scheduler.max_model_len
-        if limit is not None and request.num_prompt_tokens + 1 > limit:
-            raise ValueError(
-                f"prompt of {request.num_prompt_tokens} tokens does not fit the context "
-                f"length {limit}"
-            )
+        """Queue a request for the next round (any thread); refuses, at once, a prompt that
+        could never run on this rank (the ingress answers those with a 400 before)."""
+        self.scheduler.check_fits(request)
         with self._lock:
             self._intake.append(request)
 
@@ -83,27 +80,12 @@ class EngineCore:
         return bool(self._intake) or self.scheduler.has_unfinished
 
     def step(self) -> RoundOutcome:
-        """Run one round (collectives included, if the gather has peers), timing its parts."""
+        """Take in queued requests, run one round (``RankLoop.step``), hand out its events."""
         with self._lock:
-            while self._intake:
-                self.scheduler.add_request(self._intake.popleft())
-        loop = self.loop
-        t0 = time.perf_counter()
-        row = loop.begin()
-        t1 = time.perf_counter()
-        packed = loop.gather.all_gather(row.pack())
-        t2 = time.perf_counter()
-        outcome = loop.finish([RankRow.unpack(p) for p in packed])
-        t3 = time.perf_counter()
-        forward = outcome.result.cost_s
-        # schedule = vote + plan + probe; finish = observe + forward + update, less the forward.
-        self.last_parts = {
-            "schedule": t1 - t0,
-            "gather": t2 - t1,
-            "forward": forward,
-            "finish": max(0.0, t3 - t2 - forward),
-        }
-        self.last_outcome = outcome
+            intake, self._intake = self._intake, deque()
+        for request in intake:
+            self.scheduler.add_request(request)
+        outcome = self.loop.step()
         parked = self.scheduler.aborted_parked_ids
         while parked:
             request_id = parked.pop()

@@ -1,17 +1,18 @@
-"""One rank's round, in the order the design fixes.
+"""One rank's round, top to bottom in the order the design fixes.
 
     probe   = scheduler.probe()                             # fresh local read
     vote    = policy.vote(rows gathered last round, probe)   # identical on every rank
-    allow   = vote.permission if probe.wants_prefill else hold
-    plan    = scheduler.plan(allow)
+    plan    = scheduler.plan(vote.permission if probe.wants_prefill else hold)
     probe   = scheduler.publish_probe()                     # once, after the plan
     rows    = all_gather(plan summary + probe + policy's extra columns)   # the only collective
-    policy.observe(rows)
+    view    = read_rows(rows)                               # the round's one reading
+    policy.observe(rows, view)
     forward(plan) unless every rank is idle
     scheduler.update(plan, result)
 
-The round is split at the gather (``begin`` / ``finish``) so an in-process driver can run many
-ranks in one thread; ``step`` joins the halves around a real ``Gather``.
+``step`` runs exactly that around a real ``Gather`` and times its parts. An in-process driver
+(the simulator) runs many ranks in one thread, so the same round is also offered split at the
+gather: ``begin`` (vote, plan, probe) and ``finish`` (observe, forward, update).
 """
 
 from __future__ import annotations
@@ -23,15 +24,16 @@ from dataclasses import dataclass, field
 from actors.control.columns import column_reader
 from actors.control.executor import Executor
 from actors.control.gather import Gather
-from actors.control.round import RoundPlan, RoundResult
-from actors.control.scheduler import Probe, Scheduler, TokenEvent
-from gate import GateVote, RankRow
+from actors.control.round import Probe, RoundPlan, RoundResult, TokenEvent
+from actors.control.scheduler import Scheduler
+from gate import GateVote, RankRow, RoundView, read_rows
 from gate.permission import HOLD_ALL
 from gate.policy import PrefillPolicy
 
 # What an empty rank's probe always says.
 IDLE_PROBE = Probe(False, False)
-# Distinct rows a loop remembers for reuse (rows are immutable and repeat round after round).
+# Distinct rows a loop remembers for reuse: rows repeat round after round, and building one
+# costs more than the lookup (bench_control_plane: about 1 us of the ~90 us rank-round).
 _ROW_CACHE_SIZE = 4096
 
 
@@ -40,15 +42,33 @@ class RoundOutcome:
     """What happened on this rank this round (for streaming, stats and the simulator)."""
 
     vote: GateVote
-    allow_prefill: bool
     plan: RoundPlan
     rows: list[RankRow]
+    view: RoundView
     result: RoundResult
     events: list[TokenEvent] = field(default_factory=list)
 
+
+@dataclass(slots=True)
+class RoundParts:
+    """Seconds spent in each part of the last ``step`` (the forward as the executor saw it)."""
+
+    schedule: float = 0.0  # vote + plan + probe
+    gather: float = 0.0
+    forward: float = 0.0
+    finish: float = 0.0  # observe + update, less the forward
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "schedule": self.schedule,
+            "gather": self.gather,
+            "forward": self.forward,
+            "finish": self.finish,
+        }
+
     @property
-    def group_idle(self) -> bool:
-        return all(row.is_idle for row in self.rows)
+    def total(self) -> float:
+        return self.schedule + self.gather + self.forward + self.finish
 
 
 class RankLoop:
@@ -72,17 +92,35 @@ class RankLoop:
         self.executor = executor
         self.gather = gather
         self.clock = clock
-        extra_columns = tuple(getattr(policy, "extra_columns", ()))
+        extra_columns = tuple(policy.extra_columns)
         self._read_columns = column_reader(extra_columns) if extra_columns else None
         # Before the first gather there are no rows: treat every rank as idle, which makes
         # round 0 an ALL point that opens for a prompt arriving at an idle group.
         self.idle_rows: list[RankRow] = [
             RankRow(0, 0, 0, False, False, (0,) * len(extra_columns))
         ] * dp_size
+        self.idle_view = read_rows(self.idle_rows)
         self.last_rows: list[RankRow] = self.idle_rows
+        self.parts = RoundParts()
         self._vote: GateVote | None = None
         self._plan: RoundPlan | None = None
         self._rows: dict[tuple, RankRow] = {}
+
+    def step(self) -> RoundOutcome:
+        """One full round around this rank's ``Gather``, with its parts timed."""
+        if self.gather is None:
+            raise RuntimeError("step() needs a gather; use begin()/finish() from a driver")
+        t0 = time.perf_counter()
+        row = self.begin()
+        t1 = time.perf_counter()
+        rows = [RankRow.unpack(p) for p in self.gather.all_gather(row.pack())]
+        t2 = time.perf_counter()
+        outcome = self.finish(rows)
+        t3 = time.perf_counter()
+        parts, forward = self.parts, outcome.result.cost_s
+        parts.schedule, parts.gather, parts.forward = t1 - t0, t2 - t1, forward
+        parts.finish = max(0.0, t3 - t2 - forward)
+        return outcome
 
     def begin(self) -> RankRow:
         """Vote, plan and probe; returns the row this rank contributes to the gather."""
@@ -115,23 +153,24 @@ class RankLoop:
             row = self._rows[key] = RankRow(*key)
         return row
 
-    def finish(self, rows: Sequence[RankRow]) -> RoundOutcome:
-        """Observe the gathered rows, run the forward and update the scheduler."""
+    def finish(self, rows: Sequence[RankRow], view: RoundView | None = None) -> RoundOutcome:
+        """Observe the gathered rows, run the forward and update the scheduler.
+
+        ``view`` is the rows' reading when the caller already has it (the simulator reads a
+        round's rows once for all its ranks).
+        """
         vote, plan = self._vote, self._plan
         if vote is None or plan is None:
             raise RuntimeError("finish() called without begin()")
         rows = list(rows)
-        self.policy.observe(rows)
-        for row in rows:
-            if row.batch_size or row.num_tokens:
-                result = self.executor.execute(plan, rows)
-                break
-        else:
-            result = RoundResult()
+        if view is None:
+            view = read_rows(rows)
+        self.policy.observe(rows, view)
+        result = RoundResult() if view.all_idle else self.executor.execute(plan, rows, view)
         events = self.scheduler.update(plan, result)
         self.last_rows = rows
         self._vote = self._plan = None
-        return RoundOutcome(vote, plan.allow_prefill, plan, rows, result, events)
+        return RoundOutcome(vote, plan, rows, view, result, events)
 
     def observe_idle(self) -> None:
         """Stand in for the idle rounds a group runs while no rank has anything to do.
@@ -140,13 +179,5 @@ class RankLoop:
         a driver that skips that time (the simulator jumps its clock) calls this once instead,
         so the policy's state after the gap is what the engine's would be.
         """
-        self.policy.observe(self.idle_rows)
+        self.policy.observe(self.idle_rows, self.idle_view)
         self.last_rows = self.idle_rows
-
-    def step(self) -> RoundOutcome:
-        """One full round around this rank's ``Gather``."""
-        if self.gather is None:
-            raise RuntimeError("step() needs a gather; use begin()/finish() from a driver")
-        row = self.begin()
-        packed = self.gather.all_gather(row.pack())
-        return self.finish([RankRow.unpack(p) for p in packed])

@@ -58,8 +58,6 @@ class RoundPlan:
     # Retracted requests brought back into fresh pages: the executor restores their KV
     # (a cache operation, no prefill tokens).
     readmitted: list[Request] = field(default_factory=list)
-    # Whether the policy let this rank plan any prefill this round (new prompts or chunks).
-    allow_prefill: bool = False
     # What exactly the policy allowed: new prompts, resident chunks, both or neither.
     permission: Permission = HOLD_ALL
     # (len(chunks), extends, prefill tokens, all tokens) from the last count. The counts are
@@ -127,3 +125,26 @@ class RoundResult:
     # Wall or simulated seconds the forward took (the simulator's clock advances by the
     # group's max of these plus overheads).
     cost_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """The two booleans a rank publishes to the gate each round."""
+
+    wants_prefill: bool
+    has_decode_work: bool
+
+
+# The four possible probes, built once: the probe is taken twice per rank per round.
+PROBES = {(w, d): Probe(w, d) for w in (False, True) for d in (False, True)}
+
+
+class TokenEvent(NamedTuple):
+    """A token appended to a request (``token_id`` None for a finish without a token).
+
+    A named tuple: one is built per generated token, so construction cost matters.
+    """
+
+    request: Request
+    token_id: int | None
+    finished: bool

@@ -13,14 +13,20 @@ left for later rounds.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-from typing import NamedTuple
+from types import EllipsisType
 
 from actors.control.kv_pool import KVPool
 from actors.control.request import Request, RequestStatus
-from actors.control.round import RoundPlan, RoundResult, ScheduledChunk
+from actors.control.round import (
+    PROBES,
+    Probe,
+    RoundPlan,
+    RoundResult,
+    ScheduledChunk,
+    TokenEvent,
+)
 from actors.server_args import ServerArgs
-from gate.permission import ALLOW_ALL, HOLD_ALL, Permission
+from gate.permission import ALLOW_ALL, Permission
 
 PREFILL_WATERMARK = 0.9
 # Prefill batch sizes remembered for SGLang's ``max_prefill_bs`` column (its window length).
@@ -30,37 +36,16 @@ _DECODING = RequestStatus.DECODING
 _LOADING = RequestStatus.LOADING
 
 
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """The two booleans a rank publishes to the gate each round."""
-
-    wants_prefill: bool
-    has_decode_work: bool
-
-
-# The four possible probes, built once: the probe is taken twice per rank per round.
-_PROBES = {(w, d): Probe(w, d) for w in (False, True) for d in (False, True)}
-
-
-class TokenEvent(NamedTuple):
-    """A token appended to a request (``token_id`` None for a finish without a token).
-
-    A named tuple: one is built per generated token, so construction cost matters.
-    """
-
-    request: Request
-    token_id: int | None
-    finished: bool
-
-
 class Scheduler:
     """Plans one rank's rounds: readmission, decodes, and (if the gate allows) prefill."""
 
-    def __init__(self, args: ServerArgs, max_model_len: int | None = None) -> None:
+    def __init__(self, args: ServerArgs, max_model_len: int | EllipsisType | None = ...) -> None:
         self.args = args
         self.pool = KVPool(args.num_kv_pages, args.page_size)
         self.max_batch_size = args.max_batch_size
-        self.max_model_len = max_model_len or args.max_model_len
+        # The context length is ``args.max_model_len`` (resolved once against the model). The
+        # simulator runs no model and passes None: then only the pool bounds a sequence.
+        self.max_model_len = args.max_model_len if max_model_len is ... else max_model_len
         # No sequence may outgrow the rank's whole pool: past that length a lone request is
         # retracted and can never be readmitted (it would wait forever), so it finishes with
         # "length" there, as it would at the context length.
@@ -92,10 +77,9 @@ class Scheduler:
 
     # ---- intake --------------------------------------------------------------------------
 
-    def add_request(self, request: Request, loading: bool = False) -> None:
-        """Queue a new prompt; refuses prompts that could never run on this rank."""
-        if request.request_id in self.requests:
-            raise ValueError(f"duplicate request id {request.request_id!r}")
+    def check_fits(self, request: Request) -> None:
+        """Refuse a prompt that could never run on this rank (reads only fixed limits, so any
+        thread may call it)."""
         need = request.num_prompt_tokens + 1
         if self.max_model_len is not None and need > self.max_model_len:
             raise ValueError(
@@ -107,6 +91,12 @@ class Scheduler:
                 f"prompt of {request.num_prompt_tokens} tokens needs more KV pages than the "
                 f"rank has ({self.pool.num_pages} x {self.pool.page_size} tokens)"
             )
+
+    def add_request(self, request: Request, loading: bool = False) -> None:
+        """Queue a new prompt; refuses duplicates and prompts that could never run here."""
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self.check_fits(request)
         request.status = RequestStatus.LOADING if loading else RequestStatus.WAITING
         request.arrival_round = self.round
         self.requests[request.request_id] = request
@@ -131,7 +121,7 @@ class Scheduler:
         """What this rank publishes: prefill backlog (under the watermark rule), decode work."""
         num_partial = len(self._partial)
         new_work = bool(self.waiting) and self.pool.occupancy <= PREFILL_WATERMARK
-        return _PROBES[num_partial > 0 or new_work, len(self.running) > num_partial]
+        return PROBES[num_partial > 0 or new_work, len(self.running) > num_partial]
 
     def publish_probe(self) -> Probe:
         """The probe taken once per round after the plan, the one the gather carries.
@@ -176,22 +166,14 @@ class Scheduler:
 
     # ---- the plan ------------------------------------------------------------------------
 
-    def plan(self, allow_prefill: bool | Permission) -> RoundPlan:
-        """Choose this round's work under the policy's permission.
-
-        ``True``/``False`` allow or hold all prefill (the gate's semantics: ``False`` holds
-        resident chunks too). A ``Permission`` separates new prompts from resident chunks.
-        """
-        permission = (
-            allow_prefill
-            if isinstance(allow_prefill, Permission)
-            else (ALLOW_ALL if allow_prefill else HOLD_ALL)
-        )
+    def plan(self, permission: Permission) -> RoundPlan:
+        """Choose this round's work under the policy's permission (new prompts, resident
+        chunks, both or neither: ``vote.permission``)."""
         allow = permission.allow_new or permission.allow_chunks
         self.round += 1
         if self._pending_aborts:
             self._apply_aborts()
-        plan = RoundPlan(allow_prefill=allow, permission=permission)
+        plan = RoundPlan(permission=permission)
         if self.retracted:
             self._readmit(plan)
         if not self.running and not self.waiting:

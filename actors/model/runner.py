@@ -19,7 +19,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from actors.control.executor import is_low_latency
 from actors.control.request import Request
 from actors.control.round import RoundPlan, RoundResult
 from actors.model.config import resolve_model_config
@@ -28,7 +27,7 @@ from actors.model.llama import build_model
 from actors.model.sampling import sample_tokens
 from actors.model.weights import open_source
 from actors.server_args import ServerArgs
-from gate import RankRow
+from gate import RankRow, RoundView, read_rows
 from kernels.attention import PagedKVCache, build_attention_batch, select_attention_backend
 from kernels.moe import ExpertPlacement, select_moe_backend
 
@@ -52,18 +51,12 @@ class ModelRunner:
     """
 
     def __init__(self, args: ServerArgs, rank: int = 0, group: Any = None) -> None:
-        args.validate()
         self.args = args
         self.rank = rank
         self.device = resolve_device(args.device)
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.config = config = resolve_model_config(args.model)
-        self.max_model_len = args.max_model_len or config.max_position
-        if self.max_model_len > config.max_position:
-            raise ValueError(
-                f"--max-model-len {self.max_model_len} exceeds the model's "
-                f"max_position_embeddings ({config.max_position})"
-            )
+        self.max_model_len = args.max_model_len  # resolved against the model by ServerArgs
         world = _group_world(args.dp_size, rank, group) if config.is_moe else 1
         self.placement = ExpertPlacement(
             max(config.num_experts, 1), world, rank if world > 1 else 0
@@ -111,12 +104,17 @@ class ModelRunner:
 
     # -- Executor ---------------------------------------------------------------------------
 
-    def execute(self, plan: RoundPlan, rows: Sequence[RankRow] = ()) -> RoundResult:
-        """Run one round; ``rows`` (the group's gather) choose the MoE legs."""
+    def execute(
+        self, plan: RoundPlan, rows: Sequence[RankRow] = (), view: RoundView | None = None
+    ) -> RoundResult:
+        """Run one round; the group's gather (``view``, else read from ``rows``; alone, the
+        plan itself) chooses the MoE legs."""
         started = time.perf_counter()
         self.park(plan.retracted)
         self.restore(plan.readmitted)
-        low_latency = is_low_latency(rows) if rows else plan.num_extends == 0
+        if view is None:
+            view = read_rows(rows) if rows else None
+        low_latency = view.low_latency if view is not None else plan.num_extends == 0
         sampled: dict[str, int] = {}
         if plan.chunks:
             logits = self.forward(plan, low_latency)

@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from actors.control.engine_core import EngineCore
-from actors.control.request import Request, SamplingParams
-from actors.control.scheduler import TokenEvent
+from actors.control.messages import GenerateChunk, GenerateRequest, RankTarget, Usage
+from actors.control.round import TokenEvent
 from actors.server_args import ServerArgs
 from actors.telemetry import gate_log
 from actors.telemetry.gate_log import log_gate_window
@@ -46,7 +46,7 @@ class RankReplica:
 
         from actors.replica import rendezvous
 
-        self.args = ServerArgs(**args).validate()
+        self.args = ServerArgs(**args)  # validated here, once for this process
         _limit_threads()
         gang = serve.get_replica_context().gang_context
         if gang is None:
@@ -57,7 +57,7 @@ class RankReplica:
                 f"gang of {self.world_size} replicas but --dp-size {self.args.dp_size}"
             )
         timeout = self.args.collective_timeout_s
-        device = _device(self.args.device)
+        device = _device_type(self.args.device)
         backend = "nccl" if device == "cuda" else "gloo"
         if self.rank == 0:
             meeting = rendezvous.choose_meeting(self.gang_id, backend, _multinode_host())
@@ -91,8 +91,7 @@ class RankReplica:
             self.args,
             runner,
             rank=self.rank,
-            gather=TorchGather(device="cuda" if device == "cuda" else "cpu"),
-            max_model_len=runner.max_model_len,
+            gather=TorchGather(device=device),
             on_event=self._on_event,
         )
 
@@ -113,10 +112,10 @@ class RankReplica:
                 self.metrics.observe(
                     outcome,
                     self.core.scheduler,
-                    self.core.last_parts,
+                    self.core.loop.parts,
                     getattr(self.core.loop.policy, "rounds_since_prefill", None),
                 )
-                if outcome.group_idle and not self.core.has_local_work:
+                if outcome.view.all_idle and not self.core.has_local_work:
                     time.sleep(idle_sleep)
                     idle_sleep = min(idle_sleep * 2, IDLE_SLEEP_MAX_S)
                 else:
@@ -137,16 +136,12 @@ class RankReplica:
 
     # ---- Serve methods -------------------------------------------------------------------
 
-    async def generate(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Stream ``{"token_ids", "finish_reason"}`` chunks for one request."""
+    async def generate(self, message: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """Stream the request's new tokens, ``stream_interval`` or more per chunk."""
         if self._error is not None:
             raise self._error
-        request_id = str(payload["request_id"])
-        request = Request(
-            request_id,
-            [int(t) for t in payload["prompt_token_ids"]],
-            SamplingParams(**payload.get("sampling", {})),
-        )
+        request = message.to_request()
+        request_id = request.request_id
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
         finished = False
@@ -169,11 +164,8 @@ class RankReplica:
                     if item.finished:
                         finished, reason = True, item.request.finish_reason
                 if finished or len(tokens) >= self.args.stream_interval:
-                    yield {
-                        "token_ids": tokens,
-                        "finish_reason": reason,
-                        "num_prompt_tokens": request.num_prompt_tokens,
-                    }
+                    usage = Usage(request.num_prompt_tokens, request.num_output_tokens)
+                    yield GenerateChunk(tuple(tokens), reason, usage)
                     tokens = []
         finally:
             self._streams.pop(request_id, None)
@@ -181,11 +173,8 @@ class RankReplica:
                 # The caller went away (or the group failed): free the request's pages.
                 self.core.abort(request_id)
 
-    async def abort(self, request_id: str) -> None:
-        self.core.abort(request_id)
-
-    async def stats_snapshot(self, target: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Queue, pool and gate counters; ``target`` (``{"dp_rank": r}``) only steers routing."""
+    async def stats_snapshot(self, target: RankTarget | None = None) -> dict[str, Any]:
+        """Queue, pool and gate counters; ``target`` only steers routing."""
         sched = self.core.scheduler
         return {
             "dp_rank": self.rank,
@@ -202,7 +191,7 @@ class RankReplica:
             **self.stats.snapshot(),
         }
 
-    async def check_pool(self, target: dict[str, Any] | None = None) -> bool:
+    async def check_pool(self, target: RankTarget | None = None) -> bool:
         """Pool integrity (for tests and operators); raises ``AssertionError`` if broken."""
         self.core.scheduler.pool.check_integrity()
         return True
@@ -248,12 +237,11 @@ def _limit_threads() -> None:
     torch.set_num_threads(max(1, int(cpus)))
 
 
-def _device(name: str) -> str:
-    if name != "auto":
-        return name
-    import torch
+def _device_type(name: str) -> str:
+    """``cuda`` or ``cpu``: the device the runner will use (the backend follows from it)."""
+    from actors.model.runner import resolve_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return resolve_device(name).type
 
 
 def _multinode_host() -> str | None:

@@ -17,9 +17,9 @@ def gate_window_record(outcome: RoundOutcome, round_index: int, group: str) -> d
     when mixed batches are on), as the gathered rows carry them.
     """
     vote = outcome.vote
-    ranks = [i for i, row in enumerate(outcome.rows) if row.num_extends > 0]
-    if not (vote.open and ranks):
+    if not (vote.open and outcome.view.any_extend):
         return None
+    ranks = [i for i, row in enumerate(outcome.rows) if row.num_extends > 0]
     return {
         "event": "gate_window",
         "group": group,

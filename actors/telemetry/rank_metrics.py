@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from actors.control.rank_loop import RoundOutcome
+from actors.control.rank_loop import RoundOutcome, RoundParts
 from actors.control.scheduler import Scheduler
 from actors.telemetry.metrics import ROUND_PARTS, RankMetricSet
 
@@ -54,12 +54,11 @@ class RankMetrics:
         self,
         outcome: RoundOutcome,
         scheduler: Scheduler,
-        parts: dict[str, float],
+        parts: RoundParts,
         rounds_since_prefill: int | None,
     ) -> None:
-        rows = outcome.rows
-        busy = not outcome.group_idle
-        any_extend = any(row.num_extends for row in rows)
+        rows, view = outcome.rows, outcome.view
+        busy, any_extend = view.busy, view.any_extend
         if self.is_group_exporter:
             self._group_rounds.inc()
             if busy:
@@ -94,8 +93,8 @@ class RankMetrics:
             if event.finished:
                 self._arrivals.pop(event.request.request_id, None)
         if busy:
-            self._round_time.observe(sum(parts.values()))
-            for name, seconds in parts.items():
+            self._round_time.observe(parts.total)
+            for name, seconds in parts.as_dict().items():
                 self._parts[name].observe(seconds)
 
     def _count(self, scheduler: Scheduler) -> None:

@@ -15,8 +15,7 @@ class RankStats:
     rounds: int = 0
     busy_rounds: int = 0
     prefill_rounds: int = 0  # any rank of the group extended
-    decode_rounds: int = 0  # busy, and nobody extended
-    low_latency_rounds: int = 0
+    decode_rounds: int = 0  # busy, and nobody extended (also the DeepEP low-latency rounds)
     votes: dict[str, int] = field(default_factory=dict)  # "all:open", "any:closed", …
     local_prefill_rounds: int = 0  # this rank extended
     # (round index, point, open, this rank's extends) of recent rounds: every rank of a
@@ -32,14 +31,14 @@ class RankStats:
             key = f"{vote.point}:{'open' if vote.open else 'closed'}"
             self.votes[key] = self.votes.get(key, 0) + 1
         self.last_rows = [row.pack() for row in outcome.rows]
-        if outcome.group_idle:
+        view = outcome.view
+        if view.all_idle:
             return
         self.busy_rounds += 1
-        if any(row.num_extends for row in outcome.rows):
+        if view.any_extend:
             self.prefill_rounds += 1
         else:
             self.decode_rounds += 1
-            self.low_latency_rounds += 1
         if outcome.plan.num_extends:
             self.local_prefill_rounds += 1
 
@@ -49,7 +48,6 @@ class RankStats:
             "busy_rounds": self.busy_rounds,
             "prefill_rounds": self.prefill_rounds,
             "decode_rounds": self.decode_rounds,
-            "low_latency_rounds": self.low_latency_rounds,
             "local_prefill_rounds": self.local_prefill_rounds,
             "votes": dict(self.votes),
             "decisions": list(self.decisions),

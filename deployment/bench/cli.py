@@ -18,7 +18,7 @@ from typing import Any
 from deployment.bench.client import RequestResult, run_load
 from deployment.bench.report import format_table, summarize, write_plots
 from deployment.sim.workload import ARRIVALS, LENGTH_DISTS, Arrival, WorkloadSpec, generate
-from gate.policy import POLICIES
+from gate import registry
 
 LENGTH_PRESETS = {"short": (32, 32), "chat": (230, 200), "long-prompt": (900, 32)}
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "local.yaml"
@@ -61,7 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--compare",
         default=None,
-        help=f"restart the local deployment per policy: {','.join(POLICIES)}",
+        help=f"restart the local deployment per policy: {','.join(registry.names())}",
     )
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="for --compare")
     p.add_argument("--json", type=Path, default=None)
@@ -105,21 +105,16 @@ def workload(ns: argparse.Namespace) -> list[Arrival]:
 
 
 def policy_overrides(policy: str, base: dict[str, Any]) -> dict[str, Any]:
-    """Engine args that select ``policy`` on top of a config's args."""
-    gate = {
-        "prefill_attempt_interval": base.get("prefill_attempt_interval") or 4,
-        "prefill_any_attempt_interval": base.get("prefill_any_attempt_interval") or 16,
-    }
-    off = {"prefill_attempt_interval": None, "prefill_any_attempt_interval": None}
-    if policy == "roundgate":
-        return {**gate, "prefill_decode_interval": 0}
-    if policy == "none":
-        return {**off, "prefill_decode_interval": 0}
-    if policy == "local-interval":
-        return {**off, "prefill_decode_interval": base.get("prefill_decode_interval") or 4}
-    if policy in POLICIES:  # a peer policy with its own defaults
-        return {**off, "prefill_decode_interval": 0, "prefill_policy": policy}
-    raise ValueError(f"--compare: unknown policy {policy!r} (policies: {', '.join(POLICIES)})")
+    """Engine args that select ``policy`` on top of a config's args: every other policy's
+    flags unset, its own from the config or else simulate's defaults."""
+    if policy not in registry.names():
+        names = ", ".join(registry.names())
+        raise ValueError(f"--compare: unknown policy {policy!r} (policies: {names})")
+    overrides: dict[str, Any] = dict.fromkeys(registry.all_flags())
+    for flag in registry.get(policy).flags:
+        value = base.get(flag.name)
+        overrides[flag.name] = flag.sim_default if value is None else value
+    return {**overrides, "prefill_policy": policy}
 
 
 def _load(

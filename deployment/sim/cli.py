@@ -12,10 +12,10 @@ from deployment.sim.report import format_table, ratios_to, summarize, write_plot
 from deployment.sim.round_costs import PRESETS, RoundCosts
 from deployment.sim.simulator import GroupSimulator, SimResult
 from deployment.sim.workload import ARRIVALS, LENGTH_DISTS, ROUTERS, WORKLOADS, Router, generate
-from gate.policy import POLICIES
+from gate import registry
 
 # Kept importable from here: older callers and tests read these names from the CLI module.
-__all__ = ["COST_FLAGS", "POLICIES", "add_common_args", "add_parser", "run", "simulate_policy"]
+__all__ = ["COST_FLAGS", "add_common_args", "add_parser", "run", "simulate_policy"]
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
@@ -54,26 +54,17 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_policy_args(p: argparse.ArgumentParser) -> None:
-    """Every policy's own flags; each reaches only its own policy's run."""
+    """Every registered policy's own flags; each reaches only its own policy's run."""
     g = p.add_argument_group("policy")
-    g.add_argument("--policy", default="roundgate", help=f"one of {', '.join(POLICIES)}")
+    names = registry.names()
+    g.add_argument("--policy", default="roundgate", help=f"one of {', '.join(names)}")
     g.add_argument("--compare", default=None, help="comma-separated policies, or 'all'")
-    g.add_argument("--prefill-attempt-interval", type=int, default=4, help="roundgate")
-    g.add_argument("--prefill-any-attempt-interval", type=int, default=16, help="roundgate")
-    g.add_argument("--prefill-decode-interval", type=int, default=4, help="local-interval")
-    g.add_argument(
-        "--prefill-schedule-interval",
-        type=int,
-        default=2,
-        help="vllm-interval (vLLM's own default 1 means off; 2 is the setting of its PR)",
-    )
-    g.add_argument("--prefill-delayer-max-delay-passes", type=int, default=30)
-    g.add_argument("--prefill-delayer-token-usage-low-watermark", type=float, default=None)
-    g.add_argument("--prefill-delayer-queue-min-ratio", type=float, default=None)
-    g.add_argument("--prefill-delayer-max-delay-ms", type=float, default=5000.0)
-    g.add_argument("--prefill-delayer-prefill-max-requests", type=int, default=None)
-    g.add_argument("--attention-dp-timeout-iters", type=int, default=50, help="trtllm-balance")
-    g.add_argument("--attention-dp-batching-wait-iters", type=int, default=10)
+    for name in names:
+        for flag in registry.get(name).flags:
+            default = "required" if flag.sim_default is None and flag.required else flag.sim_default
+            g.add_argument(
+                flag.cli, type=flag.kind, default=None, help=f"{name}: {flag.help} ({default})"
+            )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

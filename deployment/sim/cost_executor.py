@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from actors.control.round import RoundPlan, RoundResult
 from deployment.sim.round_costs import RoundCosts
-from gate import RankRow
+from gate import RankRow, RoundView
 
 # The token every simulated sample returns; simulated requests stop on max_tokens only.
 SIM_TOKEN = 0
@@ -18,7 +18,7 @@ class CostExecutor:
     def __init__(self, costs: RoundCosts) -> None:
         self.costs = costs
 
-    def execute(self, plan: RoundPlan, rows: Sequence[RankRow]) -> RoundResult:
+    def execute(self, plan: RoundPlan, rows: Sequence[RankRow], view: RoundView) -> RoundResult:
         if not plan.chunks:
             return RoundResult()  # an idle forward: no samples, and it costs nothing of its own
         # ``chunk.samples`` inlined (a chunk samples iff it reaches the request's last token):

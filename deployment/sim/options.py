@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from actors.policy_args import POLICY_FIELDS
 from actors.server_args import ServerArgs
 from deployment.sim.round_costs import RoundCosts, load_costs
 from deployment.sim.workload import WORKLOADS, Arrival, Router, WorkloadSpec
-from gate.policy import POLICIES
+from gate import registry
 
 COST_FLAGS = (
     "decode_base_ms",
@@ -26,12 +25,6 @@ COST_FLAGS = (
 )
 # Without --workload (or where it leaves them open), the lengths the simulator always used.
 BASE_LENGTHS = {"input_len": 1000, "output_len": 200, "length_dist": "fixed"}
-# Each policy's own simulate flags; only the selected policy's reach its ServerArgs.
-POLICY_FLAGS: dict[str, tuple[str, ...]] = {
-    "roundgate": ("prefill_attempt_interval", "prefill_any_attempt_interval"),
-    "local-interval": ("prefill_decode_interval",),
-    **POLICY_FIELDS,
-}
 
 
 @dataclass
@@ -87,22 +80,27 @@ def resolve_lengths(ns: argparse.Namespace) -> None:
 
 def policies_of(ns: argparse.Namespace) -> list[str]:
     """``--policy``, or the ``--compare`` list (``all`` = every policy)."""
+    known = registry.names()
     if ns.compare is None:
         names = [ns.policy]
     elif ns.compare == "all":
-        names = list(POLICIES)
+        names = list(known)
     else:
         names = [s.strip() for s in ns.compare.split(",")]
     for name in names:
-        if name not in POLICIES:
+        if name not in known:
             flag = "--policy" if ns.compare is None else "--compare"
-            raise ValueError(f"{flag}: unknown policy {name!r} (policies: {', '.join(POLICIES)})")
+            raise ValueError(f"{flag}: unknown policy {name!r} (policies: {', '.join(known)})")
     return names
 
 
 def server_args_for(ns: argparse.Namespace, policy: str, **overrides: Any) -> ServerArgs:
-    """The engine flags one policy runs with; the rest of the group config is shared."""
-    own = {name: getattr(ns, name) for name in POLICY_FLAGS.get(policy, ())}
+    """The engine flags one policy runs with (its own flags: given, else simulate's
+    defaults); the rest of the group config is shared."""
+    own = {}
+    for flag in registry.get(policy).flags:
+        value = getattr(ns, flag.name, None)
+        own[flag.name] = flag.sim_default if value is None else value
     return ServerArgs(
         dp_size=ns.dp_size,
         max_num_seqs=ns.max_num_seqs,
@@ -112,7 +110,7 @@ def server_args_for(ns: argparse.Namespace, policy: str, **overrides: Any) -> Se
         enable_mixed_prefill_decode=ns.enable_mixed_prefill_decode,
         prefill_policy=policy,
         **(own | overrides),
-    ).validate()
+    )
 
 
 def route_weights(ns: argparse.Namespace) -> list[int] | None:

@@ -16,11 +16,11 @@ from actors.control.rank_loop import RankLoop
 from actors.control.request import Request, SamplingParams
 from actors.control.round import RoundKind
 from actors.control.scheduler import Scheduler
-from actors.policy_args import build_policy_for
 from actors.server_args import ServerArgs
 from deployment.sim.cost_executor import CostExecutor
 from deployment.sim.round_costs import RoundCosts
 from deployment.sim.workload import Arrival, Router
+from gate import read_rows
 
 KIND_CODES = {RoundKind.IDLE: 0, RoundKind.DECODE: 1, RoundKind.PREFILL: 2, RoundKind.MIXED: 3}
 POINT_CODES = {None: 0, "all": 1, "any": 2}
@@ -84,7 +84,6 @@ class GroupSimulator:
         policy_name: str = "roundgate",
         keep_timeline: bool = True,
     ) -> None:
-        args.validate()
         self.args = args
         self.costs = costs
         self.router = router
@@ -93,8 +92,9 @@ class GroupSimulator:
         self.clock = 0.0
         self.loops = [
             RankLoop(
-                Scheduler(args),
-                build_policy_for(args, rank),
+                # No model behind the cost clock: only each rank's pool bounds a sequence.
+                Scheduler(args, max_model_len=None),
+                args.build_policy(rank),
                 CostExecutor(costs),
                 args.dp_size,
                 clock=self._now,
@@ -155,16 +155,10 @@ class GroupSimulator:
             if max_rounds is not None and rounds >= max_rounds:
                 break
             rows = [begin() for begin in begins]
-            outcomes = [finish(rows) for finish in finishes]
-            any_extend = False
-            is_busy = False
-            for row in rows:
-                if row.num_extends:
-                    any_extend = is_busy = True
-                    break
-                if row.batch_size or row.num_tokens:
-                    is_busy = True
-            if is_busy:
+            view = read_rows(rows)  # one reading for every rank of the round
+            outcomes = [finish(rows, view) for finish in finishes]
+            any_extend = view.any_extend
+            if not view.all_idle:
                 round_ms = group_ms([o.result.cost_s * 1000 for o in outcomes], any_extend)
                 busy += 1
                 if any_extend:

@@ -3,14 +3,12 @@
 ``ray.serve.schema.ServeDeploySchema`` ignores unknown keys, so ``num_replica:`` or
 ``import_pth:`` would deploy with the default silently. Here every key at every level is compared
 with the pydantic fields (and aliases) of the model that reads it, and the application ``args``
-(a free-form dict to Ray) are checked against what ``deployment.app:build_app`` takes: its own
-pydantic ``deployment.config.AppArgs`` when that module is present, else the engine's
-``ServerArgs`` fields plus the deployment keys below.
+(a free-form dict to Ray) are checked by what ``deployment.app:build_app`` validates them with,
+the pydantic ``deployment.config.AppArgs``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import types
 import typing
 from typing import Any
@@ -19,32 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from ray.serve.schema import ServeDeploySchema
 
-from actors.server_args import ServerArgs
-
-try:  # the deployment's own args model is the source of truth where it exists
-    from deployment.config import AppArgs
-except ImportError:  # pragma: no cover - depends on the deployment package's state
-    AppArgs = None
-
-DEPLOYMENT_KEYS = frozenset(
-    {
-        "num_groups",
-        "router",
-        "route_weights",
-        "host",
-        "port",
-        "api_key",
-        "model_name",
-        "num_cpus_per_rank",
-        "num_gpus_per_rank",
-        "max_ongoing_requests",
-        "max_request_bytes",
-        "ingress_replicas",
-    }
-)
-ROUTERS = ("round-robin", "least-loaded", "skewed")
-SERVER_ARG_KEYS = frozenset(f.name for f in dataclasses.fields(ServerArgs))
-APP_ARG_KEYS = SERVER_ARG_KEYS | DEPLOYMENT_KEYS
+from deployment.config import AppArgs  # the deployment's own args model decides
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
@@ -80,42 +53,14 @@ def unknown_keys(data: Any, model: type[BaseModel], path: str) -> list[str]:
 
 def check_app_args(args: dict[str, Any], path: str) -> list[str]:
     """Problems with one application's ``args`` for ``deployment.app:build_app``."""
-    if AppArgs is not None:
-        try:
-            AppArgs.model_validate(args)
-        except ValidationError as exc:
-            return [
-                f"{'.'.join([path, *(str(p) for p in err['loc'])])}: {err['msg']}"
-                for err in exc.errors()
-            ]
-        return []
-    return _check_app_args_fallback(args, path)
-
-
-def _check_app_args_fallback(args: dict[str, Any], path: str) -> list[str]:
-    """The same checks by hand, for a checkout without ``deployment.config``."""
-    problems = [f"{path}.{key}: unknown app arg" for key in args if key not in APP_ARG_KEYS]
-    engine = {key: value for key, value in args.items() if key in SERVER_ARG_KEYS}
     try:
-        ServerArgs(**engine).validate()
-    except (TypeError, ValueError) as exc:
-        problems.append(f"{path}: ServerArgs refuses these args: {exc}")
-    num_groups = args.get("num_groups", 1)
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
-        problems.append(f"{path}.num_groups: must be a positive integer, got {num_groups!r}")
-    router = args.get("router", "round-robin")
-    if router not in ROUTERS:
-        problems.append(f"{path}.router: must be one of {', '.join(ROUTERS)}, got {router!r}")
-    weights = args.get("route_weights")
-    if weights is not None:
-        if router != "skewed":
-            problems.append(f"{path}.route_weights: only used with router: skewed")
-        if not isinstance(weights, list) or not all(type(w) is int and w >= 0 for w in weights):
-            problems.append(f"{path}.route_weights: must be a list of non-negative integers")
-    port = args.get("port", 8000)
-    if type(port) is not int or not 0 < port < 65536:
-        problems.append(f"{path}.port: must be a TCP port, got {port!r}")
-    return problems
+        AppArgs.model_validate(args)
+    except ValidationError as exc:
+        return [
+            f"{'.'.join([path, *(str(p) for p in err['loc'])])}: {err['msg']}"
+            for err in exc.errors()
+        ]
+    return []
 
 
 def check_serve_config(text: str) -> list[str]:

@@ -1,0 +1,54 @@
+"""The messages between the ingress and a rank: one typed message each way.
+
+The ingress tokenizes, builds and validates ``SamplingParams`` once, and sends a
+``GenerateRequest``; the rank streams ``GenerateChunk``s back. Both are frozen dataclasses
+that Ray pickles as they are, so nothing is rebuilt from a dict on the other side, and the
+request id the client sees in logs and metrics is the one the scheduler holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from actors.control.request import Request, SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class RankTarget:
+    """Steers a call to one rank of a group (``dp_rank``); None lets the router choose."""
+
+    dp_rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """One sequence to generate: token ids in, sampling as validated at the ingress."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    dp_rank: int | None = None  # pin to one rank of the group (the routers read it)
+
+    def to_request(self) -> Request:
+        return Request(self.request_id, list(self.prompt_token_ids), self.sampling)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens of one sequence so far (the prompt counted once)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateChunk:
+    """New token ids since the last chunk; ``finish_reason`` is set on the last one."""
+
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+    usage: Usage

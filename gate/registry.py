@@ -1,0 +1,83 @@
+"""The prefill policies by name: one line per built-in policy module, plus ``register``.
+
+Everything that lists policies or their flags (``ServerArgs``, the serve config, the CLIs, the
+simulator) asks this module, so adding a policy is its own file plus one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from gate.policy import PrefillPolicy
+from gate.spec import Flag, PolicyContext, PolicySpec
+
+# Each module defines ``POLICY: PolicySpec``. Imported by name (not at the top) so the policy
+# modules may import the gate's shared parts without a cycle through this file.
+BUILTIN_MODULES = (
+    "gate.group_gate",
+    "gate.no_gate",
+    "gate.local_interval",
+    "gate.sglang_delayer",
+    "gate.vllm_interval",
+    "gate.trtllm_balance",
+)
+
+_SPECS: dict[str, PolicySpec] = {}
+
+
+def _load() -> dict[str, PolicySpec]:
+    if not _SPECS:
+        for module in BUILTIN_MODULES:
+            spec = importlib.import_module(module).POLICY
+            _SPECS[spec.name] = spec
+    return _SPECS
+
+
+def register(spec: PolicySpec) -> None:
+    """Add a policy (e.g. from a plugin or a test); its flags must not clash with others'."""
+    specs = _load()
+    taken = {flag.name: other.name for other in specs.values() for flag in other.flags}
+    for flag in spec.flags:
+        owner = taken.get(flag.name)
+        if owner is not None and owner != spec.name:
+            raise ValueError(f"policy {spec.name!r}: flag {flag.cli} already belongs to {owner!r}")
+    specs[spec.name] = spec
+
+
+def unregister(name: str) -> None:
+    _load().pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    """The ``--prefill-policy`` choices, built-ins first."""
+    return tuple(_load())
+
+
+def get(name: str) -> PolicySpec:
+    specs = _load()
+    if name not in specs:
+        raise ValueError(f"--prefill-policy must be one of {', '.join(specs)}, got {name!r}")
+    return specs[name]
+
+
+def all_flags() -> dict[str, tuple[Flag, str]]:
+    """Every policy flag by name, with the policy that owns it."""
+    return {flag.name: (flag, spec.name) for spec in _load().values() for flag in spec.flags}
+
+
+def implied_policy(given: Mapping[str, Any]) -> str:
+    """The policy a config names without ``--prefill-policy``: the one whose required flags
+    are given (the gate's intervals, or the local interval), else ``none``."""
+    for spec in _load().values():
+        required = [flag for flag in spec.flags if flag.required]
+        if required and any(flag.name in given for flag in required):
+            return spec.name
+    return "none"
+
+
+def build(name: str, given: Mapping[str, Any], ctx: PolicyContext) -> PrefillPolicy:
+    """The named policy for one rank, from the flags given (by flag name)."""
+    spec = get(name)
+    return spec.build(spec.make_config(given), ctx)
