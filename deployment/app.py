@@ -16,18 +16,11 @@ from ray.serve import Application
 from ray.serve.config import GangSchedulingConfig, RequestRouterConfig
 
 from actors.replica.rank_replica import RankReplica
+from deployment.choices import usage
 from deployment.config import AppArgs
-from deployment.ingress import (
-    APIError,
-    Ingress,
-    api,
-    http_request_id,
-    json_body,
-    read_json,
-    sse,
-    usage,
-)
-from deployment.protocol import ChatRequest, CompletionRequest, parse, render_chat
+from deployment.http_api import api, json_body, read_json, sse
+from deployment.ingress import Ingress, http_request_id
+from deployment.protocol import APIError, ChatRequest, CompletionRequest, parse, render_chat
 from deployment.request_metrics import exposition
 from deployment.routers import ROUTER_CLASSES
 

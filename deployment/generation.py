@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from actors.control.messages import GenerateChunk
+from actors.control.messages import GenerateChunk, Usage
 from actors.model.tokenizer import Tokenizer
 
 
@@ -22,6 +22,8 @@ class Choice:
     output_token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    # The rank's count as of its last chunk (None until one arrives).
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ async def run_choice(
     """Turn the rank's token chunks into text deltas; stops at the first stop string."""
     async for chunk in stream:
         choice.output_token_ids.extend(chunk.token_ids)
+        choice.usage = chunk.usage
         full = tokenizer.decode(choice.output_token_ids)
         reason = chunk.finish_reason
         cut = _first_stop(full, stop_strings)

@@ -1,93 +1,28 @@
-"""The OpenAI-compatible HTTP ingress (FastAPI behind ``@serve.ingress``).
+"""The ingress's state and request logic: checks, tokens in, one ``GenerateRequest`` per choice.
 
-Every client mistake is answered with a 4xx and an OpenAI-style error body; a failed DP group
-answers 503 with ``Retry-After`` while the gang restarts. The ingress tokenizes, forwards to
-the rank replicas through the configured router, and detokenizes.
+The routes (``deployment.app``) call into ``Ingress``: it checks the key, the model and the
+request against the one context length, builds ``SamplingParams`` once, forwards each choice
+to a rank through the configured router and detokenizes what streams back. A failed DP group
+answers 503 with ``Retry-After`` while the gang restarts.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi import Request
 
 from actors.control.messages import GenerateRequest
 from actors.control.request import SamplingParams
+from deployment.choices import merge
 from deployment.generation import Choice, Delta, run_choice
-from deployment.protocol import APIError, ChatRequest, CompletionRequest
+from deployment.protocol import APIError, CompletionRequest
 from deployment.request_metrics import RequestRecorder
 
 RETRY_AFTER_S = 5
-api = FastAPI(title="roundgate", version="0.1.0")
-BODY_MODELS = (CompletionRequest, ChatRequest)
-
-
-def json_body(model: type[BaseModel]) -> dict[str, Any]:
-    """``openapi_extra`` declaring ``model`` as a route's JSON body.
-
-    The routes read the raw body themselves (so every mistake gets an OpenAI-style 4xx, not
-    FastAPI's 422); this keeps the request schema in the OpenAPI document for clients and
-    fuzzers.
-    """
-    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
-
-
-def _openapi() -> dict[str, Any]:
-    """FastAPI's document plus the request models behind ``json_body`` references."""
-    if api.openapi_schema is None:
-        doc = get_openapi(title=api.title, version=api.version, routes=api.routes)
-        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in BODY_MODELS:
-            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            schemas.update(schema.pop("$defs", {}))
-            schemas[model.__name__] = schema
-        api.openapi_schema = doc
-    return api.openapi_schema
-
-
-api.openapi = _openapi  # type: ignore[method-assign]
-
-
-@api.exception_handler(APIError)
-async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-
-@api.exception_handler(StarletteHTTPException)
-async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """Unknown paths and wrong methods get the OpenAI error body too."""
-    message = f"{request.method} {request.url.path}: {exc.detail}"
-    return await _api_error(request, APIError(exc.status_code, message, headers=exc.headers))
-
-
-async def read_json(request: Request, max_bytes: int) -> Any:
-    """The body as JSON, or a 4xx naming what is wrong with it."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise APIError(413, f"request body exceeds {max_bytes} bytes", code="body_too_large")
-    raw = await request.body()
-    if len(raw) > max_bytes:
-        raise APIError(413, f"request body exceeds {max_bytes} bytes", code="body_too_large")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise APIError(400, f"request body is not UTF-8 (byte {exc.start})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise APIError(
-            400, f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
 
 
 class Ingress:
@@ -258,7 +193,7 @@ class Ingress:
         ]
         self.check_available()
         choices = [c for c, _ in plans]
-        return choices, _merge(
+        return choices, merge(
             [self._choice_stream(c, m, req.stop_strings, several) for c, m in plans]
         )
 
@@ -270,7 +205,7 @@ def _set_serve_request_id(request_id: str) -> None:
     Ray Serve 2.60's request router indexes pending requests by that id: two calls in flight
     at once from one HTTP request (one per prompt of a batched completion) can leave the
     second one never assigned to a replica, hanging the response. Each choice runs in a task
-    of its own (``_merge``), so setting the context var here touches only that choice, and
+    of its own (``merge``), so setting the context var here touches only that choice, and
     Serve's logs of the call show the choice's id.
     """
     from ray.serve.context import _set_request_context
@@ -289,54 +224,3 @@ def http_request_id() -> str:
     except ImportError:  # pragma: no cover - Serve is a dependency
         request_id = ""
     return request_id or uuid.uuid4().hex
-
-
-async def _merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[Delta]:
-    """Interleave several choices' deltas as they come."""
-    if len(streams) == 1:
-        async for item in streams[0]:
-            yield item
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def pump(stream: AsyncIterator[Delta]) -> None:
-        try:
-            async for item in stream:
-                await queue.put(item)
-        except BaseException as exc:
-            await queue.put(exc)
-        finally:
-            await queue.put(done)
-
-    tasks = [asyncio.create_task(pump(s)) for s in streams]
-    remaining = len(tasks)
-    try:
-        while remaining:
-            item = await queue.get()
-            if item is done:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item
-    finally:
-        for t in tasks:
-            t.cancel()
-
-
-def usage(choices: list[Choice]) -> dict[str, int]:
-    prompt = sum(len(c.prompt_token_ids) for c in choices)
-    completion = sum(len(c.output_token_ids) for c in choices)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-
-
-def sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
-
-
-__all__ = ["Ingress", "Response", "StreamingResponse", "api", "read_json"]

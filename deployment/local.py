@@ -39,10 +39,15 @@ def load_config(path: Path) -> dict[str, Any]:
     return cfg
 
 
-def start_local_cluster(num_cpus: int | None = None) -> None:
-    """``ray.init`` on loopback, without the dashboard (call before any other Ray use)."""
+def use_loopback_env() -> None:
+    """Keep every Ray socket on 127.0.0.1: must run before ``ray`` is first imported."""
     for key, value in LOOPBACK_ENV.items():
         os.environ.setdefault(key, value)
+
+
+def start_local_cluster(num_cpus: int | None = None) -> None:
+    """``ray.init`` on loopback, without the dashboard (call before any other Ray use)."""
+    use_loopback_env()
     import ray
 
     ray.init(
@@ -54,18 +59,30 @@ def start_local_cluster(num_cpus: int | None = None) -> None:
     )
 
 
-def deploy(cfg: dict[str, Any], overrides: dict[str, Any] | None = None, blocking: bool = False):
-    """Start Serve on the config's HTTP address and run its one application."""
-    from ray import serve
-
+def build(cfg: dict[str, Any], overrides: dict[str, Any] | None = None) -> Any:
+    """The config's application, its args validated (``build_app``); needs no cluster."""
     from deployment.app import build_app
+
+    return build_app({**cfg["applications"][0]["args"], **(overrides or {})})
+
+
+def deploy(
+    cfg: dict[str, Any],
+    overrides: dict[str, Any] | None = None,
+    blocking: bool = False,
+    app: Any = None,
+):
+    """Start Serve on the config's HTTP address and run its one application (``app``, when
+    already built, else built here)."""
+    from ray import serve
 
     http = cfg.get("http_options") or {}
     app_cfg = cfg["applications"][0]
+    if app is None:
+        app = build(cfg, overrides)
     serve.start(
         http_options={"host": http.get("host", "127.0.0.1"), "port": int(http.get("port", 8000))}
     )
-    app = build_app({**app_cfg["args"], **(overrides or {})})
     return serve.run(
         app,
         name=app_cfg.get("name", "roundgate"),
@@ -107,9 +124,8 @@ def shutdown(serve: Any, ray: Any, timeout_s: float = 20.0) -> None:
 
 def serve_forever(config: Path, overrides: dict[str, Any] | None = None) -> int:
     cfg = load_config(config)
-    from deployment.config import AppArgs
-
-    AppArgs.model_validate({**cfg["applications"][0]["args"], **(overrides or {})})
+    use_loopback_env()
+    app = build(cfg, overrides)  # every refusal before any cluster starts
     start_local_cluster()
     import ray
     from ray import serve
@@ -120,7 +136,7 @@ def serve_forever(config: Path, overrides: dict[str, Any] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
     try:
-        deploy(cfg, overrides)
+        deploy(cfg, app=app)
         http = cfg.get("http_options") or {}
         url = f"http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}"
         print(

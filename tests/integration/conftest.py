@@ -75,7 +75,9 @@ class Deployment:
         wait_ready(self.url)
 
     def rank_call(self, method: str, rank: int, timeout_s: float = 30.0) -> Any:
-        return getattr(self.ranks, method).remote({"dp_rank": rank}).result(timeout_s=timeout_s)
+        from actors.control.messages import RankTarget
+
+        return getattr(self.ranks, method).remote(RankTarget(rank)).result(timeout_s=timeout_s)
 
 
 @pytest.fixture(scope="session")

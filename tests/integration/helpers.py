@@ -74,13 +74,16 @@ def wait_until(predicate: Any, timeout_s: float = 30.0, interval_s: float = 0.2)
 
 def stream_tokens(ranks: Any, rank: int, prompt: list[int], max_tokens: int) -> list[int]:
     """Greedy tokens straight from one rank replica (no HTTP, no stop on EOS)."""
-    payload = {
-        "request_id": f"direct-{rank}-{time.monotonic_ns()}",
-        "prompt_token_ids": prompt,
-        "sampling": {"max_tokens": max_tokens, "temperature": 0.0},
-        "dp_rank": rank,
-    }
+    from actors.control.messages import GenerateRequest
+    from actors.control.request import SamplingParams
+
+    message = GenerateRequest(
+        f"direct-{rank}-{time.monotonic_ns()}",
+        tuple(prompt),
+        SamplingParams(max_tokens=max_tokens, temperature=0.0),
+        dp_rank=rank,
+    )
     out: list[int] = []
-    for chunk in ranks.options(stream=True).generate.remote(payload):
-        out.extend(chunk["token_ids"])
+    for chunk in ranks.options(stream=True).generate.remote(message):
+        out.extend(chunk.token_ids)
     return out

@@ -1,0 +1,86 @@
+"""The HTTP surface the ingress serves through: the FastAPI app, its OpenAPI document, the
+OpenAI error envelope for every refusal, and the JSON body reader.
+
+Every client mistake is answered with a 4xx and an OpenAI-style error body, unknown paths and
+wrong methods included.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from deployment.protocol import APIError, ChatRequest, CompletionRequest
+
+api = FastAPI(title="roundgate", version="0.1.0")
+BODY_MODELS = (CompletionRequest, ChatRequest)
+
+
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` declaring ``model`` as a route's JSON body.
+
+    The routes read the raw body themselves (so every mistake gets an OpenAI-style 4xx, not
+    FastAPI's 422); this keeps the request schema in the OpenAPI document for clients and
+    fuzzers.
+    """
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def _openapi() -> dict[str, Any]:
+    """FastAPI's document plus the request models behind ``json_body`` references."""
+    if api.openapi_schema is None:
+        doc = get_openapi(title=api.title, version=api.version, routes=api.routes)
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        for model in BODY_MODELS:
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[model.__name__] = schema
+        api.openapi_schema = doc
+    return api.openapi_schema
+
+
+api.openapi = _openapi  # type: ignore[method-assign]
+
+
+@api.exception_handler(APIError)
+async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Unknown paths and wrong methods get the OpenAI error body too."""
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return await _api_error(request, APIError(exc.status_code, message, headers=exc.headers))
+
+
+async def read_json(request: Request, max_bytes: int) -> Any:
+    """The body as JSON, or a 4xx naming what is wrong with it."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise APIError(413, f"request body exceeds {max_bytes} bytes", code="body_too_large")
+    raw = await request.body()
+    if len(raw) > max_bytes:
+        raise APIError(413, f"request body exceeds {max_bytes} bytes", code="body_too_large")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise APIError(400, f"request body is not UTF-8 (byte {exc.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise APIError(
+            400, f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+
+
+def sse(obj: Any) -> str:
+    """One server-sent event carrying ``obj`` as compact JSON."""
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"

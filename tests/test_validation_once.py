@@ -1,0 +1,105 @@
+"""``ServerArgs`` is validated once per process a deploy touches, and the context length is one
+number everywhere.
+
+A deploy builds the engine args in three kinds of process: the driver (``build_app``), each
+ingress replica and each rank replica. Each builds its ``ServerArgs`` once from the flat dict
+the driver binds, and nothing downstream (engine core, scheduler, runner, simulator) validates
+again.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from actors.control.engine_core import EngineCore
+from actors.control.messages import GenerateRequest
+from actors.control.request import SamplingParams
+from actors.server_args import ServerArgs
+from deployment.sim.cost_executor import CostExecutor
+from deployment.sim.round_costs import TOY
+
+APP_ARGS = {"dp_size": 2, "prefill_attempt_interval": 4, "prefill_any_attempt_interval": 16}
+
+
+@pytest.fixture
+def validations(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[ServerArgs]]:
+    seen: list[ServerArgs] = []
+    original = ServerArgs._validate
+
+    def counted(self: ServerArgs) -> None:
+        seen.append(self)
+        original(self)
+
+    monkeypatch.setattr(ServerArgs, "_validate", counted)
+    yield seen
+
+
+class FakeRanks:
+    def options(self, **_: Any) -> FakeRanks:
+        return self
+
+
+def test_build_app_validates_once(validations: list[ServerArgs]) -> None:
+    from deployment.app import build_app
+
+    app = build_app(dict(APP_ARGS))
+    assert len(validations) == 1
+    assert app is not None
+
+
+def test_the_ingress_validates_once(validations: list[ServerArgs]) -> None:
+    from deployment.config import AppArgs
+    from deployment.ingress import Ingress
+
+    bound = AppArgs.model_validate(dict(APP_ARGS)).model_dump()  # what build_app binds
+    validations.clear()
+    ingress = Ingress(FakeRanks(), bound)
+    assert len(validations) == 1
+    assert ingress.max_model_len == ingress.engine_args.max_model_len == 4096
+
+
+def test_a_rank_validates_once_and_the_engine_core_not_again(
+    validations: list[ServerArgs],
+) -> None:
+    bound = ServerArgs(**APP_ARGS).to_dict()  # the rank deployment's init arg
+    validations.clear()
+    args = ServerArgs(**bound)  # RankReplica.__init__
+    core = EngineCore(args, CostExecutor(TOY))
+    core.submit(GenerateRequest("r", (1, 2, 3), SamplingParams(max_tokens=2)).to_request())
+    core.step()
+    assert len(validations) == 1
+    assert core.scheduler.max_model_len == args.max_model_len
+
+
+def test_pickling_crosses_a_process_boundary_with_one_validation(
+    validations: list[ServerArgs],
+) -> None:
+    args = ServerArgs(**APP_ARGS)
+    validations.clear()
+    assert pickle.loads(pickle.dumps(args)) == args
+    assert len(validations) == 1
+
+
+def test_the_context_length_is_resolved_once_and_shared() -> None:
+    from deployment.config import AppArgs
+    from deployment.ingress import Ingress
+
+    args = ServerArgs(max_model_len=1000)
+    ingress = Ingress(FakeRanks(), AppArgs.model_validate({"max_model_len": 1000}).model_dump())
+    core = EngineCore(args, CostExecutor(TOY))
+    assert ingress.max_model_len == core.scheduler.max_model_len == 1000
+    with pytest.raises(ValueError, match=r"--max-model-len 5000 exceeds .*\(4096\)"):
+        ServerArgs(max_model_len=5000)
+
+
+def test_frozen() -> None:
+    import dataclasses
+
+    args = ServerArgs()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        args.dp_size = 2  # type: ignore[misc]
+    assert args.replace(dp_size=2, max_num_seqs=8).dp_size == 2 and args.dp_size == 1
