@@ -16,6 +16,7 @@ from actors.control.request import Request, RequestStatus, SamplingParams
 from actors.control.round import RoundPlan, ScheduledChunk
 from actors.model.runner import ModelRunner
 from actors.server_args import ServerArgs
+from gate.permission import ALLOW_ALL
 
 # Small enough for milliseconds per forward, big enough for GQA, several pages and experts.
 HF_SHAPE = {
@@ -104,7 +105,7 @@ def drive(
             chunk.request.status = (
                 RequestStatus.PREFILLING if chunk.is_prefill else RequestStatus.DECODING
             )
-        plan = RoundPlan(chunks=chunks, allow_prefill=True)
+        plan = RoundPlan(chunks=chunks, permission=ALLOW_ALL)
         apply_result(plan, runner.execute(plan).sampled)
 
 

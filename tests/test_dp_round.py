@@ -6,81 +6,48 @@ import threading
 from collections.abc import Sequence
 
 import pytest
+from builders import drive_round, make_args, make_loops, make_request
 
-from actors.control.executor import is_low_latency
 from actors.control.gather import SingleRankGather, ThreadGather
 from actors.control.rank_loop import RankLoop, RoundOutcome
-from actors.control.request import Request, SamplingParams
 from actors.control.round import RoundPlan, RoundResult
 from actors.control.scheduler import Scheduler
-from actors.server_args import ServerArgs
 from deployment.sim.cost_executor import CostExecutor
 from deployment.sim.round_costs import TOY
-from gate import GateVote, RankRow
-from gate.policy import make_policy
+from gate import GateVote, RankRow, RoundView, read_rows, registry
+from gate.permission import ALLOW_ALL, HOLD_ALL
 
 # --- builders ---------------------------------------------------------------------------------
-
-
-def make_args(dp_size: int = 2, gate: bool = True, **overrides) -> ServerArgs:
-    values = {
-        "dp_size": dp_size,
-        "max_num_seqs": 4 * dp_size,
-        "max_scheduled_tokens": 16,
-        "page_size": 4,
-        "num_kv_pages": 32,
-        "prefill_attempt_interval": 2 if gate else None,
-        "prefill_any_attempt_interval": 4 if gate else None,
-    }
-    return ServerArgs(**(values | overrides)).validate()
 
 
 class SpyExecutor:
     """Records every call, then prices the plan like the cost executor."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[RoundPlan, list[RankRow]]] = []
+        self.calls: list[tuple[RoundPlan, list[RankRow], RoundView]] = []
         self._inner = CostExecutor(TOY)
 
-    def execute(self, plan: RoundPlan, rows: Sequence[RankRow]) -> RoundResult:
-        self.calls.append((plan, list(rows)))
-        return self._inner.execute(plan, rows)
-
-
-def make_loops(args: ServerArgs, executors: Sequence | None = None, gather=None) -> list[RankLoop]:
-    return [
-        RankLoop(
-            Scheduler(args),
-            make_policy(args.prefill_delay, args.prefill_decode_interval, rank),
-            executors[rank] if executors else CostExecutor(TOY),
-            args.dp_size,
-            gather.for_rank(rank) if isinstance(gather, ThreadGather) else gather,
-        )
-        for rank in range(args.dp_size)
-    ]
-
-
-def make_request(request_id: str, prompt_len: int, max_tokens: int) -> Request:
-    return Request(request_id, [3] * prompt_len, SamplingParams(max_tokens=max_tokens))
-
-
-def drive_round(loops: Sequence[RankLoop]) -> list[RoundOutcome]:
-    """The in-process driver of the simulator: every rank's begin, then every rank's finish."""
-    rows = [loop.begin() for loop in loops]
-    return [loop.finish(rows) for loop in loops]
+    def execute(self, plan: RoundPlan, rows: Sequence[RankRow], view: RoundView) -> RoundResult:
+        self.calls.append((plan, list(rows), view))
+        return self._inner.execute(plan, rows, view)
 
 
 def summary(outcome: RoundOutcome) -> tuple:
-    """An outcome as plain data (request objects differ between two runs of one workload)."""
+    """An outcome as plain data (request objects differ between two runs of one workload).
+
+    Rows are compared packed: ``RankRow`` equality ignores a policy's extra columns, and those
+    must travel through the gather unchanged too.
+    """
     plan = outcome.plan
     return (
         outcome.vote,
-        outcome.allow_prefill,
+        plan.permission,
         plan.kind,
         [(c.request.request_id, c.start, c.num_tokens, c.is_prefill) for c in plan.chunks],
         [r.request_id for r, _ in plan.retracted],
         [r.request_id for r in plan.readmitted],
-        outcome.rows,
+        [r.pack() for r in outcome.rows],
+        outcome.view,
         sorted(outcome.result.sampled.items()),
         outcome.result.cost_s,
         [(e.request.request_id, e.token_id, e.finished) for e in outcome.events],
@@ -110,10 +77,12 @@ def add_arrivals(loop: RankLoop, rank: int, rnd: int) -> None:
 # --- ThreadGather vs the in-process driver -----------------------------------------------------
 
 
-@pytest.mark.parametrize("gate", [True, False])
+@pytest.mark.parametrize("policy", registry.names())
 @pytest.mark.parametrize("mixed", [False, True])
-def test_thread_gather_matches_the_in_process_driver(gate: bool, mixed: bool) -> None:
-    args = make_args(2, gate=gate, enable_mixed_prefill_decode=mixed)
+def test_thread_gather_matches_the_in_process_driver(policy: str, mixed: bool) -> None:
+    """Every policy, extra columns included, behaves the same whether the rows come from a
+    real gather between threads or from the simulator's in-process driver."""
+    args = make_args(2, policy, enable_mixed_prefill_decode=mixed)
 
     loops = make_loops(args)
     expected: list[list[tuple]] = [[], []]
@@ -144,9 +113,13 @@ def test_thread_gather_matches_the_in_process_driver(gate: bool, mixed: bool) ->
     assert not errors, errors
     assert got == expected
     # The workload exercises what it should: prefill on both ranks, and a drained group.
-    kinds = {s[2] for rank in expected for s in rank}
-    assert {"prefill", "decode", "idle"} <= {str(k) for k in kinds}
+    kinds = {str(s[2]) for rank in expected for s in rank}
+    assert {"prefill", "decode", "idle"} <= kinds
+    assert all(any(c[3] for s in rank for c in s[3]) for rank in expected)
     assert not any(loop.scheduler.has_unfinished for loop in threaded)
+    # A policy with extra columns publishes them in every row of the gather.
+    width = 5 + len(threaded[0].policy.extra_columns)
+    assert all(len(packed) == width for rank in got for s in rank for packed in s[6])
 
 
 def test_thread_gather_returns_rows_in_rank_order_each_round() -> None:
@@ -180,8 +153,8 @@ def test_thread_gather_refuses_ranks_outside_the_group(rank: int) -> None:
 
 
 def test_single_rank_gather_and_step() -> None:
-    args = make_args(1, gate=True)
-    (loop,) = make_loops(args, gather=SingleRankGather())
+    args = make_args(1)
+    loop = RankLoop(Scheduler(args), args.build_policy(0), CostExecutor(TOY), 1, SingleRankGather())
     loop.scheduler.add_request(make_request("solo", 4, 2))
     outcomes = [loop.step() for _ in range(3)]
     assert [o.plan.kind for o in outcomes] == ["prefill", "decode", "idle"]
@@ -192,18 +165,17 @@ def test_single_rank_gather_and_step() -> None:
 
 
 def test_round_zero_is_an_all_point_that_opens_for_an_idle_group() -> None:
-    loops = make_loops(make_args(2, gate=True))
+    loops = make_loops(make_args(2))
     loops[1].scheduler.add_request(make_request("first", 6, 3))
     outcomes = drive_round(loops)
     assert [o.vote for o in outcomes] == [GateVote(True, "all")] * 2
     # Permission is the vote *and* the fresh local want: rank 0 has nothing to prefill.
-    assert [o.allow_prefill for o in outcomes] == [False, True]
+    assert [o.plan.permission for o in outcomes] == [HOLD_ALL, ALLOW_ALL]
     assert [o.plan.num_extends for o in outcomes] == [0, 1]
 
 
 def test_vote_uses_last_rounds_rows_and_plan_uses_a_fresh_probe() -> None:
-    args = make_args(2, gate=True)
-    loops = make_loops(args)
+    loops = make_loops(make_args(2))
     loops[0].scheduler.add_request(make_request("long", 4, 30))
     loops[1].scheduler.add_request(make_request("long1", 4, 30))
     drive_round(loops)  # both admitted at the opening ALL point; counter back to 0
@@ -217,31 +189,36 @@ def test_vote_uses_last_rounds_rows_and_plan_uses_a_fresh_probe() -> None:
 
 def test_all_idle_rounds_run_no_forward() -> None:
     spies = [SpyExecutor(), SpyExecutor()]
-    loops = make_loops(make_args(2, gate=True), executors=spies)
+    loops = make_loops(make_args(2), executors=spies)
     for _ in range(3):
         outcomes = drive_round(loops)
-        assert all(o.group_idle for o in outcomes)
+        assert all(o.view.all_idle for o in outcomes)
         assert all(o.result == RoundResult() for o in outcomes)
     assert spies[0].calls == [] and spies[1].calls == []
 
 
 def test_an_idle_rank_joins_the_forward_while_a_peer_works() -> None:
     spies = [SpyExecutor(), SpyExecutor()]
-    loops = make_loops(make_args(2, gate=True), executors=spies)
+    loops = make_loops(make_args(2), executors=spies)
     loops[0].scheduler.add_request(make_request("only", 4, 2))
     rounds = [drive_round(loops) for _ in range(4)]
-    busy = [r for r in rounds if not r[0].group_idle]
+    busy = [r for r in rounds if r[0].view.busy]
     assert len(busy) == 2  # the prefill round and one decode round
     for spy in spies:
         assert len(spy.calls) == 2
     # Rank 1's calls are idle forwards: an empty plan, but the group's rows.
-    for plan, rows in spies[1].calls:
+    for plan, rows, _ in spies[1].calls:
         assert plan.batch_size == 0 and not rows[0].is_idle
     assert spies[1].calls[0][1] == list(rounds[0][0].rows)
+    # Every rank's executor gets the round's one reading: the prefill round runs the normal
+    # MoE legs everywhere, the decode round the low-latency ones.
+    for spy in spies:
+        assert [view.low_latency for _, _, view in spy.calls] == [False, True]
+        assert all(view == read_rows(rows) for _, rows, view in spy.calls)
 
 
 def test_observe_resets_the_counter_from_the_gathered_rows() -> None:
-    loops = make_loops(make_args(2, gate=True))
+    loops = make_loops(make_args(2))
     loops[0].scheduler.add_request(make_request("x", 4, 6))
     counters = []
     for _ in range(4):
@@ -252,17 +229,8 @@ def test_observe_resets_the_counter_from_the_gathered_rows() -> None:
 
 
 def test_finish_without_begin_and_step_without_gather_are_errors() -> None:
-    (loop,) = make_loops(make_args(1, gate=False))
+    (loop,) = make_loops(make_args(1, policy="none"))
     with pytest.raises(RuntimeError, match="without begin"):
         loop.finish([RankRow(0, 0, 0, False, False)])
     with pytest.raises(RuntimeError, match="needs a gather"):
         loop.step()
-
-
-@pytest.mark.parametrize(
-    ("extends", "low_latency"),
-    [((0, 0), True), ((1, 0), False), ((0, 3), False)],
-)
-def test_low_latency_legs_iff_no_rank_extends(extends: tuple[int, int], low_latency: bool) -> None:
-    rows = [RankRow(4 + e, 4, e, False, True) for e in extends]
-    assert is_low_latency(rows) is low_latency

@@ -23,7 +23,7 @@ from actors.control.request import Request
 from actors.control.round import RoundPlan
 from actors.model.runner import ModelRunner
 from actors.server_args import ServerArgs
-from gate import RankRow
+from gate import RankRow, read_rows
 
 PROMPTS = {"a": [1, 2, 3, 4, 5, 6, 7], "b": [40, 41, 42], "c": [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11]}
 HOME = {"a": 0, "b": 0, "c": 1}  # which rank serves each request
@@ -47,7 +47,7 @@ def gathered_rows(round_index: int) -> list[RankRow]:
     return rows
 
 
-def make_args(dp_size: int) -> ServerArgs:
+def moe_args(dp_size: int) -> ServerArgs:
     backend = "torch" if dp_size > 1 else "local"
     return ServerArgs(
         model="tiny-moe", dp_size=dp_size, moe_backend=backend, page_size=4, num_kv_pages=64
@@ -70,7 +70,7 @@ def run_rounds(runner: ModelRunner, rank: int | None) -> dict[str, list[torch.Te
             result = runner.execute(plan, rows)  # the idle forward
             assert result.sampled == {}
             continue
-        out = runner.forward(plan, low_latency=all(r.num_extends == 0 for r in rows))
+        out = runner.forward(plan, low_latency=read_rows(rows).low_latency)
         for i, chunk in enumerate(chunks):
             logits[chunk.request.request_id].append(out[i])
             chunk.request.num_computed_tokens = chunk.end
@@ -83,7 +83,7 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        runner = ModelRunner(make_args(2), rank=rank)
+        runner = ModelRunner(moe_args(2), rank=rank)
         assert list(runner.placement.local_experts) == ([0, 1] if rank == 0 else [2, 3])
         torch.save(run_rounds(runner, rank), Path(out_dir) / f"rank{rank}.pt")
     finally:
@@ -108,7 +108,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path: Path) -> None:
                 process.kill()
             pytest.fail(f"expert-parallel ranks did not finish in {TIMEOUT_S}s (deadlock?)")
 
-    expected = run_rounds(ModelRunner(make_args(1)), rank=None)
+    expected = run_rounds(ModelRunner(moe_args(1)), rank=None)
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         for name, home in HOME.items():

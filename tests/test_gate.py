@@ -1,4 +1,5 @@
-"""The group prefill gate: PrefillDelay, RankRow and every GroupGate rule of DESIGN.md."""
+"""The group prefill gate: PrefillDelay, RankRow, RoundView and every GroupGate rule of
+DESIGN.md."""
 
 from __future__ import annotations
 
@@ -6,34 +7,14 @@ import dataclasses
 import re
 
 import pytest
+from builders import drive_round, make_args, make_loops, make_request, row
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gate import COLUMNS, GateVote, GroupGate, PrefillDelay, RankRow
+from gate import COLUMNS, GateVote, GroupGate, PrefillDelay, RankRow, RoundView, read_rows, registry
+from gate.spec import PolicyContext
 
 # --- builders ---------------------------------------------------------------------------------
-
-
-def row(
-    want: bool = False,
-    decodes: bool = True,
-    extends: int = 0,
-    batch: int | None = None,
-    tokens: int | None = None,
-) -> RankRow:
-    """One rank's gathered row; by default a rank decoding 4 sequences with no backlog."""
-    if batch is None:
-        batch = (4 if decodes else 0) + extends
-    if tokens is None:
-        tokens = (4 if decodes else 0) + 100 * extends
-    return RankRow(
-        num_tokens=tokens,
-        batch_size=batch,
-        num_extends=extends,
-        wants_prefill=want,
-        has_decode_work=decodes,
-    )
-
 
 # One letter per rank: W = backlog and decoding, D = decoding only, P = backlog with nothing to
 # decode (an idle row that wants prefill), I = idle.
@@ -62,7 +43,7 @@ def drive(gate: GroupGate, published: list[str]) -> list[GateVote]:
 
     ``published[k]`` is what the ranks publish at the end of round k-1 (``published[0]`` is
     what the gate sees before its first vote). A rank extends in a round iff that round's vote
-    opened and the rank published a backlog last round, as ``dp_round`` plans it.
+    opened and the rank published a backlog last round, as ``RankLoop`` plans it.
     """
     last = rows(published[0])
     votes = []
@@ -70,7 +51,7 @@ def drive(gate: GroupGate, published: list[str]) -> list[GateVote]:
         vote = gate.vote(last)
         extends = "".join("x" if vote.open and r.wants_prefill else "." for r in last)
         last = rows(states, extends)
-        gate.observe(last)
+        gate.observe(last, read_rows(last))
         votes.append(vote)
     return votes
 
@@ -109,10 +90,36 @@ def test_prefill_delay_refusal_names_the_flag(attempt: object, any_: object, fla
         PrefillDelay(attempt, any_)  # type: ignore[arg-type]
 
 
-def test_prefill_delay_is_frozen() -> None:
-    delay = PrefillDelay(2, 4)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        delay.any_interval = 1  # type: ignore[misc]
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"prefill_attempt_interval": 4}, "roundgate needs --prefill-any-attempt-interval"),
+        ({"prefill_any_attempt_interval": 4}, "roundgate needs --prefill-attempt-interval"),
+        (
+            {"prefill_attempt_interval": 4, "prefill_any_attempt_interval": 2},
+            "--prefill-any-attempt-interval (2) must be >= --prefill-attempt-interval (4)",
+        ),
+        (
+            {"prefill_attempt_interval": "4", "prefill_any_attempt_interval": 8},
+            "--prefill-attempt-interval must be an integer",
+        ),
+        (
+            {"prefill_attempt_interval": 0, "prefill_any_attempt_interval": 8},
+            "--prefill-attempt-interval must be >= 1",
+        ),
+    ],
+)
+def test_roundgate_flags_are_refused_naming_the_flag(given: dict, message: str) -> None:
+    """The flags a config gives (by name) reach ``PrefillDelay``'s validation unchanged."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        registry.build("roundgate", given, PolicyContext(rank=0, dp_size=2, max_batch_size=4))
+
+
+def test_roundgate_flags_build_the_gate_with_those_intervals() -> None:
+    given = {"prefill_attempt_interval": 3, "prefill_any_attempt_interval": 9}
+    gate = registry.build("roundgate", given, PolicyContext(rank=1, dp_size=2, max_batch_size=4))
+    assert isinstance(gate, GroupGate)
+    assert gate.delay == PrefillDelay(3, 9) and gate.rounds_since_prefill == 0
 
 
 # --- RankRow ----------------------------------------------------------------------------------
@@ -128,23 +135,39 @@ def test_columns_are_the_row_fields_in_order() -> None:
     num_extends=st.integers(0, 2**31),
     wants_prefill=st.booleans(),
     has_decode_work=st.booleans(),
+    extras=st.lists(st.integers(-(2**62), 2**62), max_size=6).map(tuple),
 )
 def test_pack_unpack_round_trip(
-    num_tokens: int, batch_size: int, num_extends: int, wants_prefill: bool, has_decode_work: bool
+    num_tokens: int,
+    batch_size: int,
+    num_extends: int,
+    wants_prefill: bool,
+    has_decode_work: bool,
+    extras: tuple[int, ...],
 ) -> None:
-    original = RankRow(num_tokens, batch_size, num_extends, wants_prefill, has_decode_work)
+    original = RankRow(num_tokens, batch_size, num_extends, wants_prefill, has_decode_work, extras)
     packed = original.pack()
     assert all(type(v) is int for v in packed)
-    # Each packed value sits in the column COLUMNS names for it.
-    assert dict(zip(COLUMNS, packed, strict=True)) == {
+    # Each packed value sits in the column COLUMNS names for it; the policy's columns follow.
+    assert dict(zip(COLUMNS, packed[: len(COLUMNS)], strict=True)) == {
         name: int(getattr(original, name)) for name in COLUMNS
     }
-    assert RankRow.unpack(packed) == original
-    assert RankRow.unpack(list(packed)) == original
+    assert packed[len(COLUMNS) :] == extras
+    for unpacked in (RankRow.unpack(packed), RankRow.unpack(list(packed))):
+        assert unpacked == original
+        # Equality ignores extras, so check them (and the whole packed row) on their own.
+        assert unpacked.extras == extras
+        assert unpacked.pack() == packed
 
 
-def test_unpack_ignores_trailing_columns() -> None:
-    assert RankRow.unpack((7, 3, 1, 1, 0, 99, -5)) == RankRow(7, 3, 1, True, False)
+def test_unpack_keeps_trailing_columns_as_extras() -> None:
+    got = RankRow.unpack((7, 3, 1, 1, 0, 99, -5))
+    assert (got.num_tokens, got.batch_size, got.num_extends) == (7, 3, 1)
+    assert got.wants_prefill is True and got.has_decode_work is False
+    assert got.extras == (99, -5)
+    assert got.pack() == (7, 3, 1, 1, 0, 99, -5)
+    # The extras are not part of the row's identity (equality covers the gate's five columns).
+    assert got == RankRow(7, 3, 1, True, False) and RankRow(7, 3, 1, True, False).extras == ()
 
 
 @pytest.mark.parametrize("num_columns", [0, 1, len(COLUMNS) - 1])
@@ -166,6 +189,56 @@ def test_unpack_too_few_columns_raises(num_columns: int) -> None:
 )
 def test_is_idle(candidate: RankRow, is_idle: bool) -> None:
     assert candidate.is_idle is is_idle
+
+
+# --- RoundView: the one reading of a round's rows ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("group", "any_extend", "all_idle", "low_latency", "decode_only"),
+    [
+        pytest.param("II", False, True, True, False, id="all-idle"),
+        pytest.param("PI", False, True, True, False, id="all-idle-with-a-waiting-prompt"),
+        pytest.param("DII", False, False, True, True, id="one-decoding"),
+        pytest.param("DxD", True, False, False, False, id="one-extending-among-decoders"),
+        pytest.param("Ix", True, False, False, False, id="idle-and-extending"),
+    ],
+)
+def test_read_rows(
+    group: str, any_extend: bool, all_idle: bool, low_latency: bool, decode_only: bool
+) -> None:
+    """One letter per rank: I idle, P idle with a prompt waiting, D decoding, x extending a
+    prompt with nothing to decode."""
+    kinds = {
+        "I": row(decodes=False),
+        "P": row(want=True, decodes=False),
+        "D": row(),
+        "x": row(decodes=False, extends=1),
+    }
+    gathered = [kinds[k] for k in group]
+    view = read_rows(gathered)
+    assert (view.any_extend, view.all_idle) == (any_extend, all_idle)
+    assert (view.low_latency, view.decode_only) == (low_latency, decode_only)
+    assert view.busy is not all_idle
+    assert view == RoundView(any_extend, all_idle)
+    # The reading is of the group, not of any rank's position in it.
+    assert read_rows(gathered[::-1]) == view
+
+
+@st.composite
+def planned_rows(draw: st.DrawFn) -> RankRow:
+    """A row a plan can produce: every extend and decode is a chunk of at least one token."""
+    extends, decodes = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+    batch = extends + decodes
+    tokens = batch + draw(st.integers(0, 3)) * extends
+    return RankRow(tokens, batch, extends, draw(st.booleans()), decodes > 0)
+
+
+@given(st.lists(planned_rows(), min_size=1, max_size=6))
+def test_read_rows_is_any_extend_and_all_idle(gathered: list[RankRow]) -> None:
+    view = read_rows(gathered)
+    assert view.any_extend is any(r.num_extends > 0 for r in gathered)
+    assert view.all_idle is all(r.is_idle for r in gathered)
 
 
 # --- vote: one round at a given counter -------------------------------------------------------
@@ -255,7 +328,8 @@ def test_fresh_gate_starts_at_an_all_point() -> None:
 )
 def test_observe(r: int, states: str, extends: str, expected_r: int) -> None:
     gate = gate_at(2, 8, r)
-    gate.observe(rows(states, extends))
+    observed = rows(states, extends)
+    gate.observe(observed, read_rows(observed))
     assert gate.rounds_since_prefill == expected_r
 
 
@@ -306,20 +380,68 @@ def test_opening_rounds(
 def test_all_idle_round_brings_an_all_point_back() -> None:
     # Counter at 3 (between points); the group goes idle, then a prompt arrives on rank 1.
     gate = gate_at(4, 16, 3)
-    gate.observe(rows("II"))
+    gate.observe(rows("II"), read_rows(rows("II")))
     assert gate.rounds_since_prefill == 0
     assert gate.vote(rows("IP")) == GateVote(True, "all")
 
 
-def test_every_rank_reaches_the_same_vote() -> None:
-    # Each rank runs its own gate on the same gathered rows; they never diverge.
-    gates = [GroupGate(PrefillDelay(2, 6)) for _ in range(3)]
-    published = ["WDI", "WDD", "DWD", "DDD", "WWW", "IID", "III", "PII", "WDD", "WDD"]
-    for states in published:
-        votes = {(g.vote(rows(states)), g.rounds_since_prefill) for g in gates}
-        assert len(votes) == 1
-        for g in gates:
-            g.observe(rows(states, "x" if states[0] == "W" else ""))
+# Arrivals on a 3-rank group: (round, rank, request id, prompt tokens, max tokens). The ranks'
+# backlogs come and go at different times, and "b" is chunked over two rounds.
+GROUP_ARRIVALS = [
+    (0, 0, "a", 6, 12),
+    (2, 1, "b", 20, 6),
+    (3, 2, "c", 4, 3),
+    (5, 0, "d", 4, 4),
+    (8, 2, "e", 10, 8),
+    (9, 1, "f", 3, 5),
+]
+
+
+def run_group(policy: str, num_rounds: int = 24) -> list[tuple[list, list[tuple[int, int]]]]:
+    """Each round's outcomes and every rank's (waiting, running) after it, in the real loop."""
+    loops = make_loops(make_args(3, policy))
+    history = []
+    for rnd in range(num_rounds):
+        for when, rank, rid, prompt_len, max_tokens in GROUP_ARRIVALS:
+            if when == rnd:
+                loops[rank].scheduler.add_request(make_request(rid, prompt_len, max_tokens))
+        outcomes = drive_round(loops)
+        local = [(len(loop.scheduler.waiting), len(loop.scheduler.running)) for loop in loops]
+        history.append((outcomes, local))
+        if policy == "roundgate":
+            # Every rank's gate holds the same counter after every round.
+            assert len({loop.policy.rounds_since_prefill for loop in loops}) == 1
+    assert not any(loop.scheduler.has_unfinished for loop in loops)
+    return history
+
+
+def test_ranks_gates_agree_round_by_round_while_their_local_states_differ() -> None:
+    """Each rank's gate only ever sees the gathered rows, so the ranks vote alike every round
+    even though their queues, batches and plans differ: the group opens and closes together."""
+    history = run_group("roundgate")
+    for outcomes, _ in history:
+        assert len({o.vote for o in outcomes}) == 1
+        if not outcomes[0].vote.open:
+            assert all(o.plan.num_extends == 0 for o in outcomes)
+    # The ranks' own states differ in most busy rounds, and agreeing on the vote is not
+    # agreeing on the plan: in some open rounds one rank extends while another does not.
+    busy = [local for outcomes, local in history if outcomes[0].view.busy]
+    assert sum(len(set(local)) > 1 for local in busy) > len(busy) // 2
+    assert any(len({o.plan.num_extends > 0 for o in outcomes}) > 1 for outcomes, _ in history)
+    votes = [outcomes[0].vote for outcomes, _ in history]
+    assert {(v.point, v.open) for v in votes} >= {
+        ("all", True),
+        ("all", False),
+        ("any", True),
+        (None, False),
+    }
+
+
+def test_a_per_rank_policy_on_the_same_rounds_does_not_agree() -> None:
+    """The contrast: the local interval reads the rank's own extends, so on the same workload
+    the ranks' votes split, and one rank prefills while another holds its prompt."""
+    history = run_group("local-interval")
+    assert any(len({o.vote for o in outcomes}) > 1 for outcomes, _ in history)
 
 
 # --- the latency bound (property) -------------------------------------------------------------
@@ -399,5 +521,5 @@ def test_backlog_never_waits_more_than_any_interval(
             )
             for rank, (raw, prev) in enumerate(zip(raws, last, strict=False))
         ]
-        gate.observe(last)
+        gate.observe(last, read_rows(last))
         assert gate.rounds_since_prefill <= delay.any_interval

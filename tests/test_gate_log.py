@@ -10,11 +10,12 @@ import pytest
 from actors.control.rank_loop import RoundOutcome
 from actors.control.round import RoundPlan, RoundResult
 from actors.telemetry.gate_log import gate_window_record, log_gate_window
-from gate import GateVote, RankRow
+from gate import GateVote, RankRow, read_rows
+from gate.vote import OPEN
 
 
 def outcome(vote: GateVote, rows: list[RankRow]) -> RoundOutcome:
-    return RoundOutcome(vote, vote.open, RoundPlan(), rows, RoundResult())
+    return RoundOutcome(vote, RoundPlan(), rows, read_rows(rows), RoundResult())
 
 
 PREFILL = RankRow(300, 2, 2, False, True)
@@ -34,8 +35,16 @@ DECODE = RankRow(4, 4, 0, True, True)
             [PREFILL, DECODE],
             {"point": "any", "ranks": [0], "prefill_tokens": 300, "extends": 2},
         ),
+        # A policy that opens with no attempt point (the local interval, the peers).
+        (
+            OPEN,
+            [DECODE, PREFILL],
+            {"point": "local", "ranks": [1], "prefill_tokens": 300, "extends": 2},
+        ),
         (GateVote(True, "all"), [DECODE, DECODE], None),  # opened, nothing admitted
         (GateVote(False, None), [DECODE, DECODE], None),
+        # SGLang's DELAY lets resident chunks run: extends, but no window was opened.
+        (GateVote(False, None, chunks=True, reason="delay"), [PREFILL, DECODE], None),
     ],
 )
 def test_window_record(vote, rows, expected) -> None:

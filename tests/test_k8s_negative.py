@@ -12,7 +12,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from k8s.tools import serve_config
 from k8s.tools.crd_schema import CrdValidator, load_crd, prepare, to_json_schema
 from k8s.tools.podmonitor_schema import PODMONITOR_SCHEMA
 from k8s.tools.render import apply_operation, render
@@ -111,16 +110,6 @@ def test_nulls_are_pruned(service: dict[str, Any], service_validator: CrdValidat
     assert service_validator.errors(service) == []
 
 
-@pytest.fixture(params=["AppArgs", "fallback"])
-def args_checker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run each case against deployment.config.AppArgs and against the hand-written fallback."""
-    if request.param == "fallback":
-        monkeypatch.setattr(serve_config, "AppArgs", None)
-    elif serve_config.AppArgs is None:
-        pytest.skip("deployment.config.AppArgs is not in this checkout")
-    return request.param
-
-
 @pytest.mark.parametrize(
     ("old", "new", "problem"),
     [
@@ -133,13 +122,13 @@ def args_checker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
         (
             "prefill_any_attempt_interval: 16",
             "prefill_any_attempt_interval: null",
-            "the group gate needs both intervals",
+            "--prefill-policy roundgate needs --prefill-any-attempt-interval",
         ),
         ("num_groups: 1", "num_groups: 1\n      route_weights: [1]", "route_weights"),
     ],
 )
 def test_broken_serve_config_is_reported(
-    service: dict[str, Any], args_checker: str, old: str, new: str, problem: str
+    service: dict[str, Any], old: str, new: str, problem: str
 ) -> None:
     config = service["spec"]["serveConfigV2"]
     assert old in config

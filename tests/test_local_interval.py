@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from builders import row
 
-from gate import GateVote, LocalIntervalPolicy, RankRow
+from gate import GateVote, LocalIntervalPolicy, RankRow, read_rows, registry
+from gate.local_interval import LocalIntervalConfig
+from gate.spec import PolicyContext
 
-
-def row(extends: int = 0) -> RankRow:
-    """A decoding rank with a prompt waiting; ``extends`` prefill chunks planned this round."""
-    return RankRow(
-        num_tokens=4 + 100 * extends,
-        batch_size=4 + extends,
-        num_extends=extends,
-        wants_prefill=True,
-        has_decode_work=True,
-    )
+# A decoding rank with a prompt waiting, and the same rank extending a prompt chunk.
+WAITING = row(want=True)
+EXTENDING = row(want=True, extends=1)
 
 
 def group(num_ranks: int, extending: set[int]) -> list[RankRow]:
-    return [row(extends=int(rank in extending)) for rank in range(num_ranks)]
+    return [EXTENDING if rank in extending else WAITING for rank in range(num_ranks)]
+
+
+def observe(policy: LocalIntervalPolicy, rows: list[RankRow]) -> None:
+    policy.observe(rows, read_rows(rows))
 
 
 def drive(policy: LocalIntervalPolicy, num_rounds: int, num_ranks: int = 1) -> list[bool]:
@@ -30,14 +32,14 @@ def drive(policy: LocalIntervalPolicy, num_rounds: int, num_ranks: int = 1) -> l
         vote = policy.vote(last)
         opens.append(vote.open)
         last = group(num_ranks, {policy.rank} if vote.open else set())
-        policy.observe(last)
+        observe(policy, last)
     return opens
 
 
 def drive_step(policy: LocalIntervalPolicy) -> bool:
     """One round on a rank with nothing to extend."""
-    is_open = policy.vote([row()]).open
-    policy.observe([row()])
+    is_open = policy.vote([WAITING]).open
+    observe(policy, [WAITING])
     return is_open
 
 
@@ -59,26 +61,26 @@ def test_hold_window_is_exactly_interval_rounds(interval: int, expected: str) ->
 @pytest.mark.parametrize("interval", [1, 2, 4, 7])
 def test_hold_counts_from_the_extend(interval: int) -> None:
     policy = LocalIntervalPolicy(interval)
-    policy.observe([row(extends=1)])
+    observe(policy, [EXTENDING])
     held = 0
-    while not policy.vote([row()]).open:
+    while not policy.vote([WAITING]).open:
         held += 1
-        policy.observe([row()])
+        observe(policy, [WAITING])
     assert held == interval
 
 
 def test_interval_zero_never_holds() -> None:
     policy = LocalIntervalPolicy(0)
     for _ in range(10):
-        assert policy.vote([row(extends=1)]).open
-        policy.observe([row(extends=1)])
+        assert policy.vote([EXTENDING]).open
+        observe(policy, [EXTENDING])
 
 
 def test_votes_carry_no_attempt_point() -> None:
     policy = LocalIntervalPolicy(1)
-    assert policy.vote([row()]) == GateVote(True, None)
-    policy.observe([row(extends=1)])
-    assert policy.vote([row()]) == GateVote(False, None)
+    assert policy.vote([WAITING]) == GateVote(True, None)
+    observe(policy, [EXTENDING])
+    assert policy.vote([WAITING]) == GateVote(False, None)
 
 
 @pytest.mark.parametrize(("rank", "num_ranks"), [(0, 2), (1, 2), (2, 4)])
@@ -88,26 +90,26 @@ def test_other_ranks_extends_do_not_start_a_hold(rank: int, num_ranks: int) -> N
     for _ in range(6):
         rows = group(num_ranks, others)
         assert policy.vote(rows).open
-        policy.observe(rows)
+        observe(policy, rows)
 
 
 def test_other_ranks_extends_do_not_restart_a_hold() -> None:
     policy = LocalIntervalPolicy(2, rank=1)
-    policy.observe(group(3, {1}))
+    observe(policy, group(3, {1}))
     opens = []
     for _ in range(4):
         rows = group(3, {0, 2})
         opens.append(policy.vote(rows).open)
-        policy.observe(rows)
+        observe(policy, rows)
     assert opens == [False, False, True, True]
 
 
 def test_own_extend_inside_the_window_restarts_it() -> None:
     # e.g. a resident chunk the scheduler still extends: the hold counts from the last prefill.
     policy = LocalIntervalPolicy(3)
-    policy.observe([row(extends=1)])
-    policy.observe([row()])
-    policy.observe([row(extends=1)])
+    observe(policy, [EXTENDING])
+    observe(policy, [WAITING])
+    observe(policy, [EXTENDING])
     assert [drive_step(policy) for _ in range(4)] == [False, False, False, True]
 
 
@@ -115,3 +117,26 @@ def test_own_extend_inside_the_window_restarts_it() -> None:
 def test_negative_interval_names_the_flag(interval: int) -> None:
     with pytest.raises(ValueError, match="--prefill-decode-interval"):
         LocalIntervalPolicy(interval)
+
+
+@pytest.mark.parametrize("interval", [0, -3])
+def test_the_flag_refuses_zero_and_says_to_leave_it_unset(interval: int) -> None:
+    with pytest.raises(ValueError, match=re.escape("--prefill-decode-interval must be >= 1")):
+        LocalIntervalConfig(interval)
+    with pytest.raises(ValueError, match="leave it unset"):
+        registry.build(
+            "local-interval", {"prefill_decode_interval": interval}, PolicyContext(0, 2, 4)
+        )
+
+
+def test_the_flag_builds_the_policy_for_its_rank() -> None:
+    policy = registry.build(
+        "local-interval", {"prefill_decode_interval": 3}, PolicyContext(1, 2, 4)
+    )
+    assert isinstance(policy, LocalIntervalPolicy)
+    assert (policy.interval, policy.rank, policy.remaining) == (3, 1, 0)
+    # It reads its own rank's row: rank 0's extend starts nothing, its own starts the window.
+    observe(policy, group(2, {0}))
+    assert policy.vote(group(2, set())).open
+    observe(policy, group(2, {1}))
+    assert policy.vote(group(2, set())) == GateVote(False, None)

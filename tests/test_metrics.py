@@ -6,48 +6,30 @@ import shutil
 import subprocess
 
 import pytest
+from builders import make_args, make_loops, make_request
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.control.rank_loop import RankLoop
-from actors.control.request import Request, SamplingParams
-from actors.control.scheduler import Scheduler
-from actors.server_args import ServerArgs
+from actors.control.rank_loop import RoundParts
 from actors.telemetry.metrics import RankMetricSet, RequestMetricSet
 from actors.telemetry.metrics_hub import merge, render, snapshot
 from actors.telemetry.rank_metrics import RankMetrics
-from deployment.sim.cost_executor import CostExecutor
-from deployment.sim.round_costs import TOY
-from gate.policy import make_policy
+
+# What each busy round "took" in the recorder's eyes (fixed: the test times nothing).
+PARTS = RoundParts(schedule=1e-5, forward=1e-3)
 
 
 def run_group(rounds: int = 40) -> list[RankMetrics]:
-    args = ServerArgs(
-        dp_size=2,
-        max_num_seqs=8,
-        num_kv_pages=64,
-        page_size=4,
-        prefill_attempt_interval=2,
-        prefill_any_attempt_interval=4,
-    ).validate()
-    loops = [
-        RankLoop(Scheduler(args), make_policy(args.prefill_delay), CostExecutor(TOY), 2)
-        for _ in range(2)
-    ]
+    loops = make_loops(make_args(2, num_kv_pages=64))
     recorders = [RankMetrics("g0", "tiny-moe", rank) for rank in range(2)]
-    loops[0].scheduler.add_request(Request("a", [1] * 10, SamplingParams(max_tokens=30)))
+    loops[0].scheduler.add_request(make_request("a", prompt_len=10, max_tokens=30, token=1))
     recorders[0].note_arrival("a")
     for i in range(rounds):
         if i == 5:
-            loops[1].scheduler.add_request(Request("b", [2] * 6, SamplingParams(max_tokens=5)))
+            loops[1].scheduler.add_request(make_request("b", prompt_len=6, max_tokens=5, token=2))
         rows = [loop.begin() for loop in loops]
         for loop, rec in zip(loops, recorders, strict=True):
             outcome = loop.finish(rows)
-            rec.observe(
-                outcome,
-                loop.scheduler,
-                {"schedule": 1e-5, "forward": 1e-3},
-                loop.policy.rounds_since_prefill,
-            )
+            rec.observe(outcome, loop.scheduler, PARTS, loop.policy.rounds_since_prefill)
     return recorders
 
 
@@ -68,6 +50,17 @@ def test_group_series_come_from_rank_zero_only() -> None:
     prefill = vals[("roundgate_prefill_rounds_total", (("group", "g0"), ("model", "tiny-moe")))]
     decode = vals[("roundgate_decode_rounds_total", (("group", "g0"), ("model", "tiny-moe")))]
     assert prefill >= 2 and decode > 0 and prefill + decode <= rounds
+    # Every busy round records its parts (and their total) on every rank; idle rounds do not.
+    for rank in ("0", "1"):
+        labels = (("dp_rank", rank), ("group", "g0"), ("model", "tiny-moe"))
+        assert vals[("roundgate_round_duration_seconds_count", labels)] == prefill + decode
+        assert vals[("roundgate_round_duration_seconds_sum", labels)] == pytest.approx(
+            (prefill + decode) * PARTS.total
+        )
+        forward = (("dp_rank", rank), ("group", "g0"), ("model", "tiny-moe"), ("part", "forward"))
+        assert vals[("roundgate_round_part_duration_seconds_sum", forward)] == pytest.approx(
+            (prefill + decode) * PARTS.forward
+        )
     ranks = {dict(k[1]).get("dp_rank") for k in vals if k[0] == "roundgate_rank_running_requests"}
     assert ranks == {"0", "1"}
     assert not any(k[0].endswith("_created") for k in vals)

@@ -11,12 +11,12 @@ import types
 
 import pytest
 import torch
+from builders import row
 from model_driver import grow_pages, make_requests, make_runner
 
-from actors.control.executor import is_low_latency
 from actors.control.kv_pool import KVPool
 from actors.control.round import RoundPlan, ScheduledChunk
-from gate import RankRow
+from gate import RankRow, read_rows
 from kernels.moe import ExpertPlacement, LocalMoE, resolve_moe_backend, run_experts
 from kernels.moe.deepep import DeepEPMoE
 
@@ -163,24 +163,20 @@ def make_deepep(cap: int = 64) -> DeepEPMoE:
     return DeepEPMoE(ExpertPlacement(4), None, 16, cap, deep_ep=FAKE_DEEP_EP)
 
 
-def row(num_extends: int = 0, batch_size: int = 1) -> RankRow:
-    return RankRow(batch_size, batch_size, num_extends, False, batch_size > 0)
-
-
 @pytest.mark.parametrize(
     ("rows", "legs"),
     [
         ([row(), row()], ["ll_dispatch", "ll_combine"]),  # all decode
-        ([row(), row(batch_size=0)], ["ll_dispatch", "ll_combine"]),  # decode + idle
-        ([row(batch_size=0), row(batch_size=0)], ["ll_dispatch", "ll_combine"]),  # all idle
-        ([row(), row(num_extends=1)], ["layout", "dispatch", "combine"]),  # another rank extends
-        ([row(num_extends=2), row()], ["layout", "dispatch", "combine"]),  # this rank extends
+        ([row(), row(decodes=False)], ["ll_dispatch", "ll_combine"]),  # decode + idle
+        ([row(decodes=False), row(decodes=False)], ["ll_dispatch", "ll_combine"]),  # all idle
+        ([row(), row(extends=1)], ["layout", "dispatch", "combine"]),  # another rank extends
+        ([row(extends=2), row()], ["layout", "dispatch", "combine"]),  # this rank extends
     ],
 )
 def test_deepep_legs_follow_the_gathered_rows(rows: list[RankRow], legs: list[str]) -> None:
     moe = make_deepep()
     x, ids, weights, w13, w2 = make_moe_inputs()
-    out = moe_forward(moe, x, ids, weights, w13, w2, is_low_latency(rows))
+    out = moe_forward(moe, x, ids, weights, w13, w2, read_rows(rows).low_latency)
     assert moe.buffer.calls == legs
     assert moe.buffer.low_latency_mode  # one buffer serves both modes
     # Both wire formats compute the same mixture.
@@ -205,12 +201,16 @@ def test_low_latency_refuses_more_tokens_than_the_cap() -> None:
         make_deepep(cap=4).dispatch(x, ids, weights, low_latency=True)
 
 
+@pytest.mark.parametrize("with_view", [False, True])
 @pytest.mark.parametrize(
     ("peer", "legs"),
-    [(row(), "ll_dispatch"), (row(num_extends=1), "dispatch")],
+    [(row(), "ll_dispatch"), (row(extends=1), "dispatch")],
 )
-def test_runner_passes_the_rows_decision_to_deepep(peer: RankRow, legs: str) -> None:
-    """Through ModelRunner.execute: this rank decodes; the peer's row picks the legs."""
+def test_runner_passes_the_rows_decision_to_deepep(
+    peer: RankRow, legs: str, with_view: bool
+) -> None:
+    """Through ModelRunner.execute: this rank decodes; the peer's row picks the legs (read from
+    the rows, or given as the round's view, as ``RankLoop`` passes it)."""
     runner, pool = make_runner("tiny-moe"), KVPool(256, 4)
     (request,) = make_requests([[1, 2, 3, 4, 5]])
     grow_pages(pool, request, request.num_tokens)
@@ -218,7 +218,11 @@ def test_runner_passes_the_rows_decision_to_deepep(peer: RankRow, legs: str) -> 
     request.num_computed_tokens = 4  # decode the last prompt token again
     runner.moe = DeepEPMoE(runner.placement, None, 128, 8, deep_ep=FAKE_DEEP_EP)
     plan = RoundPlan(chunks=[ScheduledChunk(request, 4, 1, False)])
-    runner.execute(plan, [row(), peer])
+    rows = [row(), peer]
+    if with_view:
+        runner.execute(plan, (), read_rows(rows))  # the view alone decides
+    else:
+        runner.execute(plan, rows)
     layers = runner.config.num_layers
     assert runner.moe.buffer.calls.count(legs) == layers
     assert len(runner.moe.buffer.calls) == layers * (2 if legs == "ll_dispatch" else 3)

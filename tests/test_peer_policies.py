@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from builders import make_args
 
-from gate import GateVote, RankRow
+from gate import GateVote, RankRow, read_rows
 from gate.permission import ALLOW_ALL, CHUNKS_ONLY, HOLD_ALL
 from gate.sglang_delayer import SGLangDelayer, SGLangDelayerConfig
 from gate.trtllm_balance import TrtllmBalance, TrtllmBalanceConfig
@@ -23,7 +24,7 @@ def sglang_row(
 
 
 def delayer(skip_first_consumed: bool = True, **config) -> SGLangDelayer:
-    policy = SGLangDelayer(SGLangDelayerConfig(**({"max_running_requests": 8} | config)))
+    policy = SGLangDelayer(SGLangDelayerConfig(**config), max_running_requests=8)
     if skip_first_consumed:
         policy.skip_first = False
     return policy
@@ -34,9 +35,13 @@ def decisions(policy, rounds: list[list[RankRow]]) -> list[str]:
     out = []
     for rows in rounds:
         vote = policy.vote(rows)
-        policy.observe(rows)
+        observe(policy, rows)
         out.append(f"ALLOW:{vote.reason}" if vote.open else (vote.reason or "closed").upper())
     return out
+
+
+def observe(policy, rows: list[RankRow]) -> None:
+    policy.observe(rows, read_rows(rows))
 
 
 # --- SGLang PrefillDelayer --------------------------------------------------------------------
@@ -105,9 +110,9 @@ def test_sglang_outcome_counters_carry_actual_execution() -> None:
     mixed = [sglang_row(1), sglang_row(0)]
     extended = [RankRow(9, 1, 1, False, True, (0,) * 6), RankRow(4, 4, 0, False, True, (0,) * 6)]
     policy.vote(mixed)
-    policy.observe(mixed)
+    observe(policy, mixed)
     policy.vote(mixed)
-    policy.observe(extended)
+    observe(policy, extended)
     assert policy.outcomes == {
         ("mixed", False, "delay", False): 1,
         ("mixed", True, "wait_timeout", True): 1,
@@ -126,7 +131,7 @@ def test_sglang_outcome_counters_carry_actual_execution() -> None:
 )
 def test_sglang_config_refusals_name_the_flag(config: dict, flag: str) -> None:
     with pytest.raises(ValueError, match=flag):
-        SGLangDelayerConfig(max_running_requests=8, **config)
+        SGLangDelayerConfig(**config)
 
 
 # --- vLLM --prefill-schedule-interval -----------------------------------------------------------
@@ -163,7 +168,7 @@ def test_vllm_throttles_fresh_prefill_to_aligned_steps(
     got = ""
     for _ in expected:
         got += "A" if policy.vote(rows, Local(decoding)).open else "d"
-        policy.observe(rows)
+        observe(policy, rows)
     assert got == expected
 
 
@@ -171,22 +176,22 @@ def test_vllm_capacity_bound_admits_on_the_next_throttled_step() -> None:
     """An aligned step that leaves the queue non-empty sets capacity_bound: no defer next."""
     policy = VllmInterval(2)
     assert policy.vote([vllm_row()], Local(True)).open  # step 0, aligned
-    policy.observe([vllm_row(waiting=3)])  # admission left 3 waiting: capacity bound
+    observe(policy, [vllm_row(waiting=3)])  # admission left 3 waiting: capacity bound
     assert policy.capacity_bound
     assert policy.vote([vllm_row(waiting=3)], Local(True)).open  # step 1 would throttle
-    policy.observe([vllm_row(waiting=0)])  # the queue drained
+    observe(policy, [vllm_row(waiting=0)])  # the queue drained
     assert not policy.capacity_bound
     assert policy.vote([vllm_row()], Local(True)).open  # step 2, aligned
-    policy.observe([vllm_row()])
+    observe(policy, [vllm_row()])
     assert not policy.vote([vllm_row()], Local(True)).open  # step 3: throttled again
 
 
 def test_vllm_defer_holds_in_flight_chunks_too_and_the_clock_resets_with_the_wave() -> None:
     policy = VllmInterval(2)
-    policy.observe([vllm_row()])  # step 1 next: throttled
+    observe(policy, [vllm_row()])  # step 1 next: throttled
     vote = policy.vote([vllm_row()], Local(True))
     assert vote.permission == HOLD_ALL
-    policy.observe([vllm_row(idle=True), vllm_row(idle=True)])  # the wave ended
+    observe(policy, [vllm_row(idle=True), vllm_row(idle=True)])  # the wave ended
     assert policy.step_counter == 0
     assert policy.vote([vllm_row()], Local(True)).permission == ALLOW_ALL
 
@@ -215,20 +220,18 @@ def trt_rows(*ranks: tuple[int, int]) -> list[RankRow]:
 )
 def test_trtllm_balance_scenarios(ranks: tuple, expected: str) -> None:
     """T=3, B=2, max_batch_size 8, 2 ranks (PEER_POLICIES.md)."""
-    policy = TrtllmBalance(
-        TrtllmBalanceConfig(max_batch_size=8, timeout_iters=3, batching_wait_iters=2)
-    )
+    policy = TrtllmBalance(TrtllmBalanceConfig(timeout_iters=3, batching_wait_iters=2), 8)
     rows = trt_rows(*ranks)
     got = ""
     for _ in expected:
         vote = policy.vote(rows)
-        policy.observe(rows)
+        observe(policy, rows)
         got += "r" if vote.open else "h"
     assert got == expected
 
 
 def test_trtllm_hold_holds_every_context_request() -> None:
-    policy = TrtllmBalance(TrtllmBalanceConfig(max_batch_size=8))
+    policy = TrtllmBalance(TrtllmBalanceConfig(), max_batch_size=8)
     vote = policy.vote(trt_rows((1, 5), (1, 5)))
     assert vote.permission == HOLD_ALL and vote == GateVote(False, None, reason="hold")
 
@@ -242,4 +245,20 @@ def test_trtllm_hold_holds_every_context_request() -> None:
 )
 def test_trtllm_config_refusals_name_the_flag(config: dict, flag: str) -> None:
     with pytest.raises(ValueError, match=flag):
-        TrtllmBalanceConfig(max_batch_size=8, **config)
+        TrtllmBalanceConfig(**config)
+
+
+# --- the per-rank limits come from the group's args, not from the policy's flags ----------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "attribute"),
+    [
+        ("sglang-delayer", "max_running_requests"),
+        ("trtllm-balance", "max_batch_size"),
+    ],
+)
+def test_peer_limits_are_the_ranks_share_of_max_num_seqs(policy: str, attribute: str) -> None:
+    args = make_args(3, policy, max_num_seqs=13)
+    for rank in range(3):
+        assert getattr(args.build_policy(rank), attribute) == 13 // 3 == args.max_batch_size

@@ -14,8 +14,13 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
-from deployment import ingress
-from deployment.ingress import Ingress, read_json
+from actors.control.messages import GenerateChunk, GenerateRequest, Usage
+from actors.control.request import SamplingParams
+from deployment import http_api, ingress
+from deployment.choices import usage
+from deployment.generation import Choice
+from deployment.http_api import read_json
+from deployment.ingress import Ingress
 from deployment.protocol import (
     APIError,
     ChatRequest,
@@ -39,10 +44,10 @@ class FakeStream:
         self.chunks = chunks
         self.cancelled = False
 
-    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+    def __aiter__(self) -> AsyncIterator[GenerateChunk]:
         return self._iter()
 
-    async def _iter(self) -> AsyncIterator[dict[str, Any]]:
+    async def _iter(self) -> AsyncIterator[GenerateChunk]:
         for chunk in self.chunks:
             await asyncio.sleep(0)
             if isinstance(chunk, BaseException):
@@ -54,11 +59,11 @@ class FakeStream:
 
 
 class FakeRanks:
-    """A rank handle whose ``generate`` answers from ``reply(payload) -> chunks``."""
+    """A rank handle whose ``generate`` answers from ``reply(message) -> chunks``."""
 
-    def __init__(self, reply: Callable[[dict[str, Any]], list[Any]]) -> None:
+    def __init__(self, reply: Callable[[GenerateRequest], list[Any]]) -> None:
         self.reply = reply
-        self.payloads: list[dict[str, Any]] = []
+        self.payloads: list[GenerateRequest] = []
         self.streams: list[FakeStream] = []
 
     def options(self, **_: Any) -> FakeRanks:
@@ -68,21 +73,27 @@ class FakeRanks:
     def generate(self) -> FakeRanks:
         return self
 
-    def remote(self, payload: dict[str, Any]) -> FakeStream:
-        self.payloads.append(payload)
-        self.streams.append(FakeStream(self.reply(payload)))
+    def remote(self, message: GenerateRequest) -> FakeStream:
+        assert isinstance(message, GenerateRequest)
+        self.payloads.append(message)
+        self.streams.append(FakeStream(self.reply(message)))
         return self.streams[-1]
 
 
-def tokens(*ids: int, finish: str | None = None) -> dict[str, Any]:
-    return {"token_ids": list(ids), "finish_reason": finish}
+def tokens(*ids: int, finish: str | None = None, prompt: int = 1, done: int = 0) -> GenerateChunk:
+    """A rank's chunk: ``ids`` after ``done`` earlier tokens of a ``prompt``-token sequence."""
+    return GenerateChunk(tuple(ids), finish, Usage(prompt, done + len(ids)))
 
 
-def echo_reply(payload: dict[str, Any]) -> list[Any]:
+def echo_reply(message: GenerateRequest) -> list[Any]:
     """Greets back with the prompt's first byte, then ``max_tokens - 1`` more 'a's."""
-    n = payload["sampling"]["max_tokens"]
-    first = payload["prompt_token_ids"][0]
-    return [tokens(first), *[tokens(97) for _ in range(n - 2)], tokens(97, finish="length")]
+    n = message.sampling.max_tokens
+    first, prompt = message.prompt_token_ids[0], len(message.prompt_token_ids)
+    return [
+        tokens(first, prompt=prompt),
+        *[tokens(97, prompt=prompt, done=i) for i in range(1, n - 1)],
+        tokens(97, finish="length", prompt=prompt, done=n - 1),
+    ]
 
 
 def make_ingress(reply: Callable = echo_reply, **args: Any) -> tuple[Ingress, FakeRanks]:
@@ -105,12 +116,13 @@ def make_request(body: bytes, headers: dict[str, str] | None = None) -> Request:
     return Request(scope, receive)
 
 
-def complete(core: Ingress, **body: Any) -> tuple[list, list]:
+def complete(core: Ingress, request_id: str = "req-1", **body: Any) -> tuple[list, list]:
     """Run a completion through the ingress: (choices, deltas)."""
 
     async def run() -> tuple[list, list]:
         req = parse(CompletionRequest, body)
-        choices, stream = await core.generate(core.prompts_of(req), req, req.max_tokens, "prompt")
+        prompts = core.prompts_of(req)
+        choices, stream = await core.generate(request_id, prompts, req, req.max_tokens, "prompt")
         return choices, [d async for d in stream]
 
     return asyncio.run(run())
@@ -248,7 +260,7 @@ def test_requests_the_ranks_cannot_serve_are_refused_up_front(body, status, para
 def test_max_tokens_fill_the_context_exactly() -> None:
     core, ranks = make_ingress()
     choices, _ = complete(core, prompt="ab", max_tokens=CONTEXT - 2)
-    assert ranks.payloads[0]["sampling"]["max_tokens"] == CONTEXT - 2
+    assert ranks.payloads[0].sampling.max_tokens == CONTEXT - 2
     assert choices[0].finish_reason == "length"
 
 
@@ -281,19 +293,66 @@ def test_choices_stream_text_and_count_tokens() -> None:
     choices, deltas = complete(core, prompt=["Hi", "Yo"], max_tokens=3, ignore_eos=True)
     assert [c.text for c in choices] == ["Haa", "Yaa"]
     assert [c.output_token_ids for c in choices] == [[72, 97, 97], [89, 97, 97]]
-    assert ingress.usage(choices) == {
+    assert usage(choices) == {
         "prompt_tokens": 4,
         "completion_tokens": 6,
         "total_tokens": 10,
     }
     assert sorted(d.finish_reason for d in deltas if d.finish_reason) == ["length", "length"]
-    assert all(s["sampling"]["stop_token_ids"] == () for s in ranks.payloads)
+    assert all(s.sampling.stop_token_ids == () for s in ranks.payloads)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "dp_rank", "ids"),
+    [("Hi", None, ["abc"]), (["Hi", "Yo", "Ok"], 1, ["abc-0", "abc-1", "abc-2"])],
+)
+def test_each_choice_is_one_typed_request_under_the_response_id(
+    prompt: str | list[str], dp_rank: int | None, ids: list[str]
+) -> None:
+    core, ranks = make_ingress()
+    complete(core, request_id="abc", prompt=prompt, max_tokens=3, dp_rank=dp_rank)
+    assert sorted(m.request_id for m in ranks.payloads) == ids
+    texts = [prompt] if isinstance(prompt, str) else prompt
+    by_id = {m.request_id: m for m in ranks.payloads}
+    for rid, text in zip(ids, texts, strict=True):
+        message = by_id[rid]
+        assert message.prompt_token_ids == tuple(core.tokenizer.encode(text))
+        assert message.dp_rank == dp_rank
+        assert message.sampling == SamplingParams(
+            max_tokens=3, temperature=1.0, stop_token_ids=(core.tokenizer.eos_token_id,)
+        )
+        assert message.to_request().request_id == rid
+
+
+def test_sampling_is_built_once_and_fills_the_context_when_unset() -> None:
+    core, _ = make_ingress()
+    req = parse(CompletionRequest, {"prompt": "ab", "temperature": 0.5, "top_k": -1, "seed": 3})
+    sampling = core.sampling_of(req, 2, "prompt", None)
+    assert sampling == SamplingParams(
+        max_tokens=CONTEXT - 2,
+        temperature=0.5,
+        top_k=0,
+        seed=3,
+        stop_token_ids=(core.tokenizer.eos_token_id,),
+    )
+
+
+def test_usage_adds_up_the_ranks_counts() -> None:
+    counted = Choice(0, [1, 2], [5, 6, 7], usage=Usage(2, 3))
+    # The rank's count wins over the tokens this choice happened to receive.
+    behind = Choice(1, [1, 2, 3], [5], usage=Usage(3, 2))
+    unanswered = Choice(2, [1, 2, 3, 4])  # no chunk yet: its prompt, nothing generated
+    assert usage([counted, behind, unanswered]) == {
+        "prompt_tokens": 9,
+        "completion_tokens": 5,
+        "total_tokens": 14,
+    }
 
 
 def test_eos_is_a_stop_token_unless_ignored() -> None:
     core, ranks = make_ingress()
     complete(core, prompt="a", max_tokens=2)
-    assert ranks.payloads[0]["sampling"]["stop_token_ids"] == (core.tokenizer.eos_token_id,)
+    assert ranks.payloads[0].sampling.stop_token_ids == (core.tokenizer.eos_token_id,)
 
 
 def test_stop_string_cuts_the_text_and_cancels_the_rank_stream() -> None:
@@ -308,10 +367,10 @@ def test_a_failed_group_answers_503_with_retry_after_then_recovers(monkeypatch) 
     monkeypatch.setattr(ingress, "time", type("Clock", (), {"monotonic": lambda: clock[0]}))
     dead = [True]
 
-    def reply(payload: dict[str, Any]) -> list[Any]:
+    def reply(message: GenerateRequest) -> list[Any]:
         if dead[0]:
             return [tokens(65), RuntimeError("rank 1: DP group failed")]
-        return echo_reply(payload)
+        return echo_reply(message)
 
     core, _ = make_ingress(reply)
     exc = error_of(lambda: complete(core, prompt="a", max_tokens=3))
@@ -330,7 +389,7 @@ def test_a_failed_group_answers_503_with_retry_after_then_recovers(monkeypatch) 
 
 
 def test_sse_events_are_compact_json_lines() -> None:
-    event = ingress.sse({"a": [1, 2]})
+    event = http_api.sse({"a": [1, 2]})
     assert event == 'data: {"a":[1,2]}\n\n'
     assert json.loads(event[len("data: ") :]) == {"a": [1, 2]}
 
@@ -338,7 +397,7 @@ def test_sse_events_are_compact_json_lines() -> None:
 def test_openapi_declares_the_request_bodies() -> None:
     import deployment.app  # noqa: F401  (registers the routes)
 
-    doc = ingress.api.openapi()
+    doc = http_api.api.openapi()
     for path, model in (
         ("/v1/completions", "CompletionRequest"),
         ("/v1/chat/completions", "ChatRequest"),

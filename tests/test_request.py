@@ -3,23 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from builders import make_request
 
 from actors.control.request import FINISH_REASONS, Request, RequestStatus, SamplingParams
-
-
-def make_request(
-    prompt_len: int = 4,
-    max_tokens: int = 16,
-    stop_token_ids: tuple[int, ...] = (),
-    request_id: str = "r",
-) -> Request:
-    """A request whose prompt tokens are 100, 101, ... (distinct from sampled ids)."""
-    return Request(
-        request_id,
-        list(range(100, 100 + prompt_len)),
-        SamplingParams(max_tokens=max_tokens, stop_token_ids=stop_token_ids),
-    )
-
 
 # --- status ------------------------------------------------------------------------------------
 
@@ -55,7 +41,7 @@ def test_status_order_follows_the_lifecycle() -> None:
 def test_terminal_statuses_and_finish_reasons(
     status: RequestStatus, finished: bool, reason: str | None
 ) -> None:
-    req = make_request()
+    req = make_request("r")
     req.status = status
     assert status.is_finished is finished
     assert req.is_finished is finished
@@ -64,7 +50,7 @@ def test_terminal_statuses_and_finish_reasons(
 
 
 def test_a_new_request_waits_with_nothing_computed() -> None:
-    req = make_request(prompt_len=5)
+    req = make_request("r", prompt_len=5)
     assert req.status is RequestStatus.WAITING
     assert (req.num_prompt_tokens, req.num_output_tokens, req.num_tokens) == (5, 0, 5)
     assert (req.num_computed_tokens, req.num_uncomputed_prompt_tokens) == (0, 5)
@@ -78,7 +64,7 @@ def test_empty_prompt_is_refused() -> None:
 
 @pytest.mark.parametrize(("computed", "uncomputed"), [(0, 6), (4, 2), (6, 0), (7, 0)])
 def test_uncomputed_prompt_tokens(computed: int, uncomputed: int) -> None:
-    req = make_request(prompt_len=6)
+    req = make_request("r", prompt_len=6)
     req.num_computed_tokens = computed
     assert req.num_uncomputed_prompt_tokens == uncomputed
 
@@ -109,7 +95,7 @@ def test_append_token_applies_stop_conditions(
     tokens: list[int],
     after: list[RequestStatus],
 ) -> None:
-    req = make_request(prompt_len, max_tokens, stop)
+    req = make_request("r", prompt_len, max_tokens, stop_token_ids=stop)
     req.status = RequestStatus.DECODING
     for token, expected in zip(tokens, after, strict=True):
         req.append_token(token, max_model_len)
@@ -118,14 +104,14 @@ def test_append_token_applies_stop_conditions(
 
 
 def test_stop_token_is_kept_in_the_output() -> None:
-    req = make_request(max_tokens=8, stop_token_ids=(2,))
+    req = make_request("r", max_tokens=8, stop_token_ids=(2,))
     req.append_token(2)
     assert req.output_token_ids == [2] and req.finish_reason == "stop"
 
 
 # --- token slicing -----------------------------------------------------------------------------
 
-PROMPT = [100, 101, 102, 103]
+PROMPT = [100, 101, 102, 103]  # distinct from each other and from the sampled ids
 OUTPUT = [1, 2, 3]
 
 
@@ -146,7 +132,7 @@ OUTPUT = [1, 2, 3]
 def test_token_ids_slices_across_prompt_and_output(
     start: int, stop: int, expected: list[int]
 ) -> None:
-    req = make_request(prompt_len=4, max_tokens=16)
+    req = Request("r", PROMPT, SamplingParams(max_tokens=16))
     for token in OUTPUT:
         req.append_token(token)
     assert req.token_ids(start, stop) == expected

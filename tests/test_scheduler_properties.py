@@ -6,17 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from builders import make_args, make_loops, make_request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors.control.rank_loop import RankLoop, RoundOutcome
-from actors.control.request import Request, RequestStatus, SamplingParams
+from actors.control.request import Request, RequestStatus
 from actors.control.round import RoundKind
-from actors.control.scheduler import PREFILL_WATERMARK, Scheduler
+from actors.control.scheduler import PREFILL_WATERMARK
 from actors.server_args import ServerArgs
-from deployment.sim.cost_executor import CostExecutor
-from deployment.sim.round_costs import TOY
-from gate.policy import make_policy
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -46,34 +44,24 @@ class Run:
     max_occupancy: float = 0.0  # highest pool occupancy right after a plan, any rank
 
 
-def make_args(
+POLICIES = ("roundgate", "none", "local-interval")
+
+
+def policy_args(
     dp_size: int,
     policy: str,
     attempt: int = 1,
     any_: int = 1,
-    local_interval: int = 0,
+    local_interval: int = 1,
     **overrides,
 ) -> ServerArgs:
-    gate = policy == "gate"
-    return ServerArgs(
-        dp_size=dp_size,
-        prefill_attempt_interval=attempt if gate else None,
-        prefill_any_attempt_interval=any_ if gate else None,
-        prefill_decode_interval=local_interval if policy == "local" else 0,
-        **overrides,
-    ).validate()
-
-
-def make_loops(args: ServerArgs) -> list[RankLoop]:
-    return [
-        RankLoop(
-            Scheduler(args),
-            make_policy(args.prefill_delay, args.prefill_decode_interval, rank),
-            CostExecutor(TOY),
-            args.dp_size,
-        )
-        for rank in range(args.dp_size)
-    ]
+    """``policy`` with its intervals: the gate's (``attempt``/``any_``) or the local one."""
+    flags = {
+        "roundgate": {"prefill_attempt_interval": attempt, "prefill_any_attempt_interval": any_},
+        "local-interval": {"prefill_decode_interval": local_interval},
+        "none": {},
+    }[policy]
+    return make_args(dp_size, policy, **flags, **overrides)
 
 
 def round_bound(args: ServerArgs, jobs: list[Job]) -> int:
@@ -82,7 +70,7 @@ def round_bound(args: ServerArgs, jobs: list[Job]) -> int:
     Serialised worst case: every prompt token its own chunk, each chunk waiting a full gate
     window, then every output token its own round. A livelock blows through it.
     """
-    window = (args.prefill_any_attempt_interval or 0) + args.prefill_decode_interval + 2
+    window = (args.prefill_any_attempt_interval or 0) + (args.prefill_decode_interval or 0) + 2
     work = sum((j.prompt_len + 1) * window + j.max_tokens + (j.load_rounds or 0) for j in jobs)
     return 4 * work + 200
 
@@ -102,7 +90,8 @@ def check_round(run: Run, outcomes: list[RoundOutcome]) -> None:
             assert req.num_computed_tokens <= len(req.page_ids) * sched.pool.page_size
         assert len(sched.running) <= sched.max_batch_size
         assert plan.num_tokens <= sched.args.max_scheduled_tokens
-        if not outcome.allow_prefill:
+        permission = outcome.plan.permission
+        if not (permission.allow_new or permission.allow_chunks):
             assert plan.num_extends == 0, "prefill planned without permission"
         if not sched.args.enable_mixed_prefill_decode:
             assert plan.kind is not RoundKind.MIXED
@@ -119,7 +108,7 @@ def drive(args: ServerArgs, jobs: list[Job]) -> Run:
     bound = last_arrival + round_bound(args, jobs)
     for rnd in range(bound + 1):
         for rid, job in by_round.get(rnd, []):
-            req = Request(rid, [1] * job.prompt_len, SamplingParams(max_tokens=job.max_tokens))
+            req = make_request(rid, job.prompt_len, job.max_tokens, token=1)
             run.loops[job.rank].scheduler.add_request(req, loading=job.load_rounds is not None)
             run.requests[rid] = (job.rank, req)
         for rid, (rank, _) in run.requests.items():
@@ -145,11 +134,11 @@ def drive(args: ServerArgs, jobs: list[Job]) -> Run:
 
 
 @st.composite
-def configs(draw, policies=("gate", "none", "local")) -> ServerArgs:
+def configs(draw, policies=POLICIES) -> ServerArgs:
     dp_size = draw(st.integers(1, 3))
     policy = draw(st.sampled_from(policies))
     attempt = draw(st.integers(1, 3))
-    return make_args(
+    return policy_args(
         dp_size,
         policy,
         attempt=attempt,
@@ -185,7 +174,7 @@ def workloads(draw, args: ServerArgs, max_jobs: int = 10, with_aborts: bool = Tr
 
 
 @st.composite
-def config_and_workload(draw, policies=("gate", "none", "local")):
+def config_and_workload(draw, policies=POLICIES):
     args = draw(configs(policies))
     return args, draw(workloads(args))
 
@@ -220,7 +209,7 @@ def test_pool_integrity_every_round_and_no_leak_or_starvation(case) -> None:
 
 
 @SETTINGS
-@given(case=config_and_workload(policies=("gate", "none")))
+@given(case=config_and_workload(policies=("roundgate", "none")))
 def test_every_rank_reaches_the_same_vote_each_round(case) -> None:
     """The vote is a function of gathered rows only, so every rank agrees every round; a closed
     vote means no rank extends that round."""
@@ -239,9 +228,9 @@ def unpressured_gate_workloads(draw):
     fills its batch or has to queue a prompt behind another prompt's tokens."""
     dp_size = draw(st.integers(1, 3))
     attempt = draw(st.integers(1, 4))
-    args = make_args(
+    args = policy_args(
         dp_size,
-        "gate",
+        "roundgate",
         attempt=attempt,
         any_=draw(st.integers(attempt, 8)),
         max_num_seqs=dp_size * 16,
@@ -306,9 +295,7 @@ def test_admission_wait_follows_the_any_cadence(arrival: int, wait: int) -> None
     and only ANY points (counter 4, 8, ...) open. Its wait is the distance from its first
     published want to the next ANY vote that sees it: at most ``any_interval`` here, inside the
     ``any_interval + 1`` bound (the bound's extra round is the vote's one round of staleness)."""
-    args = make_args(
-        2, "gate", attempt=2, any_=4, max_num_seqs=8, max_scheduled_tokens=64, num_kv_pages=256
-    )
+    args = policy_args(2, "roundgate", attempt=2, any_=4, max_scheduled_tokens=64, num_kv_pages=256)
     jobs = [Job(0, 0, 4, 60), Job(0, 1, 4, 60), Job(arrival, 0, 4, 5)]
     run = drive(args, jobs)
     rank, late = run.requests["j2"]

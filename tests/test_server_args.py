@@ -1,15 +1,19 @@
-"""ServerArgs: the prefill_delay property, validate() refusals and the CLI."""
+"""ServerArgs: frozen and validated at construction, ``replace``, the context length, the CLI."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import pickle
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from actors.model.config import PRESETS, with_overrides
 from actors.server_args import (
     ATTENTION_BACKENDS,
     DEVICES,
@@ -17,12 +21,15 @@ from actors.server_args import (
     MOE_BACKENDS,
     ServerArgs,
 )
-from gate import PrefillDelay
+from gate import PrefillDelay, registry
+from gate.no_gate import NoGateConfig
 
 ATTEMPT = "--prefill-attempt-interval"
 ANY = "--prefill-any-attempt-interval"
 GATE = {"prefill_attempt_interval": 4, "prefill_any_attempt_interval": 16}
 GATE_CLI = [ATTEMPT, "4", ANY, "16"]
+CONTEXT = 4096  # the presets' max_position_embeddings
+LOCAL_ONLY = "--prefill-decode-interval applies to --prefill-policy local-interval only"
 
 
 def flag_of(name: str) -> str:
@@ -33,83 +40,137 @@ def refuses(flag: str) -> Any:
     return pytest.raises(ValueError, match=re.escape(flag))
 
 
-# --- the prefill_delay property ---------------------------------------------------------------
+# --- frozen: no assignment, ``replace`` builds a validated copy ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("dp_size", 2),
+        ("max_model_len", 1024),
+        ("disaggregation_mode", "prefill"),
+        ("prefill_policy", "none"),
+        ("prefill_attempt_interval", 2),  # a policy flag is no more assignable than a field
+        ("prefill_decode_interval", 3),
+        ("policy_flags", {}),
+    ],
+)
+def test_assignment_is_refused(name: str, value: Any) -> None:
+    args = ServerArgs(**GATE)
+    before = args.to_dict()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(args, name, value)
+    assert args.to_dict() == before
+    assert args.policy_config == PrefillDelay(4, 16)
+
+
+def test_policy_flags_cannot_be_edited_in_place() -> None:
+    args = ServerArgs(**GATE)
+    with pytest.raises(TypeError):
+        args.policy_flags["prefill_attempt_interval"] = 8  # type: ignore[index]
+    assert args.prefill_attempt_interval == 4
+
+
+def test_replace_returns_a_validated_copy() -> None:
+    args = ServerArgs(**GATE)
+    wider = args.replace(dp_size=2, max_num_seqs=8)
+    assert wider is not args
+    assert (wider.dp_size, wider.max_batch_size) == (2, 4)
+    assert wider.policy_config == args.policy_config == PrefillDelay(4, 16)
+    assert args.dp_size == 1  # the original is untouched
+    assert args.replace() == args
+    shorter = args.replace(prefill_attempt_interval=2)
+    assert shorter.policy_config == PrefillDelay(2, 16)
+    assert args.policy_config == PrefillDelay(4, 16)
+
+
+def test_replace_with_none_unsets_a_policy_flag() -> None:
+    args = ServerArgs(**GATE).replace(
+        prefill_attempt_interval=None, prefill_any_attempt_interval=None
+    )
+    assert dict(args.policy_flags) == {}
+    assert args.prefill_attempt_interval is None
+    assert args.prefill_policy_name == "none"
+    assert args == ServerArgs()
+
+
+@pytest.mark.parametrize(
+    ("changes", "flag"),
+    [
+        ({"prefill_attempt_interval": None}, ATTEMPT),
+        ({"prefill_any_attempt_interval": None}, ANY),
+        ({"prefill_any_attempt_interval": 2}, ANY),  # now below the attempt interval
+        ({"prefill_attempt_interval": 0}, ATTEMPT),
+        ({"disaggregation_mode": "prefill"}, "--disaggregation-mode"),
+        ({"prefill_decode_interval": 2}, LOCAL_ONLY + " (selected: roundgate)"),
+        ({"max_model_len": CONTEXT + 1}, "--max-model-len"),
+    ],
+)
+def test_replace_validates(changes: dict[str, Any], flag: str) -> None:
+    args = ServerArgs(**GATE)
+    with refuses(flag):
+        args.replace(**changes)
+    assert args.to_dict() == ServerArgs(**GATE).to_dict()
+
+
+# --- the gate's pair of intervals ---------------------------------------------------------------
 
 
 def test_unset_pair_means_no_gate() -> None:
     args = ServerArgs()
-    assert args.prefill_delay is None
-    assert args.validate() is args
+    assert args.prefill_policy_name == "none"
+    assert args.policy_config == NoGateConfig()
+    assert (args.prefill_attempt_interval, args.prefill_any_attempt_interval) == (None, None)
+    assert dict(args.policy_flags) == {}
 
 
 @pytest.mark.parametrize(("attempt", "any_"), [(1, 1), (4, 16), (8, 8)])
 def test_complete_pair_gives_a_delay(attempt: int, any_: int) -> None:
     args = ServerArgs(prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_)
-    assert args.validate().prefill_delay == PrefillDelay(attempt, any_)
+    assert args.prefill_policy_name == "roundgate"
+    assert args.policy_config == PrefillDelay(attempt, any_)
+    assert dict(args.policy_flags) == {
+        "prefill_attempt_interval": attempt,
+        "prefill_any_attempt_interval": any_,
+    }
+    assert args.prefill_schedule_interval is None  # another policy's flag reads as unset
 
 
 @pytest.mark.parametrize(
     ("attempt", "any_", "missing"),
     [(4, None, ANY), (None, 16, ATTEMPT), (1, None, ANY), (None, 1, ATTEMPT)],
 )
-def test_incomplete_pair_raises_at_property_and_validate(
-    attempt: int | None, any_: int | None, missing: str
-) -> None:
-    args = ServerArgs(prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_)
-    with refuses(missing):
-        _ = args.prefill_delay
-    with refuses(missing):
-        args.validate()
-
-
-@pytest.mark.parametrize(
-    ("field", "value", "flag"),
-    [
-        ("prefill_attempt_interval", None, ATTEMPT),
-        ("prefill_any_attempt_interval", None, ANY),
-        ("prefill_any_attempt_interval", 2, ANY),  # now below the attempt interval
-        ("prefill_attempt_interval", 0, ATTEMPT),
-    ],
-)
-def test_edit_after_validate_is_caught(field: str, value: int | None, flag: str) -> None:
-    args = ServerArgs(**GATE).validate()
-    setattr(args, field, value)
-    with refuses(flag):
-        _ = args.prefill_delay
-    with refuses(flag):
-        args.validate()
-
-
-def test_property_follows_edits() -> None:
-    args = ServerArgs(**GATE).validate()
-    args.prefill_attempt_interval = 2
-    assert args.prefill_delay == PrefillDelay(2, 16)
-    args.prefill_attempt_interval = None
-    args.prefill_any_attempt_interval = None
-    assert args.prefill_delay is None
+def test_incomplete_pair_is_refused(attempt: int | None, any_: int | None, missing: str) -> None:
+    with refuses(f"--prefill-policy roundgate needs {missing}"):
+        ServerArgs(prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_)
 
 
 @pytest.mark.parametrize(("attempt", "any_"), [(4, 2), (16, 15), (2, 1)])
 def test_any_below_attempt_is_refused(attempt: int, any_: int) -> None:
-    args = ServerArgs(prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_)
-    with refuses(ANY):
-        _ = args.prefill_delay
-    with refuses(ANY):
-        args.validate()
+    with refuses(f"{ANY} ({any_}) must be >= {ATTEMPT} ({attempt})"):
+        ServerArgs(prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_)
 
 
-# --- validate() -------------------------------------------------------------------------------
+# --- validation at construction -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("changes", "flag"),
     [
-        # The gate is for the fused role only.
+        # A prefill policy is for the fused role only.
         ({**GATE, "disaggregation_mode": "prefill"}, "--disaggregation-mode"),
         ({**GATE, "disaggregation_mode": "decode"}, "--disaggregation-mode"),
+        ({"prefill_decode_interval": 2, "disaggregation_mode": "prefill"}, "--disaggregation-mode"),
+        (
+            {"prefill_policy": "vllm-interval", "disaggregation_mode": "decode"},
+            "--disaggregation-mode",
+        ),
         # The gate and the local interval policy exclude each other.
-        ({**GATE, "prefill_decode_interval": 1}, "--prefill-decode-interval"),
-        ({**GATE, "prefill_decode_interval": 8}, "--prefill-decode-interval"),
+        ({**GATE, "prefill_decode_interval": 1}, LOCAL_ONLY + " (selected: roundgate)"),
+        ({**GATE, "prefill_decode_interval": 8}, LOCAL_ONLY + " (selected: roundgate)"),
+        # Unset is "no local policy"; 0 is no longer a way to say so.
+        ({"prefill_decode_interval": 0}, "--prefill-decode-interval must be >= 1"),
+        ({"prefill_decode_interval": -1}, "--prefill-decode-interval"),
         # Every rank needs a batch slot.
         ({"dp_size": 4, "max_num_seqs": 3}, "--max-num-seqs"),
         ({"dp_size": 8, "max_num_seqs": 1}, "--max-num-seqs"),
@@ -123,23 +184,21 @@ def test_any_below_attempt_is_refused(attempt: int, any_: int) -> None:
         ({"dp_size": 2.0}, "--dp-size"),
         ({"dp_size": True}, "--dp-size"),
         ({"max_model_len": 0}, "--max-model-len"),
-        ({"prefill_decode_interval": -1}, "--prefill-decode-interval"),
+        ({"max_model_len": CONTEXT + 1}, "--max-model-len"),
         ({"collective_timeout_s": 0.0}, "--collective-timeout-s"),
         ({"disaggregation_mode": "both"}, "--disaggregation-mode"),
         ({"device": "tpu"}, "--device"),
         ({"attention_backend": "xformers"}, "--attention-backend"),
         ({"moe_backend": "ep"}, "--moe-backend"),
+        ({"model": "no-such-preset"}, "--model"),
     ],
 )
-def test_validate_refuses(changes: dict[str, Any], flag: str) -> None:
+def test_construction_refuses(changes: dict[str, Any], flag: str) -> None:
     with refuses(flag):
-        ServerArgs(**changes).validate()
-    # The same refusal reaches a validated instance edited afterwards.
-    args = ServerArgs().validate()
-    for name, value in changes.items():
-        setattr(args, name, value)
+        ServerArgs(**changes)
+    # The same refusal reaches a copy of a valid instance.
     with refuses(flag):
-        args.validate()
+        ServerArgs().replace(**changes)
 
 
 @pytest.mark.parametrize(
@@ -147,37 +206,40 @@ def test_validate_refuses(changes: dict[str, Any], flag: str) -> None:
     [
         {**GATE, "disaggregation_mode": "null"},
         {"disaggregation_mode": "prefill"},
-        {"disaggregation_mode": "decode", "prefill_decode_interval": 3},
+        {"disaggregation_mode": "decode", "prefill_policy": "none"},
         {"prefill_decode_interval": 4},
-        {**GATE, "prefill_decode_interval": 0},
+        {"prefill_decode_interval": 1},
+        {**GATE, "prefill_decode_interval": None},  # None is unset, not a second policy
         {"dp_size": 4, "max_num_seqs": 4},
-        {"max_model_len": 4096, "collective_timeout_s": 0.5, "enable_mixed_prefill_decode": True},
+        {
+            "max_model_len": CONTEXT,
+            "collective_timeout_s": 0.5,
+            "enable_mixed_prefill_decode": True,
+        },
     ],
 )
-def test_validate_accepts(changes: dict[str, Any]) -> None:
+def test_construction_accepts(changes: dict[str, Any]) -> None:
     args = ServerArgs(**changes)
-    assert args.validate() is args
+    assert ServerArgs(**args.to_dict()) == args
 
 
 @pytest.mark.parametrize(
     ("changes", "flag"),
     [
-        ({"prefill_decode_interval": None}, "--prefill-decode-interval"),
+        ({"prefill_decode_interval": "2"}, "--prefill-decode-interval must be an integer"),
+        ({"prefill_decode_interval": 2.0}, "--prefill-decode-interval must be an integer"),
         ({"max_model_len": "4096"}, "--max-model-len"),
         ({"collective_timeout_s": "30"}, "--collective-timeout-s"),
     ],
 )
 def test_wrong_types_name_the_flag(changes: dict[str, Any], flag: str) -> None:
     with refuses(flag):
-        ServerArgs(**changes).validate()
+        ServerArgs(**changes)
 
 
-def test_replace_validates() -> None:
-    args = ServerArgs(**GATE).validate()
-    assert args.replace(dp_size=2).dp_size == 2
-    with refuses("--disaggregation-mode"):
-        args.replace(disaggregation_mode="prefill")
-    assert args.disaggregation_mode == "null"  # the original is untouched
+def test_unknown_argument_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="dp_sise"):
+        ServerArgs(dp_sise=2)
 
 
 @pytest.mark.parametrize(
@@ -185,8 +247,48 @@ def test_replace_validates() -> None:
     [(64, 1, 64), (64, 4, 16), (7, 2, 3), (8, 8, 1), (100, 8, 12)],
 )
 def test_max_batch_size(max_num_seqs: int, dp_size: int, expected: int) -> None:
-    args = ServerArgs(max_num_seqs=max_num_seqs, dp_size=dp_size).validate()
+    args = ServerArgs(max_num_seqs=max_num_seqs, dp_size=dp_size)
     assert args.max_batch_size == expected
+
+
+@pytest.mark.parametrize("changes", [{}, GATE, {"prefill_policy": "sglang-delayer"}])
+def test_flat_dict_and_pickle_rebuild_an_equal_instance(changes: dict[str, Any]) -> None:
+    args = ServerArgs(dp_size=2, max_num_seqs=8, max_model_len=1024, **changes)
+    assert ServerArgs(**args.to_dict()) == args
+    assert pickle.loads(pickle.dumps(args)) == args
+
+
+# --- the context length: resolved once, from the flag or the model ----------------------------
+
+
+@pytest.mark.parametrize("model", sorted(PRESETS))
+def test_unset_max_model_len_resolves_to_the_model_limit(model: str) -> None:
+    args = ServerArgs(model=model)
+    assert args.max_model_len == PRESETS[model].max_position == CONTEXT
+    assert args.to_dict()["max_model_len"] == CONTEXT
+
+
+@pytest.mark.parametrize("flag", [1, 512, CONTEXT])
+def test_max_model_len_at_or_below_the_limit_is_kept(flag: int) -> None:
+    assert ServerArgs(max_model_len=flag).max_model_len == flag
+
+
+@pytest.mark.parametrize("flag", [CONTEXT + 1, 8192, 1 << 17])
+def test_max_model_len_above_the_limit_names_both_numbers(flag: int) -> None:
+    with pytest.raises(ValueError) as info:
+        ServerArgs(model="tiny-llama", max_model_len=flag)
+    message = str(info.value)
+    assert "--max-model-len" in message
+    assert str(flag) in message and f"({CONTEXT})" in message, message
+
+
+def test_a_model_directory_sets_its_own_limit(tmp_path: Path) -> None:
+    config = with_overrides(PRESETS["tiny-llama"], max_position=8192)
+    (tmp_path / "config.json").write_text(json.dumps(config.to_hf_dict()))
+    assert ServerArgs(model=str(tmp_path)).max_model_len == 8192
+    assert ServerArgs(model=str(tmp_path), max_model_len=8192).max_model_len == 8192
+    with refuses("--max-model-len 8193 exceeds the model's max_position_embeddings (8192)"):
+        ServerArgs(model=str(tmp_path), max_model_len=8193)
 
 
 # --- the CLI ----------------------------------------------------------------------------------
@@ -206,21 +308,25 @@ def test_from_cli_parses_the_design_flags() -> None:
             "--disaggregation-mode",
             "null",
             "--max-model-len",
-            "8192",
+            "2048",
             "--collective-timeout-s",
             "2.5",
         ]
     )
-    assert args.prefill_delay == PrefillDelay(4, 16)
+    assert args.prefill_policy_name == "roundgate"
+    assert args.policy_config == PrefillDelay(4, 16)
     assert (args.dp_size, args.max_num_seqs, args.max_batch_size) == (4, 128, 32)
     assert args.max_scheduled_tokens == 512
     assert args.enable_mixed_prefill_decode is True
-    assert args.max_model_len == 8192
+    assert args.max_model_len == 2048
     assert args.collective_timeout_s == 2.5
 
 
 def test_from_cli_defaults_equal_the_dataclass() -> None:
-    assert ServerArgs.from_cli([]) == ServerArgs()
+    args = ServerArgs.from_cli([])
+    assert args == ServerArgs()
+    assert args.max_model_len == CONTEXT
+    assert dict(args.policy_flags) == {}
 
 
 @pytest.mark.parametrize(
@@ -228,34 +334,43 @@ def test_from_cli_defaults_equal_the_dataclass() -> None:
     [
         {},
         GATE,
-        {"prefill_decode_interval": 2, "disaggregation_mode": "prefill"},
+        {"prefill_decode_interval": 2},
+        {"disaggregation_mode": "prefill"},
+        {"prefill_policy": "vllm-interval", "prefill_schedule_interval": 3},
         {"dp_size": 8, "max_num_seqs": 256, "enable_mixed_prefill_decode": True},
         {"max_model_len": 2048, "seed": -3, "collective_timeout_s": 0.25, "model": "tiny-llama"},
         {"device": "cuda", "attention_backend": "flashinfer", "moe_backend": "deepep"},
     ],
 )
 def test_cli_round_trip(changes: dict[str, Any]) -> None:
-    args = ServerArgs(**changes).validate()
+    args = ServerArgs(**changes)
     assert ServerArgs.from_cli(args.to_cli()) == args
 
 
 @st.composite
 def valid_args(draw: st.DrawFn) -> ServerArgs:
     dp_size = draw(st.integers(1, 16))
-    gate = draw(st.booleans())
+    policy = draw(st.sampled_from(["none", "roundgate", "local-interval"]))
     attempt = draw(st.integers(1, 32))
-    mode = "null" if gate else draw(st.sampled_from(DISAGGREGATION_MODES))
+    flags: dict[str, Any] = {}
+    if policy == "roundgate":
+        flags = {
+            "prefill_attempt_interval": attempt,
+            "prefill_any_attempt_interval": draw(st.integers(attempt, 64)),
+        }
+    elif policy == "local-interval":
+        flags = {"prefill_decode_interval": draw(st.integers(1, 16))}
+    # A prefill policy runs in the fused role only.
+    mode = "null" if flags else draw(st.sampled_from(DISAGGREGATION_MODES))
     return ServerArgs(
-        model=draw(st.sampled_from(["tiny-moe", "tiny-llama", "/models/my model"])),
+        model=draw(st.sampled_from(sorted(PRESETS))),
         dp_size=dp_size,
         max_num_seqs=draw(st.integers(dp_size, 4096)),
         max_scheduled_tokens=draw(st.integers(1, 1 << 16)),
         page_size=draw(st.sampled_from([1, 16, 64])),
         num_kv_pages=draw(st.integers(1, 1 << 20)),
-        max_model_len=draw(st.none() | st.integers(1, 1 << 17)),
-        prefill_attempt_interval=attempt if gate else None,
-        prefill_any_attempt_interval=draw(st.integers(attempt, 64)) if gate else None,
-        prefill_decode_interval=0 if gate else draw(st.integers(0, 16)),
+        max_model_len=draw(st.none() | st.integers(1, CONTEXT)),
+        prefill_policy=draw(st.sampled_from([None, policy])),
         enable_mixed_prefill_decode=draw(st.booleans()),
         disaggregation_mode=mode,
         device=draw(st.sampled_from(DEVICES)),
@@ -266,13 +381,17 @@ def valid_args(draw: st.DrawFn) -> ServerArgs:
         collective_timeout_s=draw(
             st.floats(min_value=1e-3, max_value=1e4, allow_nan=False, allow_infinity=False)
         ),
-    ).validate()
+        **flags,
+    )
 
 
 @settings(max_examples=50, deadline=None)
 @given(args=valid_args())
 def test_cli_round_trip_property(args: ServerArgs) -> None:
-    assert ServerArgs.from_cli(args.to_cli()) == args
+    back = ServerArgs.from_cli(args.to_cli())
+    assert back == args
+    assert back.prefill_policy_name == args.prefill_policy_name
+    assert back.policy_config == args.policy_config
 
 
 def help_entries(capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
@@ -289,9 +408,23 @@ def help_entries(capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
 def test_help_lists_every_flag_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
     entries = help_entries(capsys)
     for f in dataclasses.fields(ServerArgs):
+        if f.name == "policy_flags":
+            continue  # the registered policies' flags, checked below
         flag = flag_of(f.name)
         assert flag in entries, f"{flag} missing from --help"
         assert f"(default: {f.default})" in entries[flag], entries[flag]
+
+
+def test_help_lists_every_policy_flag_with_its_owner(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # no wrapping inside "sglang-delayer"
+    entries = help_entries(capsys)
+    assert "--policy-flags" not in entries
+    for flag, owner in registry.all_flags().values():
+        assert flag.cli in entries, f"{flag.cli} missing from --help"
+        default = "required" if flag.required else f"default {flag.default}"
+        assert f"(--prefill-policy {owner}; {default})" in entries[flag.cli], entries[flag.cli]
 
 
 def test_help_prints_each_default_once(capsys: pytest.CaptureFixture[str]) -> None:
@@ -316,10 +449,17 @@ def test_help_prints_each_default_once(capsys: pytest.CaptureFixture[str]) -> No
         ([ATTEMPT, "x", ANY, "4"], ATTEMPT),
         ([*GATE_CLI, "--disaggregation-mode", "prefill"], "--disaggregation-mode"),
         ([*GATE_CLI, "--disaggregation-mode", "decode"], "--disaggregation-mode"),
-        ([*GATE_CLI, "--prefill-decode-interval", "2"], "--prefill-decode-interval"),
+        ([*GATE_CLI, "--prefill-decode-interval", "2"], LOCAL_ONLY + " (selected: roundgate)"),
         (["--prefill-decode-interval", "-1"], "--prefill-decode-interval"),
+        (["--prefill-decode-interval", "0"], "--prefill-decode-interval"),
+        (
+            ["--prefill-decode-interval", "2", "--disaggregation-mode", "decode"],
+            "--disaggregation-mode",
+        ),
         (["--dp-size", "8", "--max-num-seqs", "4"], "--max-num-seqs"),
         (["--max-model-len", "0"], "--max-model-len"),
+        (["--max-model-len", "8192"], "--max-model-len 8192 exceeds"),
+        (["--prefill-policy", "fastest"], "--prefill-policy"),
     ],
 )
 def test_bad_cli_value_is_an_argparse_error_naming_the_flag(

@@ -8,8 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from deployment.cli import main
-from gate.policy import POLICIES
+from deployment.cli import build_parser, main
+from deployment.sim.options import prepare
+from gate import registry
+from gate.delay import PrefillDelay
+from gate.local_interval import LocalIntervalConfig
+from gate.no_gate import NoGateConfig
+from gate.sglang_delayer import SGLangDelayerConfig
+from gate.trtllm_balance import TrtllmBalanceConfig
+from gate.vllm_interval import VllmIntervalConfig
 
 # A small, fast run: 2 ranks, 24 short requests.
 BASE = [
@@ -72,10 +79,58 @@ def test_same_seed_same_json(tmp_path: Path, extra: tuple[str, ...]) -> None:
 def test_compare_runs_each_policy_on_one_workload(tmp_path: Path) -> None:
     report = run_json(tmp_path, "cmp.json", "--compare", "all")
     results = report["results"]
-    assert [r["policy"] for r in results] == list(POLICIES)
-    assert set(report["ratios_to_none"]) == set(POLICIES)
+    assert [r["policy"] for r in results] == list(registry.names())
+    assert set(report["ratios_to_none"]) == set(registry.names())
     # Same workload: same requests and the same total output for every policy.
     assert len({(r["requests"], r["output_tokens"]) for r in results}) == 1
+
+
+# Each policy's config when simulate is given none of its flags (the "sim_default"s).
+SIM_CONFIGS = {
+    "roundgate": PrefillDelay(4, 16),
+    "none": NoGateConfig(),
+    "local-interval": LocalIntervalConfig(4),
+    "sglang-delayer": SGLangDelayerConfig(),
+    "vllm-interval": VllmIntervalConfig(2),
+    "trtllm-balance": TrtllmBalanceConfig(),
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "changed"),
+    [
+        ((), {}),
+        (("--prefill-decode-interval", "7"), {"local-interval": LocalIntervalConfig(7)}),
+        (
+            ("--prefill-attempt-interval", "2", "--prefill-schedule-interval", "3"),
+            {"roundgate": PrefillDelay(2, 16), "vllm-interval": VllmIntervalConfig(3)},
+        ),
+        (
+            ("--attention-dp-timeout-iters", "9"),
+            {"trtllm-balance": TrtllmBalanceConfig(timeout_iters=9)},
+        ),
+    ],
+)
+def test_each_policy_runs_with_its_simulate_defaults_and_only_its_own_flags(
+    extra: tuple[str, ...], changed: dict
+) -> None:
+    ns = build_parser().parse_args([*BASE, "--compare", "all", *extra])
+    setup = prepare(ns)
+    assert setup.policies == list(registry.names())
+    configs = {name: setup.args[name].policy_config for name in SIM_CONFIGS}
+    assert configs == SIM_CONFIGS | changed
+    for name, args in setup.args.items():
+        assert args.prefill_policy_name == name
+        # A policy's run carries its own flags only: another's flag would be refused.
+        assert all(registry.all_flags()[flag][1] == name for flag in args.policy_flags)
+
+
+def test_simulate_has_a_flag_for_every_policy_flag(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    out = capsys.readouterr().out
+    for flag, _owner in registry.all_flags().values():
+        assert flag.cli in out
 
 
 def test_trace_arrivals_and_cost_file(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from deployment.cli import main
 from deployment.sim.workload import WORKLOADS
-from gate.policy import POLICIES
+from gate import registry
 
 SMALL = [
     "--dp-size", "2",
@@ -49,7 +49,7 @@ def error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 def test_compare_all_same_seed_same_numbers_for_every_policy(tmp_path: Path, extra) -> None:
     first = simulate_json(tmp_path, "a.json", "--compare", "all", "--seed", "3", *extra)
     second = simulate_json(tmp_path, "b.json", "--compare", "all", "--seed", "3", *extra)
-    assert [r["policy"] for r in first["results"]] == list(POLICIES)
+    assert [r["policy"] for r in first["results"]] == list(registry.names())
     for a, b in zip(first["results"], second["results"], strict=True):
         assert a == b, a["policy"]
     assert first["ratios_to_none"] == second["ratios_to_none"]
@@ -61,7 +61,7 @@ def test_compare_all_plots_every_policy_and_the_ratio_bars(tmp_path: Path) -> No
     out = tmp_path / "plots"
     assert main(["simulate", *SMALL, "--compare", "all", "--plot", str(out)]) == 0
     names = {p.name for p in out.iterdir()}
-    assert {f"timeline_{p}.png" for p in POLICIES} <= names
+    assert {f"timeline_{p}.png" for p in registry.names()} <= names
     assert {"ttft_cdf.png", "itl_cdf.png", "ratios.png"} <= names
     assert all(p.stat().st_size < 200_000 for p in out.iterdir())
 

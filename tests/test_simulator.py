@@ -7,11 +7,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from builders import make_args
 
+from actors.control.round import RoundKind
 from actors.server_args import ServerArgs
 from deployment.sim.report import format_table, percentiles, summarize
 from deployment.sim.round_costs import PRESETS, RoundCosts
-from deployment.sim.simulator import GroupSimulator
+from deployment.sim.simulator import KIND_CODES, GroupSimulator
 from deployment.sim.workload import Arrival, Router, WorkloadSpec, generate, load_trace
 
 POLICIES = ("roundgate", "none", "local-interval")
@@ -19,19 +21,18 @@ POLICIES = ("roundgate", "none", "local-interval")
 # --- builders ---------------------------------------------------------------------------------
 
 
-def make_args(policy: str = "roundgate", dp_size: int = 4, **overrides) -> ServerArgs:
-    gate = policy == "roundgate"
-    values = {
-        "dp_size": dp_size,
-        "max_num_seqs": 16 * dp_size,
-        "max_scheduled_tokens": 256,
-        "page_size": 16,
-        "num_kv_pages": 256,
-        "prefill_attempt_interval": 2 if gate else None,
-        "prefill_any_attempt_interval": 6 if gate else None,
-        "prefill_decode_interval": 3 if policy == "local-interval" else 0,
-    }
-    return ServerArgs(**(values | overrides)).validate()
+# A larger group than the builders' default: 16 running requests a rank, a 256-token round.
+SIM_GROUP = {"max_scheduled_tokens": 256, "page_size": 16, "num_kv_pages": 256}
+SIM_FLAGS = {
+    "roundgate": {"prefill_any_attempt_interval": 6},
+    "local-interval": {"prefill_decode_interval": 3},
+}
+EXTENDS = {KIND_CODES[RoundKind.PREFILL], KIND_CODES[RoundKind.MIXED]}  # kinds that extend
+
+
+def sim_args(policy: str = "roundgate", dp_size: int = 4, **overrides) -> ServerArgs:
+    values = {"max_num_seqs": 16 * dp_size, **SIM_GROUP, **SIM_FLAGS.get(policy, {})}
+    return make_args(dp_size, policy, **(values | overrides))
 
 
 def make_spec(**overrides) -> WorkloadSpec:
@@ -55,7 +56,7 @@ def simulate(
     costs: RoundCosts | None = None,
     **arg_overrides,
 ) -> dict:
-    args = make_args(policy, **arg_overrides)
+    args = sim_args(policy, **arg_overrides)
     sim = GroupSimulator(
         args,
         costs or PRESETS["h100-dsv3"],
@@ -95,30 +96,61 @@ def test_different_seeds_give_different_workloads() -> None:
     assert a != b
 
 
-def test_summary_has_the_issue_metrics() -> None:
-    summary = simulate()
-    for key in (
-        "decode_round_fraction",
-        "prefill_rounds",
-        "rounds",
-        "output_tokens_per_s",
-        "max_admission_wait_rounds",
-    ):
-        assert key in summary
-    for key in ("ttft_ms", "itl_ms"):
+@pytest.mark.parametrize("policy", POLICIES)
+def test_summary_counts_add_up(policy: str) -> None:
+    arrivals = generate(make_spec())
+    args = sim_args(policy)
+    sim = GroupSimulator(args, PRESETS["h100-dsv3"], Router("round-robin", 4, seed=7), policy)
+    result = sim.run(arrivals)
+    summary = summarize(result)
+    # Every busy round is a prefill round (some rank extended) or a decode round, and the
+    # timeline (one kind per rank per round) says the same.
+    assert summary["busy_rounds"] == summary["prefill_rounds"] + summary["decode_rounds"]
+    assert 0 < summary["busy_rounds"] <= summary["rounds"] == result.rounds
+    timeline = result.timeline
+    assert timeline is not None and len(timeline.duration_ms) == result.rounds
+    kinds = [timeline.kinds[i * 4 : (i + 1) * 4] for i in range(result.rounds)]
+    extended = [i for i, ks in enumerate(kinds) if EXTENDS & set(ks)]
+    assert len(extended) == summary["prefill_rounds"] > 0
+    assert sum(any(ks) for ks in kinds) == summary["busy_rounds"]
+    assert summary["decode_round_fraction"] == round(
+        summary["decode_rounds"] / summary["busy_rounds"], 6
+    )
+    # Every request finished, in arrival order, with exactly its output length.
+    assert (summary["requests"], summary["unfinished"]) == (len(arrivals), 0)
+    for record, arrival in zip(result.records, arrivals, strict=True):
+        assert (record.prompt_tokens, record.num_output) == (
+            arrival.prompt_tokens,
+            arrival.output_tokens,
+        )
+        assert record.arrival_s == arrival.time_s
+        assert record.arrival_s <= record.first_token_s <= record.last_token_s == record.finish_s
+    assert summary["output_tokens"] == sum(a.output_tokens for a in arrivals)
+    # One inter-token latency per token after each request's first.
+    assert len(result.itl_ms) == sum(a.output_tokens - 1 for a in arrivals)
+    assert summary["output_tokens_per_s"] == round(
+        summary["output_tokens"] / summary["duration_s"], 3
+    )
+    assert summary["duration_s"] >= sum(timeline.duration_ms) / 1000 - 1e-9
+    for key in ("ttft_ms", "itl_ms", "e2e_ms"):
         assert set(summary[key]) == {"p50", "p90", "p99"}
-        assert summary[key]["p50"] <= summary[key]["p90"] <= summary[key]["p99"]
-    assert 0 <= summary["decode_round_fraction"] <= 1
-    assert summary["prefill_rounds"] + summary["decode_rounds"] == summary["busy_rounds"]
-    assert summary["busy_rounds"] <= summary["rounds"]
-    assert summary["output_tokens_per_s"] > 0
-    assert isinstance(summary["max_admission_wait_rounds"], int)
-    assert summary["max_admission_wait_rounds"] >= 1
+        assert 0 < summary[key]["p50"] <= summary[key]["p90"] <= summary[key]["p99"]
+    # The admission-wait metric is the largest of the requests' waits.
+    waits = [r.admission_wait for r in result.records if r.admission_wait is not None]
+    assert summary["max_admission_wait_rounds"] == max(waits, default=None)
+    if policy == "roundgate":
+        # The gate held some prompt at least one round, and no rank prefilled while the
+        # gate (one vote for the whole group) was closed.
+        assert summary["max_admission_wait_rounds"] >= 1
+        assert all(timeline.opened[i] for i in extended)
+    if policy == "none":
+        # Nothing holds prefill, so the group's ranks prefill in every round they can.
+        assert all(timeline.opened)
 
 
 def test_every_request_finishes_with_its_output_length() -> None:
     arrivals = generate(make_spec())
-    args = make_args()
+    args = sim_args()
     result = GroupSimulator(args, PRESETS["toy"], Router("round-robin", 4)).run(arrivals)
     assert result.unfinished == 0
     assert sum(r.num_output for r in result.records) == sum(a.output_tokens for a in arrivals)
@@ -126,7 +158,7 @@ def test_every_request_finishes_with_its_output_length() -> None:
 
 
 def test_max_rounds_stops_early_and_reports_unfinished() -> None:
-    args = make_args()
+    args = sim_args()
     sim = GroupSimulator(args, PRESETS["toy"], Router("round-robin", 4))
     result = sim.run(generate(make_spec()), max_rounds=5)
     assert result.rounds == 5 and result.unfinished > 0
@@ -195,7 +227,7 @@ def test_skewed_router_is_weights_proportional(weights: list[int]) -> None:
 
 def test_skewed_routing_through_the_simulator() -> None:
     spec = make_spec(num_requests=400, rate=400.0, input_len=16, output_len=2, length_dist="fixed")
-    args = make_args("none")
+    args = sim_args("none")
     sim = GroupSimulator(args, PRESETS["toy"], Router("skewed", 4, [8, 1, 1, 0], seed=1))
     result = sim.run(generate(spec))
     counts = Counter(r.rank for r in result.records)
@@ -248,7 +280,7 @@ def test_trace_file_is_loaded_sorted_with_pinned_ranks(tmp_path: Path) -> None:
     ]
     spec = make_spec(arrival="trace", trace=str(path))
     assert generate(spec) == load_trace(path)
-    args = make_args(dp_size=2)
+    args = sim_args(dp_size=2)
     result = GroupSimulator(args, PRESETS["toy"], Router("least-loaded", 2)).run(generate(spec))
     assert result.unfinished == 0
     by_prompt = {r.prompt_tokens: r for r in result.records}
@@ -282,7 +314,7 @@ def test_trace_pinning_a_rank_outside_the_group_is_refused(tmp_path: Path) -> No
     path = write_trace(
         tmp_path / "t.jsonl", [{"time_s": 0, "prompt_tokens": 4, "output_tokens": 1, "rank": 5}]
     )
-    sim = GroupSimulator(make_args(dp_size=2), PRESETS["toy"], Router("round-robin", 2))
+    sim = GroupSimulator(sim_args(dp_size=2), PRESETS["toy"], Router("round-robin", 2))
     with pytest.raises(ValueError, match="rank 5, outside dp_size"):
         sim.run(load_trace(path))
 

@@ -55,15 +55,17 @@ def test_tokenizer_json_round_trip(tmp_path: Path, side_file, body, eos) -> None
     model_dir = write_word_level(tmp_path / "m")
     if side_file:
         (model_dir / side_file).write_text(json.dumps(body))
-    tok = load_tokenizer(ServerArgs(model=str(model_dir)))
+    tok = load_tokenizer(str(model_dir))  # a tokenizer-only directory (no model config.json)
     assert isinstance(tok, HFTokenizer)
     assert tok.encode("hello world hello") == [1, 2, 1]
     assert tok.decode([1, 2, 3]) == "hello world"
     assert tok.eos_token_id == eos
 
 
-def test_presets_get_the_byte_tokenizer() -> None:
-    assert isinstance(load_tokenizer("tiny-moe"), ByteTokenizer)
+@pytest.mark.parametrize("model", sorted(PRESETS))
+def test_presets_get_the_byte_tokenizer(model: str) -> None:
+    assert isinstance(load_tokenizer(model), ByteTokenizer)
+    assert isinstance(load_tokenizer(ServerArgs(model=model)), ByteTokenizer)
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,10 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
         for flag in registry.get(name).flags:
             default = "required" if flag.sim_default is None and flag.required else flag.sim_default
             g.add_argument(
-                flag.cli, type=flag.kind, default=None, help=f"{name}: {flag.help} ({default})"
+                flag.cli,
+                type=flag.kind,
+                default=None,
+                help=f"{flag.help} (--policy {name}: {default})",
             )
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 from ray.serve.schema import ServeDeploySchema
 
+from actors.model.config import PRESETS
 from deployment.config import AppArgs  # the deployment's own args model decides
 
 
@@ -52,7 +54,15 @@ def unknown_keys(data: Any, model: type[BaseModel], path: str) -> list[str]:
 
 
 def check_app_args(args: dict[str, Any], path: str) -> list[str]:
-    """Problems with one application's ``args`` for ``deployment.app:build_app``."""
+    """Problems with one application's ``args`` for ``deployment.app:build_app``.
+
+    The model files live on the cluster's volumes, not here: a ``model`` path this machine
+    cannot see is checked as a preset stands in for it (and ``max_model_len`` against nothing),
+    so everything else in the args is still validated.
+    """
+    model = args.get("model")
+    if isinstance(model, str) and model not in PRESETS and not Path(model).exists():
+        args = {k: v for k, v in args.items() if k not in ("model", "max_model_len")}
     try:
         AppArgs.model_validate(args)
     except ValidationError as exc:
