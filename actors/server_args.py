@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -53,6 +54,9 @@ class ServerArgs:
     )
     page_size: int = _flag("tokens per KV-cache page", 16)
     num_kv_pages: int = _flag("KV-cache pages per rank", 1024)
+    chat_template: str | None = _flag(
+        "a Jinja chat template file to use instead of the model's own", None
+    )
     max_model_len: int | None = _flag(
         "context length; unset = the model's max_position_embeddings (resolved once, at start)",
         None,
@@ -130,6 +134,8 @@ class ServerArgs:
             )
         self._validate_policy()
         object.__setattr__(self, "max_model_len", self._context_length())
+        if self.chat_template is not None and not Path(self.chat_template).is_file():
+            raise ValueError(f"--chat-template {self.chat_template}: no such file")
 
     def _validate_policy(self) -> None:
         given = self.policy_flags
@@ -153,8 +159,13 @@ class ServerArgs:
         object.__setattr__(self, "prefill_policy_name", name)
 
     def _context_length(self) -> int:
-        """The flag, or the model's limit when unset; a flag above the model's is refused."""
-        limit = resolve_model_config(self.model).max_position
+        """The flag, or the model's limit when unset; a flag above the model's is refused.
+
+        Reads the model's config once (kept as ``model_config``: vocabulary, stop ids).
+        """
+        config = resolve_model_config(self.model)
+        object.__setattr__(self, "model_config", config)
+        limit = config.max_position
         flag = self.max_model_len
         if flag is None:
             return limit

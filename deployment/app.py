@@ -20,7 +20,7 @@ from deployment.choices import usage
 from deployment.config import AppArgs
 from deployment.http_api import api, json_body, read_json, sse
 from deployment.ingress import Ingress, http_request_id
-from deployment.protocol import APIError, ChatRequest, CompletionRequest, parse, render_chat
+from deployment.protocol import APIError, ChatRequest, CompletionRequest, parse
 from deployment.request_metrics import exposition
 from deployment.routers import ROUTER_CLASSES
 
@@ -148,10 +148,10 @@ class OpenAIServer:
         if req.logprobs:
             raise APIError(400, "logprobs is not supported", param="logprobs")
         try:
-            text = render_chat(req.messages)
-        except ValueError as exc:
+            messages = [m.as_template_input() for m in req.messages]
+            ids = core.tokenizer.render_chat(messages, req.tools)
+        except ValueError as exc:  # a non-text part, no template, or the template refused
             raise APIError(400, str(exc), param="messages") from None
-        ids = core.tokenizer.encode(text)
         max_tokens = req.max_completion_tokens or req.max_tokens
         rid, created = http_request_id(), int(time.time())
         choices, deltas = await core.generate(rid, [ids], req, max_tokens, "messages")

@@ -8,6 +8,7 @@ answers 503 with ``Retry-After`` while the gang restarts.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,27 +19,32 @@ from fastapi import Request
 from actors.control.messages import GenerateRequest
 from actors.control.request import SamplingParams
 from deployment.choices import merge
-from deployment.generation import Choice, Delta, run_choice
+from deployment.generation import Choice, Delta, RequestFailed, run_choice
 from deployment.protocol import APIError, CompletionRequest
 from deployment.request_metrics import RequestRecorder
 
 RETRY_AFTER_S = 5
+logger = logging.getLogger("roundgate.ingress")
 
 
 class Ingress:
     """State and logic behind the routes; ``deployment.app`` wraps it in a Serve deployment."""
 
     def __init__(self, ranks: Any, app_args: dict[str, Any]) -> None:
-        from actors.model.tokenizer import load_tokenizer
+        from actors.model.generation_config import read_generation_config
+        from actors.model.tokenizer import load_tokenizer, stop_token_ids
         from deployment.config import AppArgs
 
         self.app_args = AppArgs.model_validate(app_args)  # this process's one validation
-        self.engine_args = self.app_args.server_args()
+        args = self.engine_args = self.app_args.server_args()
         self.model_name = self.app_args.served_model_name
         self.api_key = self.app_args.resolved_api_key
-        self.tokenizer = load_tokenizer(self.engine_args)
-        # The ranks' own number (both resolve it from the same flag and model config).
-        self.max_model_len = self.engine_args.max_model_len
+        self.tokenizer = load_tokenizer(args.model, args.chat_template)
+        # The ranks' own numbers (both resolve them from the same flags and model config).
+        self.max_model_len = args.max_model_len
+        self.vocab_size = args.model_config.vocab_size
+        self.eos_token_ids = stop_token_ids(args.model_config, self.tokenizer, args.model)
+        self.defaults = read_generation_config(args.model)
         self.ranks = ranks.options(stream=True)
         self._degraded_until = 0.0
         self.metrics = RequestRecorder(self.model_name)
@@ -85,10 +91,15 @@ class Ingress:
             prompts = []
         if not prompts or any(not ids for ids in prompts):
             raise APIError(400, "prompt must not be empty", param="prompt")
-        vocab = getattr(self.tokenizer, "vocab_size", None)
+        vocab = self.vocab_size
         for ids in prompts:
-            if vocab is not None and any(not 0 <= t < vocab for t in ids):
-                raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise APIError(
+                    400,
+                    f"prompt token id {bad} is outside the model's vocabulary [0, {vocab})",
+                    param="prompt",
+                )
         return prompts
 
     def sampling_of(
@@ -112,19 +123,26 @@ class Ingress:
                 code="context_length_exceeded",
             )
         stop_ids = list(req.stop_token_ids or [])
-        eos = self.tokenizer.eos_token_id
-        if eos is not None and not req.ignore_eos:
-            stop_ids.append(eos)
+        if not req.ignore_eos:
+            stop_ids += self.eos_token_ids
+        # generation_config.json's defaults fill what the request left unset.
+        given = req.model_fields_set
+        defaults = self.defaults
+        temperature = req.temperature
+        if "temperature" not in given and defaults.temperature is not None:
+            temperature = defaults.temperature
+        top_p = req.top_p if "top_p" in given or defaults.top_p is None else defaults.top_p
+        top_k = req.top_k if "top_k" in given or defaults.top_k is None else defaults.top_k
         # What the rank would refuse is refused here: an exception on the rank reads as a
         # group failure (503 for everyone), never as this client's mistake.
         try:
             return SamplingParams(
                 max_tokens=max_tokens or room,
-                temperature=req.temperature,
-                top_p=req.top_p,
-                top_k=max(0, req.top_k),
+                temperature=temperature,
+                top_p=top_p,
+                top_k=max(0, top_k),
                 seed=req.seed,
-                stop_token_ids=tuple(stop_ids),
+                stop_token_ids=tuple(dict.fromkeys(stop_ids)),
             )
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
@@ -144,11 +162,15 @@ class Ingress:
                 yield delta
         except APIError:
             raise
+        except RequestFailed as exc:  # this request alone: the group keeps serving
+            raise APIError(400, f"the request could not run: {exc}") from None
         except Exception as exc:
+            # The details (Ray's task repr) go to the log; the client gets a plain sentence.
+            logger.warning("request %s: DP group failed: %r", message.request_id, exc)
             self._degraded_until = time.monotonic() + RETRY_AFTER_S
             raise APIError(
                 503,
-                f"generation failed: the DP group is unavailable ({exc})",
+                "generation failed: the DP group is unavailable and restarting; retry shortly",
                 code="group_unavailable",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             ) from None

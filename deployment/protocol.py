@@ -122,6 +122,9 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -135,20 +138,23 @@ class ChatMessage(BaseModel):
             parts.append(part["text"])
         return "".join(parts)
 
+    def as_template_input(self) -> dict[str, Any]:
+        """The message as chat templates read it (text content; tool fields when given)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        for key in ("name", "tool_call_id", "tool_calls"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
 
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Int | None = Field(None, ge=1)
     logprobs: bool | None = None
-
-
-def render_chat(messages: list[ChatMessage]) -> str:
-    """A plain role-tagged transcript ending with the assistant's turn.
-
-    The presets have no chat template; HF directories with a template are out of scope.
-    """
-    lines = [f"<|{m.role}|>\n{m.text()}" for m in messages]
-    return "\n".join(lines) + "\n<|assistant|>\n"
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="passed to the model's chat template (no tool-call parsing yet)"
+    )
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:

@@ -27,7 +27,6 @@ from deployment.protocol import (
     CompletionRequest,
     describe_error,
     parse,
-    render_chat,
 )
 
 APP_ARGS = {"model": "tiny-moe", "dp_size": 2, "max_num_seqs": 4, "device": "cpu"}
@@ -225,12 +224,26 @@ def test_error_body_is_openai_style(status: int, kind: str) -> None:
     assert body == {"error": {"message": "why", "type": kind, "param": "p", "code": "c"}}
 
 
-def test_chat_transcript_ends_with_the_assistant_turn() -> None:
-    req = parse(ChatRequest, {"messages": [{"role": "user", "content": "hi"}]})
-    assert render_chat(req.messages) == "<|user|>\nhi\n<|assistant|>\n"
+def test_chat_messages_reach_the_template_as_text_with_their_tool_fields() -> None:
+    body = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}],
+            },
+            {"role": "tool", "content": "42", "tool_call_id": "call-1"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+    }
+    req = parse(ChatRequest, body)
+    assert [m.as_template_input() for m in req.messages] == [
+        {"role": "user", "content": "hi"},
+        {"role": "tool", "content": "42", "tool_call_id": "call-1"},
+    ]
+    assert req.tools == body["tools"]
     bad = parse(ChatRequest, {"messages": [{"role": "user", "content": [{"type": "image"}]}]})
     with pytest.raises(ValueError, match="only text"):
-        render_chat(bad.messages)
+        bad.messages[0].as_template_input()
 
 
 # ---- request checks ------------------------------------------------------------------------
@@ -242,7 +255,9 @@ def test_chat_transcript_ends_with_the_assistant_turn() -> None:
         ({"prompt": ""}, 400, "prompt", None),
         ({"prompt": []}, 400, "prompt", None),
         ({"prompt": [[]]}, 400, "prompt", None),
-        ({"prompt": [300]}, 400, "prompt", None),  # outside the byte tokenizer's vocabulary
+        ({"prompt": [512]}, 400, "prompt", None),  # outside the model's vocabulary (512 rows)
+        ({"prompt": [-1, 5]}, 400, "prompt", None),
+        ({"prompt": [2**40]}, 400, "prompt", None),
         ({"prompt": [1] * CONTEXT}, 400, "prompt", "context_length_exceeded"),
         ({"prompt": "a" * (CONTEXT + 5)}, 400, "prompt", "context_length_exceeded"),
         ({"prompt": "ab", "max_tokens": CONTEXT - 1}, 400, "max_tokens", "context_length_exceeded"),

@@ -46,6 +46,7 @@ class Scheduler(RoundPlanner):
         # The context length is ``args.max_model_len`` (resolved once against the model). The
         # simulator runs no model and passes None: then only the pool bounds a sequence.
         self.max_model_len = args.max_model_len if max_model_len is ... else max_model_len
+        self.vocab_size = args.model_config.vocab_size
         # No sequence may outgrow the rank's whole pool: past that length a lone request is
         # retracted and can never be readmitted (it would wait forever), so it finishes with
         # "length" there, as it would at the context length.
@@ -77,6 +78,10 @@ class Scheduler(RoundPlanner):
     def check_fits(self, request: Request) -> None:
         """Refuse a prompt that could never run on this rank (reads only fixed limits, so any
         thread may call it)."""
+        vocab = self.vocab_size
+        bad = next((t for t in request.prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
         need = request.num_prompt_tokens + 1
         if self.max_model_len is not None and need > self.max_model_len:
             raise ValueError(

@@ -259,13 +259,20 @@ PRESETS: dict[str, ModelConfig] = {
 
 
 def resolve_model_config(model: str) -> ModelConfig:
-    """A preset by name, or the ``config.json`` of a local HF directory."""
+    """A random preset by name; a GGUF model (a packaged preset, a ``.gguf`` file or a
+    directory holding one); or the ``config.json`` of a local HF directory."""
+    from actors.model import gguf_file
+
     if model in PRESETS:
         return PRESETS[model]
-    if not Path(model).exists():
+    if model not in gguf_file.PACKAGED and not Path(model).exists():
+        names = ", ".join([*PRESETS, *gguf_file.PACKAGED])
         raise ValueError(
-            f"--model {model!r} is neither a preset ({', '.join(PRESETS)}) nor a local directory"
+            f"--model {model!r} is neither a preset ({names}) nor a local directory or .gguf file"
         )
+    path = gguf_file.find_gguf(model)
+    if path is not None:
+        return gguf_file.read_config(path)
     return ModelConfig.from_dir(model)
 
 

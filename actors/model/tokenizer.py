@@ -1,30 +1,49 @@
-"""Tokenizers: byte-level for the presets, ``tokenizer.json`` (``tokenizers``) for HF dirs."""
+"""Tokenizers: byte-level for the random presets, the model's own through transformers.
+
+A real model's tokenizer and chat template come from its files, as in vLLM and SGLang:
+``tokenizer.json`` / sentencepiece / the tokenizer embedded in a GGUF file, and the template from
+``tokenizer_config.json``, ``chat_template.jinja``, the GGUF metadata, or ``--chat-template``.
+Converting a GGUF tokenizer takes seconds, so the converted files are cached outside the
+repository, keyed by the GGUF file's hash.
+"""
 
 from __future__ import annotations
 
-import json
+import contextlib
+import hashlib
+import os
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from actors.model.config import BYTE_BOS_ID, BYTE_EOS_ID, PRESETS
-from actors.server_args import ServerArgs
+from actors.model.config import BYTE_BOS_ID, BYTE_EOS_ID, PRESETS, ModelConfig
+
+
+class ChatTemplateError(ValueError):
+    """The model cannot render this chat (no template, or the template refused it)."""
 
 
 class Tokenizer(Protocol):
-    """Text <-> token ids."""
+    """Text <-> token ids, and a chat rendered the model's way."""
 
     @property
     def eos_token_id(self) -> int | None: ...
 
     def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, token_ids: list[int]) -> str: ...
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]: ...
 
 
 class ByteTokenizer:
     """UTF-8 bytes are ids 0..255; BOS/EOS are the two ids after them.
 
-    Every string round-trips exactly, and the vocabulary fits the presets' 512 rows.
+    Every string round-trips exactly, and the vocabulary fits the presets' 512 rows. The random
+    presets have no chat template of their own: chat is an explicit role-tagged transcript.
     """
 
     bos_token_id = BYTE_BOS_ID
@@ -38,66 +57,133 @@ class ByteTokenizer:
         ids = list(text.encode("utf-8"))
         return [BYTE_BOS_ID, *ids] if add_bos else ids
 
-    def decode(self, token_ids: list[int]) -> str:
+    def decode(self, token_ids: Sequence[int]) -> str:
         """Special and out-of-range ids are dropped; broken UTF-8 becomes U+FFFD."""
         return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
 
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        if tools:
+            raise ChatTemplateError("the random presets' transcript template has no tools")
+        lines = [f"<|{m['role']}|>\n{m.get('content') or ''}" for m in messages]
+        return self.encode("\n".join(lines) + "\n<|assistant|>\n")
+
 
 class HFTokenizer:
-    """A model directory's ``tokenizer.json``, through the ``tokenizers`` package."""
+    """The model's own tokenizer and chat template, through ``transformers.AutoTokenizer``."""
 
-    def __init__(self, model_dir: str | Path) -> None:
-        from tokenizers import Tokenizer as FastTokenizer
-
-        model_dir = Path(model_dir)
-        path = model_dir / "tokenizer.json"
-        if not path.is_file():
-            raise ValueError(f"{path}: missing (a HF model directory needs tokenizer.json)")
-        try:
-            self._tok = FastTokenizer.from_file(str(path))
-        except Exception as exc:  # tokenizers raises a bare Exception subclass
-            raise ValueError(f"{path}: unreadable tokenizer ({exc})") from exc
-        self._eos = _find_eos(model_dir, self._tok)
+    def __init__(self, tok: Any, source: str, chat_template: str | None = None) -> None:
+        self._tok = tok
+        self.source = source
+        self.chat_template = chat_template or getattr(tok, "chat_template", None)
+        self.vocab_size = len(tok)
 
     @property
     def eos_token_id(self) -> int | None:
-        return self._eos
+        return self._tok.eos_token_id
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
 
-    def decode(self, token_ids: list[int]) -> str:
-        return self._tok.decode(token_ids, skip_special_tokens=True)
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=True)
 
-
-def _find_eos(model_dir: Path, tok: object) -> int | None:
-    """EOS from ``config.json``'s ``eos_token_id``, else ``tokenizer_config.json``'s token."""
-    for name, key in (("config.json", "eos_token_id"), ("tokenizer_config.json", "eos_token")):
-        path = model_dir / name
-        if not path.is_file():
-            continue
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """``apply_chat_template`` with the generation prompt; tools go to the template."""
+        if not self.chat_template:
+            raise ChatTemplateError(
+                f"the model ({self.source}) has no chat template; use /v1/completions or "
+                "start the server with --chat-template FILE"
+            )
         try:
-            value = json.loads(path.read_text()).get(key)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
-        if isinstance(value, list) and value:
-            value = value[0]
-        if isinstance(value, dict):  # {"content": "</s>", ...} in older tokenizer configs
-            value = value.get("content")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            return tok.token_to_id(value)  # type: ignore[attr-defined]
-    return None
+            out = self._tok.apply_chat_template(
+                messages,
+                tools=tools,
+                chat_template=self.chat_template,
+                add_generation_prompt=True,
+                tokenize=True,
+            )
+        except Exception as exc:  # jinja2 errors, and raise_exception() inside templates
+            raise ChatTemplateError(f"the chat template refused the messages: {exc}") from None
+        ids = out["input_ids"] if hasattr(out, "keys") else out
+        return [int(t) for t in ids]
 
 
-def load_tokenizer(args: ServerArgs | str) -> ByteTokenizer | HFTokenizer:
-    """The tokenizer for ``--model``: bytes for a preset, ``tokenizer.json`` for a directory."""
-    model = args if isinstance(args, str) else args.model
+def cache_dir() -> Path:
+    """Where one-time conversions live (``$ROUNDGATE_CACHE``, else ``~/.cache/roundgate``)."""
+    root = os.environ.get("ROUNDGATE_CACHE") or Path.home() / ".cache" / "roundgate"
+    return Path(root)
+
+
+def file_digest(path: Path) -> str:
+    """The first 16 hex digits of the file's SHA-256 (the conversion cache's key)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def _gguf_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    cached = cache_dir() / "tokenizers" / file_digest(path)
+    if (cached / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(str(cached))
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+    tok.save_pretrained(str(tmp))
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    # Another process may have converted it first: theirs is as good, ours is dropped.
+    with contextlib.suppress(OSError):
+        tmp.rename(cached)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return tok
+
+
+def _chat_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"--chat-template {path}: cannot read ({exc.strerror})") from None
+
+
+def load_tokenizer(model: str, chat_template: str | None = None) -> ByteTokenizer | HFTokenizer:
+    """The tokenizer for ``--model`` (``chat_template``: the ``--chat-template`` file)."""
+    from actors.model import gguf_file
+
+    template = _chat_template(chat_template)
     if model in PRESETS:
         return ByteTokenizer()
+    path = gguf_file.find_gguf(model)
+    if path is not None:
+        try:
+            return HFTokenizer(_gguf_tokenizer(path), str(path), template)
+        except Exception as exc:
+            raise ValueError(f"{path}: cannot load its tokenizer ({exc})") from exc
     if not Path(model).is_dir():
-        raise ValueError(
-            f"--model {model!r} is neither a preset ({', '.join(PRESETS)}) nor a local directory"
-        )
-    return HFTokenizer(model)
+        raise ValueError(f"--model {model!r}: no such directory")
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(model)
+    except Exception as exc:  # OSError, ValueError, tokenizers' own errors
+        raise ValueError(f"{model}: cannot load its tokenizer ({exc})") from exc
+    return HFTokenizer(tok, model, template)
+
+
+def stop_token_ids(config: ModelConfig, tokenizer: Tokenizer, model: str) -> tuple[int, ...]:
+    """Every id that ends a generation: ``config.json`` (or GGUF) ``eos_token_id``, the
+    ``generation_config.json`` one, and the tokenizer's EOS (the chat end-of-turn token)."""
+    from actors.model.generation_config import read_generation_config
+
+    ids = list(config.eos_token_ids)
+    ids += read_generation_config(model).eos_token_ids
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return tuple(dict.fromkeys(ids))

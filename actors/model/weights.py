@@ -144,11 +144,15 @@ def _check_shape(
 
 
 def open_source(model: str, config: ModelConfig, seed: int) -> TensorSource:
-    """The weights behind ``--model``: a seeded preset, or a directory's safetensors."""
+    """The weights behind ``--model``: a seeded preset, a GGUF file, or safetensors."""
+    from actors.model import gguf_file
     from actors.model.config import PRESETS
 
     if model in PRESETS:
         return DictSource(random_hf_state(config, seed), f"preset {model}")
+    path = gguf_file.find_gguf(model)
+    if path is not None:
+        return gguf_file.GGUFSource(path, config)
     return SafetensorsSource(model)
 
 

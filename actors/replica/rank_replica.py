@@ -146,7 +146,12 @@ class RankReplica:
         self._streams[request_id] = queue
         finished = False
         try:
-            self.core.submit(request)
+            try:
+                self.core.submit(request)
+            except ValueError as exc:  # this request cannot run here; the group is fine
+                finished = True
+                yield GenerateChunk((), "error", Usage(request.num_prompt_tokens, 0), str(exc))
+                return
             self.metrics.note_arrival(request_id)
             tokens: list[int] = []
             while not finished:

@@ -49,6 +49,9 @@ def local_config() -> dict[str, Any]:
 
     cfg = load_config(REPO / "deployment" / "configs" / "local.yaml")
     cfg["http_options"]["port"] = TEST_PORT
+    # The shared deployment swaps the real default model for the tiny preset, so the load,
+    # fault and fuzz tests fit two cores; test_default_model.py serves local.yaml as it is.
+    cfg["applications"][0]["args"]["model"] = "tiny-moe"
     return cfg
 
 
