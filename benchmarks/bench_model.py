@@ -1,7 +1,10 @@
-"""Decode and prefill throughput of ModelRunner vs transformers on the same tiny model.
+"""Decode and prefill throughput of ModelRunner vs transformers on the same model.
 
-    .venv/bin/python benchmarks/bench_model.py [--model tiny-llama] [--batch-sizes 1 8 32]
-        [--threads 1] [--clock wall|cpu] [--repeats 3]
+    .venv/bin/python benchmarks/bench_model.py [--model tiny-llama | smollm2-135m-instruct |
+        FILE.gguf | HF_DIR] [--batch-sizes 1 8 32] [--threads 1] [--clock wall|cpu] [--repeats 3]
+
+A random preset is exported for transformers; a GGUF model is loaded by transformers from the
+same file (``gguf_file=``, dequantized to float32, as ours is).
 
 Decode: ragged prompts (seeded lengths), one prefill round, then greedy decode rounds up
 to ``--new-tokens``; every decode step is timed on its own (ModelRunner: one ``execute``;
@@ -25,6 +28,7 @@ from actors.control.kv_pool import KVPool
 from actors.control.request import Request, SamplingParams
 from actors.control.round import RoundPlan, ScheduledChunk
 from actors.model.config import PRESETS
+from actors.model.gguf_file import find_gguf
 from actors.model.runner import ModelRunner
 from actors.model.weights import random_hf_state, save_hf_dir
 from actors.server_args import ServerArgs
@@ -130,7 +134,7 @@ def hf_prefill_seconds(model, prompt: list[int]) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="tiny-llama", choices=sorted(PRESETS))
+    parser.add_argument("--model", default="tiny-llama", help="a preset, .gguf or HF directory")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, nargs=2, default=[16, 128])
@@ -154,20 +158,33 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoModelForCausalLM
 
-    config = PRESETS[args.model]
-    server_args = ServerArgs(model=args.model, page_size=args.page_size, num_kv_pages=1024)
+    server_args = ServerArgs(
+        model=args.model, page_size=args.page_size, num_kv_pages=1024, device="cpu"
+    )
+    config = server_args.model_config
     runner = ModelRunner(server_args)
-    with tempfile.TemporaryDirectory() as tmp:
-        save_hf_dir(config, random_hf_state(config, server_args.seed), tmp)
-        hf = AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="sdpa").eval()
+    gguf = find_gguf(args.model)
+    if args.model in PRESETS:
+        with tempfile.TemporaryDirectory() as tmp:
+            save_hf_dir(config, random_hf_state(config, server_args.seed), tmp)
+            hf = AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="sdpa").eval()
+    elif gguf is not None:
+        hf = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(
+            args.model, dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
 
     print(
         f"model {args.model}, torch threads {torch.get_num_threads()}, "
         f"page size {args.page_size}, {args.clock} clock"
     )
     print(f"{'batch':>5} {'runner tok/s':>13} {'hf tok/s':>10} {'ratio':>6}")
+    vocab = min(256, config.vocab_size)
     for batch in args.batch_sizes:
-        prompts = ragged_prompts(batch, *args.prompt_len, vocab=256, seed=batch)
+        prompts = ragged_prompts(batch, *args.prompt_len, vocab=vocab, seed=batch)
         ours_steps: list[float] = []
         theirs_steps: list[float] = []
         for _ in range(args.repeats):  # alternate so load spikes hit both alike
@@ -176,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         ours, theirs = statistics.median(ours_steps), statistics.median(theirs_steps)
         print(f"{batch:>5} {batch / ours:>13.0f} {batch / theirs:>10.0f} {theirs / ours:>6.2f}")
 
-    prompt = ragged_prompts(1, args.prefill_len, args.prefill_len, vocab=256, seed=7)[0]
+    prompt = ragged_prompts(1, args.prefill_len, args.prefill_len, vocab=vocab, seed=7)[0]
     ours, theirs = best_of_interleaved(
         args.repeats,
         lambda: runner_prefill_seconds(runner, prompt),

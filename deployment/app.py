@@ -19,10 +19,11 @@ from actors.replica.rank_replica import RankReplica
 from deployment.choices import usage
 from deployment.config import AppArgs
 from deployment.http_api import api, json_body, read_json, sse
-from deployment.ingress import Ingress, http_request_id
+from deployment.ingress import Ingress
 from deployment.protocol import APIError, ChatRequest, CompletionRequest, parse
 from deployment.request_metrics import exposition
 from deployment.routers import ROUTER_CLASSES
+from deployment.serve_context import http_request_id
 
 
 def _ids(choice: Any, req: Any) -> dict[str, Any]:
@@ -62,7 +63,9 @@ class OpenAIServer:
 
     @api.get("/health")
     async def health(self) -> dict[str, str]:
+        """200 only while every rank replica passes its health checks; 503 says why."""
         self.core.check_available()
+        await self.core.check_ranks_healthy()
         return {"status": "ok"}
 
     @api.get("/metrics")

@@ -27,6 +27,9 @@ class AppArgs(BaseModel):
     model_name: str | None = Field(None, description="name served in /v1/models")
     api_key: str | None = Field(None, description="bearer key; default $ROUNDGATE_API_KEY")
     max_request_bytes: int = Field(1 << 20, ge=1024)
+    max_prompts_per_request: int = Field(
+        256, ge=1, description="prompts one completion request may batch (400 past it)"
+    )
     num_cpus_per_rank: float = Field(1.0, gt=0)
     num_gpus_per_rank: float = Field(0.0, ge=0)
     max_ongoing_requests: int = Field(1024, ge=1)

@@ -79,6 +79,8 @@ async def read_json(request: Request, max_bytes: int) -> Any:
         raise APIError(
             400, f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
+    except RecursionError:  # the parser recurses once per nesting level
+        raise APIError(400, "invalid JSON: nested too deeply") from None
 
 
 def sse(obj: Any) -> str:

@@ -8,9 +8,9 @@ answers 503 with ``Retry-After`` while the gang restarts.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,8 +22,10 @@ from deployment.choices import merge
 from deployment.generation import Choice, Delta, RequestFailed, run_choice
 from deployment.protocol import APIError, CompletionRequest
 from deployment.request_metrics import RequestRecorder
+from deployment.serve_context import rank_health, set_serve_request_id
 
 RETRY_AFTER_S = 5
+HEALTH_CACHE_S = 2.0
 logger = logging.getLogger("roundgate.ingress")
 
 
@@ -47,6 +49,8 @@ class Ingress:
         self.defaults = read_generation_config(args.model)
         self.ranks = ranks.options(stream=True)
         self._degraded_until = 0.0
+        self._health: str | None = None  # why the ranks are not healthy, or None
+        self._health_at = -HEALTH_CACHE_S
         self.metrics = RequestRecorder(self.model_name)
 
     # ---- request checks ------------------------------------------------------------------
@@ -57,6 +61,21 @@ class Ingress:
         if request.headers.get("authorization", "") != f"Bearer {self.api_key}":
             raise APIError(
                 401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key"
+            )
+
+    async def check_ranks_healthy(self) -> None:
+        """503 unless every rank replica passes Serve's health checks (read at most every
+        ``HEALTH_CACHE_S`` from the controller, which runs each replica's ``check_health``)."""
+        now = time.monotonic()
+        if now - self._health_at > HEALTH_CACHE_S:
+            self._health = await asyncio.to_thread(rank_health)
+            self._health_at = now
+        if self._health is not None:
+            raise APIError(
+                503,
+                self._health,
+                code="ranks_unhealthy",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
             )
 
     def check_available(self) -> None:
@@ -91,6 +110,13 @@ class Ingress:
             prompts = []
         if not prompts or any(not ids for ids in prompts):
             raise APIError(400, "prompt must not be empty", param="prompt")
+        cap = self.app_args.max_prompts_per_request
+        if len(prompts) > cap:
+            raise APIError(
+                400,
+                f"{len(prompts)} prompts in one request; at most {cap} (max_prompts_per_request)",
+                param="prompt",
+            )
         vocab = self.vocab_size
         for ids in prompts:
             bad = next((t for t in ids if not 0 <= t < vocab), None)
@@ -153,7 +179,7 @@ class Ingress:
         self, choice: Choice, message: GenerateRequest, stops: list[str], own_id: bool
     ) -> AsyncIterator[Delta]:
         if own_id:
-            _set_serve_request_id(message.request_id)
+            set_serve_request_id(message.request_id)
         gen = self.ranks.generate.remote(message)
         timer = self.metrics.timer()
         try:
@@ -218,31 +244,3 @@ class Ingress:
         return choices, merge(
             [self._choice_stream(c, m, req.stop_strings, several) for c, m in plans]
         )
-
-
-def _set_serve_request_id(request_id: str) -> None:
-    """Make ``request_id`` the Serve request id of this task's handle calls.
-
-    Handle calls made while serving an HTTP request inherit its ``internal_request_id``, and
-    Ray Serve 2.60's request router indexes pending requests by that id: two calls in flight
-    at once from one HTTP request (one per prompt of a batched completion) can leave the
-    second one never assigned to a replica, hanging the response. Each choice runs in a task
-    of its own (``merge``), so setting the context var here touches only that choice, and
-    Serve's logs of the call show the choice's id.
-    """
-    from ray.serve.context import _set_request_context
-
-    _set_request_context(request_id=request_id, _internal_request_id=request_id)
-
-
-def http_request_id() -> str:
-    """The id Serve gave this HTTP request (the client's ``X-Request-Id`` when it sent one,
-    and Serve's ``x-request-id`` response header): the one id of the request from the
-    proxy's log to the rank's scheduler. Outside Serve (tests), a fresh one."""
-    try:
-        from ray.serve.context import _get_serve_request_context
-
-        request_id = _get_serve_request_context().request_id
-    except ImportError:  # pragma: no cover - Serve is a dependency
-        request_id = ""
-    return request_id or uuid.uuid4().hex

@@ -143,10 +143,14 @@ def error_of(fn: Callable[[], Any]) -> APIError:
         (b"\xff\xfe{}", 400, None, "not UTF-8"),
         (b'{"prompt": "\xc3\x28"}', 400, None, "not UTF-8"),
         (b"x" * 2048, 413, "body_too_large", "exceeds 1024 bytes"),
+        (b"[" * 100_000 + b"]" * 100_000, 400, None, "nested too deeply"),
     ],
+    ids=["truncated", "utf16", "bad-utf8", "too-large", "deep"],
 )
 def test_unreadable_bodies_are_4xx(raw: bytes, status: int, code: str | None, fragment: str):
-    exc = error_of(lambda: asyncio.run(read_json(make_request(raw), max_bytes=1024)))
+    exc = error_of(lambda: asyncio.run(read_json(make_request(raw), max_bytes=1 << 20)))
+    if status == 413:
+        exc = error_of(lambda: asyncio.run(read_json(make_request(raw), max_bytes=1024)))
     assert (exc.status, exc.code) == (status, code)
     assert fragment in exc.message
 
@@ -422,3 +426,10 @@ def test_openapi_declares_the_request_bodies() -> None:
     schemas = doc["components"]["schemas"]
     assert {"CompletionRequest", "ChatRequest", "ChatMessage", "StreamOptions"} <= set(schemas)
     assert "prompt" in schemas["CompletionRequest"]["required"]
+
+
+def test_prompts_per_request_are_capped() -> None:
+    core, ranks = make_ingress(max_prompts_per_request=3)
+    exc = error_of(lambda: complete(core, prompt=["a", "b", "c", "d"]))
+    assert (exc.status, exc.param) == (400, "prompt") and "at most 3" in exc.message
+    assert ranks.payloads == []

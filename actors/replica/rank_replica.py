@@ -183,6 +183,7 @@ class RankReplica:
         sched = self.core.scheduler
         return {
             "dp_rank": self.rank,
+            "pid": os.getpid(),
             "gang_id": self.gang_id,
             "actor_name": _actor_name(),
             "waiting": len(sched.waiting),

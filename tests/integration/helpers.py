@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -59,6 +59,43 @@ class BackgroundStream:
     def close(self, timeout: float = 60) -> None:
         self.stop.set()
         self.done.wait(timeout)
+
+
+class WaitTimeout(AssertionError):
+    """``wait_for`` gave up: the message says what it waited for and what it last saw."""
+
+
+def wait_for(
+    probe: Callable[[], Any],
+    timeout_s: float,
+    what: str,
+    *,
+    until: Callable[[Any], Any] = bool,
+    interval_s: float = 0.5,
+    errors: tuple[type[Exception], ...] = (),
+) -> Any:
+    """Call ``probe()`` until ``until(value)`` holds and return that value.
+
+    ``probe`` returns what it observed; an exception of a type in ``errors`` counts as "not
+    yet" (and as what it saw). Past ``timeout_s`` it raises ``WaitTimeout`` naming ``what`` and
+    the last observation, so a failure reads as the condition that never came.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            seen: Any = probe()
+            if until(seen):
+                return seen
+        except errors as exc:
+            seen = exc
+        if time.monotonic() > deadline:
+            last = repr(seen)
+            if len(last) > 4000:
+                last = last[:4000] + f"... ({len(last)} characters)"
+            raise WaitTimeout(
+                f"timed out after {timeout_s:.0f}s waiting for {what}; last saw {last}"
+            )
+        time.sleep(interval_s)
 
 
 def wait_until(predicate: Any, timeout_s: float = 30.0, interval_s: float = 0.2) -> Any:

@@ -15,7 +15,6 @@ import pytest
 from actors.engine import Engine, SamplingParams
 from actors.model.tokenizer import ByteTokenizer
 from actors.server_args import ServerArgs
-from deployment.protocol import ChatMessage, render_chat
 
 TOKENIZER = ByteTokenizer()
 EOS = TOKENIZER.eos_token_id
@@ -52,7 +51,7 @@ def greedy(engine: Engine, prompt_ids: list[int], stop_at_eos: bool) -> list[int
 
 
 def chat_ids(messages: list[dict[str, Any]]) -> list[int]:
-    return TOKENIZER.encode(render_chat([ChatMessage(**m) for m in messages]))
+    return TOKENIZER.render_chat(messages)  # the presets' transcript template
 
 
 def check_usage(usage: Any, prompt_ids: list[int], output_ids: list[int]) -> None:

@@ -1,5 +1,8 @@
 """A real Prometheus scrapes the local deployment; the gate's counters move as the workload
-implies, and every PromQL expression of every dashboard panel executes successfully."""
+implies, and every PromQL expression of every dashboard panel executes successfully.
+
+No fixed sleeps: every wait polls Prometheus (or ``/metrics``) for the condition it needs, with
+a deadline, and a timeout says what was awaited and what was last seen."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import pytest
 
 from actors.replica.rendezvous import free_port
 from dashboards import queries
-from tests.integration.helpers import BackgroundStream, complete, wait_until
+from tests.integration.helpers import BackgroundStream, WaitTimeout, complete, wait_for
 
 pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None, reason="Debian package prometheus not installed"
@@ -31,6 +34,7 @@ def prometheus(app, tmp_path_factory) -> Iterator[str]:
         f"    static_configs:\n      - targets: ['{target}']\n"
     )
     port = free_port()
+    log = workdir / "prometheus.log"
     proc = subprocess.Popen(
         [
             "prometheus",
@@ -39,22 +43,33 @@ def prometheus(app, tmp_path_factory) -> Iterator[str]:
             f"--web.listen-address=127.0.0.1:{port}",
         ],
         stdout=subprocess.DEVNULL,
-        stderr=(workdir / "prometheus.log").open("w"),
+        stderr=log.open("w"),
     )
     url = f"http://127.0.0.1:{port}"
+
+    def ready() -> int | str:
+        if proc.poll() is not None:
+            pytest.fail(f"prometheus exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        return _ready(url)
+
     try:
-        wait_until(lambda: _ready(url), timeout_s=30)
+        wait_for(
+            ready,
+            60,
+            f"Prometheus at {url} to answer /-/ready with 200",
+            until=lambda status: status == 200,
+        )
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=20)
 
 
-def _ready(url: str) -> bool:
+def _ready(url: str) -> int | str:
     try:
-        return httpx.get(f"{url}/-/ready", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+        return httpx.get(f"{url}/-/ready", timeout=2).status_code
+    except httpx.HTTPError as exc:
+        return repr(exc)
 
 
 def query(url: str, expr: str) -> dict:
@@ -71,7 +86,14 @@ def scalar(url: str, expr: str) -> float:
 
 def test_metrics_endpoint_is_promtool_clean(app) -> None:
     complete(app.url, prompt="warm", max_tokens=2)
-    text = wait_until(lambda: _exposition_with_ranks(app.url), timeout_s=30)
+    exposition: dict[str, str] = {}
+
+    def missing() -> list[str]:
+        exposition["text"] = text = httpx.get(f"{app.url}/metrics", timeout=10).text
+        return [marker for marker in EXPOSITION_MARKERS if marker not in text]
+
+    wait_for(missing, 30, f"/metrics to show {EXPOSITION_MARKERS} (missing ones)", until=_empty)
+    text = exposition["text"]
     if shutil.which("promtool"):
         proc = subprocess.run(
             ["promtool", "check", "metrics"], input=text.encode(), capture_output=True, timeout=30
@@ -82,21 +104,40 @@ def test_metrics_endpoint_is_promtool_clean(app) -> None:
     assert len(samples) == len(set(samples))
 
 
-def _exposition_with_ranks(url: str) -> str | None:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    ok = 'dp_rank="0"' in text and 'dp_rank="1"' in text and "roundgate_request_ttft" in text
-    return text if ok else None
+EXPOSITION_MARKERS = ('dp_rank="0"', 'dp_rank="1"', "roundgate_request_ttft")
+
+
+def _empty(items: list) -> bool:
+    return not items
+
+
+def _scrapes_since(url: str, since: float) -> dict[str, float]:
+    """Per series of the prefill counter: samples in the last minute, and whether the newest
+    was scraped after ``since`` (a wall-clock time)."""
+    counts = query(url, "count_over_time(roundgate_prefill_rounds_total[1m])")["result"]
+    stamps = query(url, "timestamp(roundgate_prefill_rounds_total)")["result"]
+    return {
+        "series": len(counts),
+        "min_samples": min((float(v["value"][1]) for v in counts), default=0.0),
+        "newest_after_start": bool(stamps) and min(float(v["value"][1]) for v in stamps) > since,
+    }
+
+
+def _baseline_ready(seen: dict[str, float]) -> bool:
+    return seen["series"] > 0 and seen["min_samples"] >= 2 and bool(seen["newest_after_start"])
 
 
 def test_prometheus_sees_the_gate_move_with_a_skewed_workload(app, prometheus) -> None:
     # The workload must start after Prometheus holds samples of the counters, or their
-    # whole increase happens before its first scrape and rate() sees a flat line.
-    wait_until(
-        lambda: query(prometheus, "roundgate_prefill_rounds_total")["result"],
-        timeout_s=60,
-        interval_s=0.5,
+    # whole increase happens before its first scrape and rate() sees a flat line; and the
+    # baseline read below must come from a scrape taken now, not from before earlier traffic.
+    since = time.time()
+    wait_for(
+        lambda: _scrapes_since(prometheus, since),
+        60,
+        "two scrapes of roundgate_prefill_rounds_total, the newest after the test started",
+        until=_baseline_ready,
     )
-    time.sleep(2)
     base_any = scalar(prometheus, 'roundgate_gate_votes_total{point="any",outcome="open"}')
     decoder = BackgroundStream(
         app.url, prompt=[5, 6, 7], max_tokens=3000, ignore_eos=True, dp_rank=1
@@ -109,32 +150,36 @@ def test_prometheus_sees_the_gate_move_with_a_skewed_workload(app, prometheus) -
         decoder.close()
     for i in range(4):  # both ranks idle-or-wanting: ALL points open
         complete(app.url, prompt=f"both {i}", max_tokens=2, dp_rank=i % 2)
-    time.sleep(4)  # a few scrapes
 
-    seen: dict[str, float] = {}
+    def counters() -> dict[str, float]:
+        return {
+            "prefill_rate": scalar(prometheus, "rate(roundgate_prefill_rounds_total[1m])"),
+            "any_open": scalar(
+                prometheus, 'roundgate_gate_votes_total{point="any",outcome="open"}'
+            ),
+            "all_open": scalar(
+                prometheus, 'roundgate_gate_votes_total{point="all",outcome="open"}'
+            ),
+        }
 
-    def moved() -> bool:
-        seen["prefill_rate"] = scalar(prometheus, "rate(roundgate_prefill_rounds_total[1m])")
-        seen["any_open"] = scalar(
-            prometheus, 'roundgate_gate_votes_total{point="any",outcome="open"}'
-        )
-        seen["all_open"] = scalar(
-            prometheus, 'roundgate_gate_votes_total{point="all",outcome="open"}'
-        )
+    def moved(seen: dict[str, float]) -> bool:
         return seen["prefill_rate"] > 0 and seen["any_open"] > base_any and seen["all_open"] > 0
 
     try:
-        wait_until(moved, timeout_s=30, interval_s=1.0)
-    except TimeoutError:
+        wait_for(
+            counters,
+            60,
+            f"prefill rate > 0, ANY-open votes above {base_any} and ALL-open votes > 0",
+            until=moved,
+            interval_s=1.0,
+        )
+    except WaitTimeout as exc:
         lines = [
             x
             for x in httpx.get(f"{app.url}/metrics", timeout=10).text.splitlines()
-            if "rounds_total" in x and not x.startswith("#")
+            if ("rounds_total" in x or "gate_votes" in x) and not x.startswith("#")
         ]
-        pytest.fail(
-            f"gate counters did not move as expected: {seen}, any before {base_any}; "
-            f"exposition: {lines}"
-        )
+        pytest.fail(f"gate counters did not move as expected: {exc}; exposition: {lines}")
 
 
 def test_every_dashboard_query_executes(app, prometheus) -> None:

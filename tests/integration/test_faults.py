@@ -1,0 +1,252 @@
+"""Killing a rank mid-request: every caller in flight is told (an error event in a stream that
+already started, a 503 with ``Retry-After`` for a unary call), new requests are refused with 503
+and ``Retry-After`` until the gang has restarted (a fresh process group), and then every rank
+answers again.
+
+The test breaks the session's shared deployment on purpose, so it may run in any order: the
+``restored`` fixture returns only once one fresh gang serves on every rank again (unpinned and
+pinned to each rank), and redeploys the application if it never does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import ray
+from ray.serve.exceptions import RayServeException
+
+from tests.integration.helpers import BackgroundStream, WaitTimeout, wait_for
+
+if TYPE_CHECKING:
+    from tests.integration.conftest import Deployment
+
+# Deadlines for conditions, not expectations of speed: a restart takes ~10 s on the 2-core
+# box; these only bound how long a broken build takes to fail.
+RESTART_DEADLINE_S = 300.0
+TEARDOWN_DEADLINE_S = 120.0  # the test itself has already waited, unless it failed early
+PROBE_TIMEOUT_S = 30.0
+LONG = {"max_tokens": 3000, "ignore_eos": True}  # far longer than the test runs
+
+
+def post(url: str, **body: Any) -> httpx.Response:
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=PROBE_TIMEOUT_S)
+
+
+def retry_after_s(r: httpx.Response) -> int | None:
+    value = r.headers.get("retry-after", "")
+    return int(value) if value.isdigit() else None
+
+
+def refusal_problems(r: httpx.Response) -> list[str]:
+    """What is wrong with ``r`` as a refusal of a failed group (empty when it is a proper 503:
+    ``Retry-After`` in whole seconds and an OpenAI error body of type service_unavailable)."""
+    problems = []
+    if r.status_code != 503:
+        problems.append(f"status {r.status_code}")
+    if not retry_after_s(r):
+        problems.append(f"Retry-After {r.headers.get('retry-after')!r}")
+    try:
+        error = r.json().get("error") or {}
+    except ValueError:
+        error = {}
+    if error.get("type") != "service_unavailable" or not error.get("message"):
+        problems.append(f"body {r.text[:300]!r}")
+    return problems
+
+
+class Serving:
+    """One probe round: an unpinned completion and one pinned to each rank.
+
+    Every HTTP answer must be a 200 or a proper refusal; anything else is recorded in
+    ``violations``. Transport errors (the proxy may time out while the gang restarts) only mean
+    "not yet".
+    """
+
+    def __init__(self, app: Deployment) -> None:
+        self.app = app
+        self.violations: list[str] = []
+        self.refusals = 0
+
+    def __repr__(self) -> str:
+        return f"Serving(refusals={self.refusals}, violations={self.violations})"
+
+    def __call__(self) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for rank in (None, *range(self.app.args["dp_size"])):
+            pin = {} if rank is None else {"dp_rank": rank}
+            key = "unpinned" if rank is None else f"rank {rank}"
+            try:
+                r = post(self.app.url, prompt="again", max_tokens=2, **pin)
+            except httpx.HTTPError as exc:
+                seen[key] = repr(exc)
+                continue
+            seen[key] = r.status_code
+            if r.status_code == 200:
+                continue
+            problems = refusal_problems(r)
+            if problems:
+                self.violations.append(f"{key}: {problems}")
+            else:
+                self.refusals += 1
+        return seen
+
+
+def all_200(seen: dict[str, Any]) -> bool:
+    return all(v == 200 for v in seen.values())
+
+
+def one_fresh_gang(app: Deployment, old_gang: str) -> dict[str, Any]:
+    """Every rank's snapshot, pinned: one gang id (not ``old_gang``) and no recorded error."""
+    snaps = [app.rank_call("stats_snapshot", r) for r in range(app.args["dp_size"])]
+    return {
+        "ranks": [s["dp_rank"] for s in snaps],
+        "gangs": sorted({s["gang_id"] for s in snaps}),
+        "errors": [s["error"] for s in snaps],
+        "old_gang": old_gang,
+    }
+
+
+def fresh(seen: dict[str, Any]) -> bool:
+    return (
+        seen["ranks"] == list(range(len(seen["ranks"])))
+        and len(seen["gangs"]) == 1
+        and seen["old_gang"] not in seen["gangs"]
+        and not any(seen["errors"])
+    )
+
+
+def rank_deployment_status() -> str:
+    """Serve's own view of the rank deployment (a diagnostic for a failed wait)."""
+    from ray import serve
+
+    try:
+        d = serve.status().applications["roundgate"].deployments["RankReplica"]
+    except (KeyError, ray.exceptions.RayError, RayServeException) as exc:
+        return f"unavailable ({exc!r})"
+    return f"{d.status}, replicas {dict(d.replica_states)}"
+
+
+def wait_serving(
+    app: Deployment, probe: Serving | None = None, deadline_s: float = RESTART_DEADLINE_S
+) -> None:
+    try:
+        wait_for(
+            probe or Serving(app),
+            deadline_s,
+            "an unpinned completion and one pinned to each rank to answer 200",
+            until=all_200,
+            interval_s=1.0,
+        )
+    except WaitTimeout as exc:
+        raise WaitTimeout(f"{exc}; Serve reports RankReplica {rank_deployment_status()}") from None
+
+
+@pytest.fixture
+def restored(app: Deployment) -> Iterator[Deployment]:
+    """The app; afterwards, even if the test failed, it serves on every rank again."""
+    yield app
+    try:
+        wait_serving(app, deadline_s=TEARDOWN_DEADLINE_S)
+    except WaitTimeout:
+        from ray import serve
+
+        serve.delete("roundgate")
+        app.deploy(**app.overrides)
+        raise
+
+
+class Unary(threading.Thread):
+    """A non-streaming completion in a thread; ``response`` or ``error`` once it ends."""
+
+    def __init__(self, url: str, **body: Any) -> None:
+        super().__init__(daemon=True)
+        self.url, self.body = url, body
+        self.response: httpx.Response | None = None
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.response = httpx.post(f"{self.url}/v1/completions", json=self.body, timeout=300)
+        except BaseException as exc:
+            self.error = exc
+
+
+def test_killing_a_rank_fails_the_requests_in_flight_and_the_gang_restarts(restored) -> None:
+    app = restored
+    wait_serving(app)  # whatever ran before, start from a serving group
+    victim = app.rank_call("stats_snapshot", 1)
+    # A stream on the survivor (it learns of the failure from the broken collective) and a
+    # unary call on the victim (its actor dies under it).
+    stream = BackgroundStream(app.url, prompt=[1, 2, 3], dp_rank=0, **LONG)
+    unary = Unary(app.url, prompt=[4, 5, 6], dp_rank=1, **LONG)
+    assert stream.started.wait(60), "the stream on rank 0 never produced an event"
+    wait_for(
+        lambda: app.rank_call("stats_snapshot", 1)["running"],
+        60,
+        "the unary request to be running on rank 1",
+    )
+    assert unary.is_alive(), f"the unary request ended before the kill: {unary.response}"
+    assert not stream.done.is_set(), f"the stream ended before the kill: {stream.events[-3:]}"
+
+    ray.kill(ray.get_actor(victim["actor_name"], namespace="serve"), no_restart=False)
+
+    unary.join(PROBE_TIMEOUT_S + 60)
+    assert not unary.is_alive(), "the unary request on the killed rank hung"
+    # Sent at once after the failure, inside the window the ingress refuses new requests.
+    first_after = post(app.url, prompt="right after", max_tokens=2)
+    assert stream.done.wait(PROBE_TIMEOUT_S + 60), "the stream on the surviving rank hung"
+
+    assert unary.error is None, f"the unary caller got no HTTP answer: {unary.error!r}"
+    assert unary.response is not None
+    assert refusal_problems(unary.response) == [], unary.response.text[:500]
+    assert unary.response.json()["error"]["code"] == "group_unavailable"
+
+    assert stream.error is None, f"the stream broke instead of reporting: {stream.error!r}"
+    errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
+    assert len(errors) == 1, f"want one error event, got {stream.events[-3:]}"
+    assert errors[0]["error"]["type"] == "service_unavailable"
+    assert errors[0]["error"]["code"] == "group_unavailable"
+    finished = [
+        c["finish_reason"]
+        for e in stream.events
+        if isinstance(e, dict) and "choices" in e
+        for c in e["choices"]
+        if c["finish_reason"]
+    ]
+    assert finished == [], f"a failed stream must not claim to have finished: {finished}"
+
+    assert refusal_problems(first_after) == [], (first_after.status_code, first_after.text[:500])
+
+    probe = Serving(app)
+    wait_for(
+        lambda: probe().get("unpinned"),
+        RESTART_DEADLINE_S,
+        "an unpinned completion to answer 200 after the restart",
+        until=lambda status: status == 200,
+        interval_s=1.0,
+    )
+    try:
+        wait_serving(app, probe, deadline_s=TEARDOWN_DEADLINE_S)
+    except WaitTimeout as exc:
+        # Ray Serve 2.60 sometimes leaves the ingress's router with one member of a restarted
+        # gang (README, known limits): pinned calls to the other never route. The group
+        # itself is back (unpinned traffic is served); redeploy so later tests run.
+        from ray import serve
+
+        serve.delete("roundgate")
+        app.deploy(**app.overrides)
+        pytest.xfail(f"Serve's router kept a stale view of the restarted gang: {exc}")
+    assert probe.violations == [], f"answers while restarting, not 200 nor a proper 503: {probe}"
+
+    wait_for(
+        lambda: one_fresh_gang(app, victim["gang_id"]),
+        60,
+        "both ranks to report one new gang id and no error",
+        until=fresh,
+        errors=(ray.exceptions.RayError, RayServeException, TimeoutError),
+    )
