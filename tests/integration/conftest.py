@@ -1,10 +1,11 @@
 """One local Ray cluster and one roundgate deployment for the whole integration session.
 
-The deployment is ``deployment/configs/local.yaml`` (tiny MoE, dp=2, gate on) on a test port,
-so a developer's own ``make serve`` on 8000 is left alone. Integration tests run after every
-unit test, so the cluster (started by the first of them) never competes with unit tests.
-Tests that need other settings redeploy the same application name and restore the default
-afterwards (``redeploy``).
+The deployment is ``deployment/configs/local.yaml`` (dp=2, gate on) with the tiny MoE preset in
+place of the real default model, on a test port, so a developer's own ``make serve`` on 8000 is
+left alone; ``test_served_default_model.py`` serves local.yaml's own model for its module.
+Integration tests run after every unit test, so the cluster (started by the first of them)
+never competes with unit tests. Tests that need other settings redeploy the same application
+name and restore the default afterwards (``redeploy``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def local_config() -> dict[str, Any]:
     cfg = load_config(REPO / "deployment" / "configs" / "local.yaml")
     cfg["http_options"]["port"] = TEST_PORT
     # The shared deployment swaps the real default model for the tiny preset, so the load,
-    # fault and fuzz tests fit two cores; test_default_model.py serves local.yaml as it is.
+    # fault and fuzz tests fit two cores; test_served_default_model.py serves local.yaml as it is.
     cfg["applications"][0]["args"]["model"] = "tiny-moe"
     return cfg
 
