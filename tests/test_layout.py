@@ -24,7 +24,15 @@ def _imported_after(statement: str) -> set[str]:
 
 def test_the_control_plane_imports_neither_torch_nor_ray() -> None:
     modules = sorted(p.stem for p in (REPO / "actors" / "control").glob("*.py"))
-    loaded = _imported_after("\n".join(f"import actors.control.{m}" for m in modules))
+    imports = "\n".join(f"import actors.control.{m}" for m in modules)
+    # Building the args and a rank's core (as the simulator does) must not pull them in either.
+    build = (
+        "from actors.server_args import ServerArgs\n"
+        "from actors.control.scheduler import Scheduler\n"
+        "Scheduler(ServerArgs(dp_size=2, prefill_attempt_interval=2, "
+        "prefill_any_attempt_interval=4))"
+    )
+    loaded = _imported_after(f"{imports}\n{build}")
     assert "actors" in loaded
     assert not loaded & {"torch", "ray", "numpy", "prometheus_client"}
 

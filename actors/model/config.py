@@ -261,10 +261,10 @@ PRESETS: dict[str, ModelConfig] = {
 def resolve_model_config(model: str) -> ModelConfig:
     """A random preset by name; a GGUF model (a packaged preset, a ``.gguf`` file or a
     directory holding one); or the ``config.json`` of a local HF directory."""
-    from actors.model import gguf_file
-
     if model in PRESETS:
         return PRESETS[model]
+    from actors.model import gguf_file
+
     if model not in gguf_file.PACKAGED and not Path(model).exists():
         names = ", ".join([*PRESETS, *gguf_file.PACKAGED])
         raise ValueError(

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import importlib.metadata
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 from actors.model.config import ModelConfig
+
+if TYPE_CHECKING:  # numpy and torch load only with the weights, not to read a config
+    import numpy as np
+    import torch
 
 # Architectures whose GGUF layout this loader maps onto our model code.
 ARCHITECTURES = ("llama",)
@@ -160,6 +161,8 @@ class GGUFSource:
 
     def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         import gguf
+        import numpy as np
+        import torch
 
         gguf_name = self._gguf_of.get(name)
         tensor = self._tensors.get(gguf_name) if gguf_name else None
