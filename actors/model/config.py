@@ -178,13 +178,18 @@ class ModelConfig:
             raise ValueError(f"model directory {model_dir} does not exist")
         if not path.is_file():
             raise ValueError(f"{path}: missing (a HF model directory needs config.json)")
-        try:
-            body = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
-        if not isinstance(body, dict):
-            raise ValueError(f"{path}: expected a JSON object, got {type(body).__name__}")
-        return cls.from_hf_dict(body, source=str(path))
+        return cls.from_hf_dict(read_json_object(path), source=str(path))
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A model file holding one JSON object; errors name the file."""
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(body, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(body).__name__}")
+    return body
 
 
 class _FieldReader:

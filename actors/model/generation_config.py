@@ -6,9 +6,10 @@ unset, never over what it says.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from actors.model.config import read_json_object
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 
@@ -26,12 +27,7 @@ def read_generation_config(model: str) -> GenerationConfig:
     path = Path(model) / "generation_config.json"
     if not path.is_file():
         return GenerationConfig()
-    try:
-        body = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(body, dict):
-        raise ValueError(f"{path}: expected a JSON object")
+    body = read_json_object(path)
     eos = body.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in eos_ids):
