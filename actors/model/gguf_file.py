@@ -8,6 +8,7 @@ interleaved RoPE, so they are permuted back to the HF layout the model code expe
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,7 +77,10 @@ def find_gguf(model: str) -> Path | None:
     return None
 
 
+@functools.lru_cache(maxsize=4)
 def _reader(path: Path) -> Any:
+    """The parsed file (memory-mapped): parsing its metadata takes seconds (49k tokens), and a
+    process reads it for the config and again for the tensors."""
     import gguf
 
     try:

@@ -21,7 +21,6 @@ import torch.distributed as dist
 
 from actors.control.request import Request
 from actors.control.round import RoundPlan, RoundResult
-from actors.model.config import resolve_model_config
 from actors.model.layers import ForwardContext
 from actors.model.llama import build_model
 from actors.model.sampling import sample_tokens
@@ -55,7 +54,7 @@ class ModelRunner:
         self.rank = rank
         self.device = resolve_device(args.device)
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        self.config = config = resolve_model_config(args.model)
+        self.config = config = args.model_config  # read once, when the args were built
         self.max_model_len = args.max_model_len  # resolved against the model by ServerArgs
         world = _group_world(args.dp_size, rank, group) if config.is_moe else 1
         self.placement = ExpertPlacement(
