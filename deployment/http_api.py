@@ -8,6 +8,7 @@ wrong methods included.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -61,14 +62,29 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     return await _api_error(request, APIError(exc.status_code, message, headers=exc.headers))
 
 
+# An oversized body is read to its end (and dropped) up to this size before the 413 goes out:
+# a server that answers while the client is still sending resets the connection, and the
+# client never sees the answer. Past it, the connection is closed regardless.
+DRAIN_LIMIT_BYTES = 256 << 20
+
+
 async def read_json(request: Request, max_bytes: int) -> Any:
     """The body as JSON, or a 4xx naming what is wrong with it."""
+    too_large = APIError(413, f"request body exceeds {max_bytes} bytes", code="body_too_large")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise APIError(413, f"request body exceeds {max_bytes} bytes", code="body_too_large")
-    raw = await request.body()
-    if len(raw) > max_bytes:
-        raise APIError(413, f"request body exceeds {max_bytes} bytes", code="body_too_large")
+        await _drain(request.stream(), 0)
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    stream = request.stream()
+    async for chunk in stream:
+        size += len(chunk)
+        if size > max_bytes:
+            await _drain(stream, size)
+            raise too_large
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -81,6 +97,14 @@ async def read_json(request: Request, max_bytes: int) -> Any:
         ) from None
     except RecursionError:  # the parser recurses once per nesting level
         raise APIError(400, "invalid JSON: nested too deeply") from None
+
+
+async def _drain(stream: AsyncIterator[bytes], seen: int) -> None:
+    """Read and drop the rest of a body, up to ``DRAIN_LIMIT_BYTES`` in all."""
+    async for chunk in stream:
+        seen += len(chunk)
+        if seen > DRAIN_LIMIT_BYTES:
+            return
 
 
 def sse(obj: Any) -> str:

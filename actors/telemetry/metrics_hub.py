@@ -117,6 +117,10 @@ class Pusher:
     """A daemon thread pushing ``collect()`` to the hub every ``PUSH_INTERVAL_S``."""
 
     def __init__(self, source: str, collect: Callable[[], list[Family]]) -> None:
+        # Imported here, on the caller's thread: ray's package init is not safe to race
+        # against another thread's first ``import ray`` (a partially initialised module).
+        import ray  # noqa: F401
+
         self.source = source
         self.collect = collect
         self._stop = threading.Event()

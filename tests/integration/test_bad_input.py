@@ -320,3 +320,18 @@ def test_api_key_is_required_when_set(redeploy) -> None:
             check_error_body(r, 401, "invalid_api_key", None)
     assert httpx.get(f"{url}/v1/models", headers=good, timeout=60).status_code == 200
     assert httpx.get(f"{url}/health", timeout=60).status_code == 200  # probes need no key
+
+
+def test_a_50_mb_body_gets_the_413_body_not_a_reset(app, http, in_flight) -> None:
+    raw = b'{"prompt": "' + b"a" * (50 * MIB) + b'"}'
+    r = http.post(COMPLETIONS, content=raw, headers={"content-type": "application/json"})
+    check_error_body(r, 413, "body_too_large", None)
+    check_still_serving(app)
+
+
+@pytest.mark.parametrize("depth", [100_000])
+def test_deeply_nested_json_is_a_400_with_the_openai_body(app, http, in_flight, depth) -> None:
+    raw = b'{"prompt": ' + b"[" * depth + b"]" * depth + b"}"
+    r = http.post(COMPLETIONS, content=raw, headers={"content-type": "application/json"})
+    check_error_body(r, 400, None, None)
+    check_still_serving(app)
