@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from actors.model.config import resolve_model_config
+from actors.model.resolve import resolve_model_config
 from gate import registry
 from gate.policy import PrefillPolicy
 from gate.spec import PolicyContext

@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from actors.model.config import PRESETS, ModelConfig, resolve_model_config
+from actors.model.config import PRESETS, ModelConfig
+from actors.model.resolve import resolve_model_config
 from actors.model.runner import ModelRunner
 from actors.model.weights import hf_param_shapes, random_hf_state, save_hf_dir
 from actors.server_args import ServerArgs

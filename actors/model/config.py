@@ -263,24 +263,6 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def resolve_model_config(model: str) -> ModelConfig:
-    """A random preset by name; a GGUF model (a packaged preset, a ``.gguf`` file or a
-    directory holding one); or the ``config.json`` of a local HF directory."""
-    if model in PRESETS:
-        return PRESETS[model]
-    from actors.model import gguf_file
-
-    if model not in gguf_file.PACKAGED and not Path(model).exists():
-        names = ", ".join([*PRESETS, *gguf_file.PACKAGED])
-        raise ValueError(
-            f"--model {model!r} is neither a preset ({names}) nor a local directory or .gguf file"
-        )
-    path = gguf_file.find_gguf(model)
-    if path is not None:
-        return gguf_file.read_config(path)
-    return ModelConfig.from_dir(model)
-
-
 def with_overrides(config: ModelConfig, **changes: Any) -> ModelConfig:
     """A validated copy of ``config`` (tests and benchmarks build variants with this)."""
     return dataclasses.replace(config, **changes)

@@ -1,0 +1,24 @@
+"""``--model`` to its ``ModelConfig``: the one place that knows every kind of model source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from actors.model import gguf_file
+from actors.model.config import PRESETS, ModelConfig
+
+
+def resolve_model_config(model: str) -> ModelConfig:
+    """A random preset by name; a GGUF model (a packaged preset, a ``.gguf`` file or a
+    directory holding one); or the ``config.json`` of a local HF directory."""
+    if model in PRESETS:
+        return PRESETS[model]
+    if model not in gguf_file.PACKAGED and not Path(model).exists():
+        names = ", ".join([*PRESETS, *gguf_file.PACKAGED])
+        raise ValueError(
+            f"--model {model!r} is neither a preset ({names}) nor a local directory or .gguf file"
+        )
+    path = gguf_file.find_gguf(model)
+    if path is not None:
+        return gguf_file.read_config(path)
+    return ModelConfig.from_dir(model)
