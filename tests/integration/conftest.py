@@ -15,7 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+
+from tests.integration.helpers import BackgroundStream
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_PORT = int(os.environ.get("ROUNDGATE_TEST_PORT", "18765"))
@@ -97,3 +100,20 @@ def redeploy(app: Deployment) -> Iterator[Deployment]:
     yield app
     if app.overrides:
         app.deploy()
+
+
+@pytest.fixture(scope="module")
+def in_flight(app) -> Iterator[BackgroundStream]:
+    """A long greedy stream on rank 0, flowing through one module's bad-input cases."""
+    stream = BackgroundStream(
+        app.url, prompt=[5, 6, 7], max_tokens=3000, ignore_eos=True, temperature=0, dp_rank=0
+    )
+    assert stream.started.wait(60)
+    yield stream
+    stream.close()
+
+
+@pytest.fixture(scope="module")
+def http(app) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=app.url, timeout=60) as client:
+        yield client

@@ -10,6 +10,9 @@ from typing import Any
 
 import httpx
 
+MIB = 1 << 20
+COMPLETIONS = "/v1/completions"
+
 
 def complete(url: str, **body: Any) -> dict[str, Any]:
     r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
@@ -124,3 +127,20 @@ def stream_tokens(ranks: Any, rank: int, prompt: list[int], max_tokens: int) -> 
     for chunk in ranks.options(stream=True).generate.remote(message):
         out.extend(chunk.token_ids)
     return out
+
+
+def check_error_body(r: httpx.Response, status: int, code: str | None, param: str | None) -> None:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    if code is not None:
+        assert error["code"] == code
+    if param is not None:
+        assert error["param"] == param
+
+
+def check_still_serving(app) -> None:
+    r = complete(app.url, prompt="still there?", max_tokens=2)
+    assert r["choices"][0]["finish_reason"] in ("length", "stop")

@@ -1,0 +1,64 @@
+"""Builders for the simulator tests: a larger sim group, seeded workload specs, runs, traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from builders import make_args
+
+from actors.server_args import ServerArgs
+from deployment.sim.report import summarize
+from deployment.sim.round_costs import PRESETS, RoundCosts
+from deployment.sim.simulator import GroupSimulator
+from deployment.sim.workload import Router, WorkloadSpec, generate
+
+# A larger group than the builders' default: 16 running requests a rank, a 256-token round.
+SIM_GROUP = {"max_scheduled_tokens": 256, "page_size": 16, "num_kv_pages": 256}
+SIM_FLAGS = {
+    "roundgate": {"prefill_any_attempt_interval": 6},
+    "local-interval": {"prefill_decode_interval": 3},
+}
+
+
+def sim_args(policy: str = "roundgate", dp_size: int = 4, **overrides) -> ServerArgs:
+    values = {"max_num_seqs": 16 * dp_size, **SIM_GROUP, **SIM_FLAGS.get(policy, {})}
+    return make_args(dp_size, policy, **(values | overrides))
+
+
+def make_spec(**overrides) -> WorkloadSpec:
+    values = {
+        "num_requests": 60,
+        "arrival": "poisson",
+        "rate": 40.0,
+        "input_len": 120,
+        "output_len": 12,
+        "length_dist": "uniform",
+        "seed": 7,
+    }
+    return WorkloadSpec(**(values | overrides))
+
+
+def simulate(
+    policy: str = "roundgate",
+    spec: WorkloadSpec | None = None,
+    router: str = "round-robin",
+    weights: list[int] | None = None,
+    costs: RoundCosts | None = None,
+    **arg_overrides,
+) -> dict:
+    args = sim_args(policy, **arg_overrides)
+    sim = GroupSimulator(
+        args,
+        costs or PRESETS["h100-dsv3"],
+        Router(router, args.dp_size, weights, seed=(spec or make_spec()).seed),
+        policy,
+        keep_timeline=True,
+    )
+    return summarize(sim.run(generate(spec or make_spec())))
+
+
+def write_trace(path: Path, records: list[dict | str]) -> Path:
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    path.write_text("\n".join(lines) + "\n")
+    return path
