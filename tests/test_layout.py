@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCE_DIRS = ("gate", "actors", "kernels", "deployment", "dashboards", "k8s", "benchmarks", "tests")
+SOURCE_DIRS = (
+    "gate",
+    "actors",
+    "kernels",
+    "deployment",
+    "dashboards",
+    "k8s",
+    "benchmarks",
+    "tests",
+)
 
 
 def _imported_after(statement: str) -> set[str]:
