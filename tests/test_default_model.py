@@ -112,3 +112,14 @@ def test_an_unsupported_gguf_architecture_is_named(tmp_path: Path) -> None:
     writer.close()
     with pytest.raises(ValueError, match="GGUF architecture 'mamba' is not supported"):
         ServerArgs(model=str(out))
+
+
+def test_the_gguf_tokenizer_conversion_is_cached_by_the_file_s_hash(
+    path: Path, tokenizer: HFTokenizer
+) -> None:
+    from actors.model.tokenizer import cache_dir, file_digest
+
+    cached = cache_dir() / "tokenizers" / file_digest(path)
+    assert (cached / "tokenizer_config.json").is_file()
+    again = load_tokenizer(str(path))  # the file itself, this time: the same cached tokenizer
+    assert again.encode("Hello world") == tokenizer.encode("Hello world")
