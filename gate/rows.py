@@ -40,11 +40,6 @@ class RankRow:
         # An InitVar is not a field, so it must be stored by hand (frozen: via object).
         object.__setattr__(self, "extras", tuple(extras))
 
-    @property
-    def is_idle(self) -> bool:
-        """Nothing planned on this rank this round."""
-        return self.batch_size == 0 and self.num_tokens == 0
-
     def pack(self) -> tuple[int, ...]:
         """The row as int64 values: ``COLUMNS`` order, then the policy's extra columns."""
         return (

@@ -142,8 +142,8 @@ def test_unpack_too_few_columns_raises(num_columns: int) -> None:
         (row(decodes=False, batch=1, tokens=0), False),
     ],
 )
-def test_is_idle(candidate: RankRow, is_idle: bool) -> None:
-    assert candidate.is_idle is is_idle
+def test_a_lone_row_reads_idle_only_with_nothing_planned(candidate: RankRow, is_idle: bool) -> None:
+    assert read_rows([candidate]).all_idle is is_idle
 
 
 # --- RoundView: the one reading of a round's rows ---------------------------------------------
@@ -193,7 +193,7 @@ def planned_rows(draw: st.DrawFn) -> RankRow:
 def test_read_rows_is_any_extend_and_all_idle(gathered: list[RankRow]) -> None:
     view = read_rows(gathered)
     assert view.any_extend is any(r.num_extends > 0 for r in gathered)
-    assert view.all_idle is all(r.is_idle for r in gathered)
+    assert view.all_idle is all(r.batch_size == 0 and r.num_tokens == 0 for r in gathered)
 
 
 # --- vote: one round at a given counter -------------------------------------------------------
