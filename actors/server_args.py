@@ -20,7 +20,7 @@ from typing import Any
 from actors.model.resolve import resolve_model_config
 from gate import registry
 from gate.policy import PrefillPolicy
-from gate.spec import PolicyContext
+from gate.spec import PolicyContext, annotation_type
 
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 DEVICES = ("auto", "cpu", "cuda")
@@ -216,7 +216,11 @@ class ServerArgs:
                 continue
             choices = registry.names() if f.name == "prefill_policy" else CHOICES.get(f.name)
             parser.add_argument(
-                flag, type=_scalar_type(f.type), default=f.default, choices=choices, help=help_text
+                flag,
+                type=annotation_type(f.type),
+                default=f.default,
+                choices=choices,
+                help=help_text,
             )
         for flag, owner in registry.all_flags().values():
             default = "required" if flag.required else f"default {flag.default}"
@@ -280,12 +284,3 @@ def _is_int(value: Any) -> bool:
 
 def _cli(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def _scalar_type(annotation: Any) -> type:
-    text = str(annotation)
-    if "int" in text:
-        return int
-    if "float" in text:
-        return float
-    return str

@@ -45,8 +45,8 @@ class Ingress:
         # The ranks' own numbers (both resolve them from the same flags and model config).
         self.max_model_len = args.max_model_len
         self.vocab_size = args.model_config.vocab_size
-        self.eos_token_ids = stop_token_ids(args.model_config, self.tokenizer, args.model)
-        self.defaults = read_generation_config(args.model)
+        self.defaults = read_generation_config(args.model)  # read once: stops and defaults
+        self.eos_token_ids = stop_token_ids(args.model_config, self.tokenizer, self.defaults)
         self.ranks = ranks.options(stream=True)
         self._degraded_until = 0.0
         self._health: str | None = None  # why the ranks are not healthy, or None

@@ -25,6 +25,9 @@ BUILTIN_MODULES = (
 )
 
 _SPECS: dict[str, PolicySpec] = {}
+# Every flag by name with its owner, derived from _SPECS; rebuilt when a policy is added or
+# removed (ServerArgs consults it for each keyword it is built with).
+_FLAGS: dict[str, tuple[Flag, str]] = {}
 
 
 def _load() -> dict[str, PolicySpec]:
@@ -44,10 +47,12 @@ def register(spec: PolicySpec) -> None:
         if owner is not None and owner != spec.name:
             raise ValueError(f"policy {spec.name!r}: flag {flag.cli} already belongs to {owner!r}")
     specs[spec.name] = spec
+    _FLAGS.clear()
 
 
 def unregister(name: str) -> None:
     _load().pop(name, None)
+    _FLAGS.clear()
 
 
 def names() -> tuple[str, ...]:
@@ -64,7 +69,21 @@ def get(name: str) -> PolicySpec:
 
 def all_flags() -> dict[str, tuple[Flag, str]]:
     """Every policy flag by name, with the policy that owns it."""
-    return {flag.name: (flag, spec.name) for spec in _load().values() for flag in spec.flags}
+    if not _FLAGS:
+        _FLAGS.update(
+            (flag.name, (flag, spec.name)) for spec in _load().values() for flag in spec.flags
+        )
+    return _FLAGS
+
+
+def comparison_flags(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The named policy's flags for a comparison run (``roundgate simulate``/``bench``): each
+    as given (by flag name; None counts as not given), else the flag's simulate default."""
+    values = {}
+    for flag in get(name).flags:
+        value = given.get(flag.name)
+        values[flag.name] = flag.sim_default if value is None else value
+    return values
 
 
 def implied_policy(given: Mapping[str, Any]) -> str:

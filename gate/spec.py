@@ -10,6 +10,7 @@ columns it reads) and one ``PolicySpec`` tying them to the policy's name. The re
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +61,7 @@ class PolicySpec:
     build: Callable[[Any, PolicyContext], PrefillPolicy]
     flag_prefix: str = ""  # prepended to field names that have no explicit "flag"
 
-    @property
+    @functools.cached_property
     def flags(self) -> tuple[Flag, ...]:
         flags = []
         for f in dataclasses.fields(self.config):
@@ -70,7 +71,7 @@ class PolicySpec:
                 Flag(
                     name=meta.get("flag", self.flag_prefix + f.name),
                     field=f.name,
-                    kind=_kind(f.type),
+                    kind=annotation_type(f.type),
                     default=default,
                     help=meta.get("help", ""),
                     sim_default=meta.get("sim_default", None if default is REQUIRED else default),
@@ -104,7 +105,8 @@ def check_type(flag: Flag, value: Any) -> Any:
 _NAMES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 
 
-def _kind(annotation: Any) -> type:
+def annotation_type(annotation: Any) -> type:
+    """The scalar type a (string) field annotation names: bool, int, float, else str."""
     text = str(annotation)
     for name, kind in (("bool", bool), ("int", int), ("float", float)):
         if name in text:

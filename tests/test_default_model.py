@@ -14,6 +14,7 @@ import torch
 
 from actors.engine import Engine, SamplingParams
 from actors.model import gguf_file
+from actors.model.generation_config import read_generation_config
 from actors.model.tokenizer import HFTokenizer, load_tokenizer, stop_token_ids
 from actors.server_args import ServerArgs
 
@@ -79,7 +80,7 @@ def test_chat_uses_the_model_s_template_and_stops_at_end_of_turn(
     ids = tokenizer.render_chat(messages)
     expected = tokenizer._tok.apply_chat_template(messages, add_generation_prompt=True)
     assert ids == list(expected["input_ids"])
-    stops = stop_token_ids(engine.args.model_config, tokenizer, MODEL)
+    stops = stop_token_ids(engine.args.model_config, tokenizer, read_generation_config(MODEL))
     assert tokenizer._tok.convert_tokens_to_ids("<|im_end|>") in stops
     (out,) = engine.generate([ids], SamplingParams(max_tokens=48, stop_token_ids=stops))
     assert out[-1] in stops, "the answer must end at the end-of-turn token"

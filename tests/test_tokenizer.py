@@ -113,7 +113,7 @@ def test_stop_ids_are_the_union_of_config_generation_config_and_tokenizer(
         eos_token_ids=(1,),
     )
     tok = load_tokenizer(str(model))
-    assert stop_token_ids(config, tok, str(model)) == (1, 2, 5, 3)
+    assert stop_token_ids(config, tok, read_generation_config(str(model))) == (1, 2, 5, 3)
     defaults = read_generation_config(str(model))
     assert (defaults.temperature, defaults.top_p, defaults.top_k) == (0.6, 0.9, None)
 

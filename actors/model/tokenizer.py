@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from actors.model.config import BYTE_BOS_ID, BYTE_EOS_ID, PRESETS, ModelConfig
+from actors.model.generation_config import GenerationConfig
 
 
 class ChatTemplateError(ValueError):
@@ -177,13 +178,12 @@ def load_tokenizer(model: str, chat_template: str | None = None) -> ByteTokenize
     return HFTokenizer(tok, model, template)
 
 
-def stop_token_ids(config: ModelConfig, tokenizer: Tokenizer, model: str) -> tuple[int, ...]:
+def stop_token_ids(
+    config: ModelConfig, tokenizer: Tokenizer, generation: GenerationConfig
+) -> tuple[int, ...]:
     """Every id that ends a generation: ``config.json`` (or GGUF) ``eos_token_id``, the
     ``generation_config.json`` one, and the tokenizer's EOS (the chat end-of-turn token)."""
-    from actors.model.generation_config import read_generation_config
-
-    ids = list(config.eos_token_ids)
-    ids += read_generation_config(model).eos_token_ids
+    ids = [*config.eos_token_ids, *generation.eos_token_ids]
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return tuple(dict.fromkeys(ids))

@@ -110,11 +110,8 @@ def policy_overrides(policy: str, base: dict[str, Any]) -> dict[str, Any]:
     if policy not in registry.names():
         names = ", ".join(registry.names())
         raise ValueError(f"--compare: unknown policy {policy!r} (policies: {names})")
-    overrides: dict[str, Any] = dict.fromkeys(registry.all_flags())
-    for flag in registry.get(policy).flags:
-        value = base.get(flag.name)
-        overrides[flag.name] = flag.sim_default if value is None else value
-    return {**overrides, "prefill_policy": policy}
+    unset: dict[str, Any] = dict.fromkeys(registry.all_flags())
+    return {**unset, **registry.comparison_flags(policy, base), "prefill_policy": policy}
 
 
 def _load(

@@ -97,10 +97,7 @@ def policies_of(ns: argparse.Namespace) -> list[str]:
 def server_args_for(ns: argparse.Namespace, policy: str, **overrides: Any) -> ServerArgs:
     """The engine flags one policy runs with (its own flags: given, else simulate's
     defaults); the rest of the group config is shared."""
-    own = {}
-    for flag in registry.get(policy).flags:
-        value = getattr(ns, flag.name, None)
-        own[flag.name] = flag.sim_default if value is None else value
+    own = registry.comparison_flags(policy, vars(ns))
     return ServerArgs(
         dp_size=ns.dp_size,
         max_num_seqs=ns.max_num_seqs,
