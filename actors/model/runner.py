@@ -22,13 +22,14 @@ import torch.distributed as dist
 
 from actors.control.request import Request
 from actors.control.round import RoundPlan, RoundResult, ScheduledChunk
+from actors.model.decoder import build_model
+from actors.model.kv_cache import allocate_cache, select_backend
 from actors.model.layers import ForwardContext
-from actors.model.llama import build_model
 from actors.model.sampling import sample_tokens
 from actors.model.weights import open_source
 from actors.server_args import ServerArgs
 from gate import RankRow, RoundView, read_rows
-from kernels.attention import PagedKVCache, build_attention_batch, select_attention_backend
+from kernels.attention import build_attention_batch
 from kernels.moe import ExpertPlacement, select_moe_backend
 
 logger = logging.getLogger("roundgate.runner")
@@ -70,14 +71,7 @@ class ModelRunner:
             self.dtype,
             self.device,
         )
-        self.attention = select_attention_backend(
-            args.attention_backend,
-            self.device,
-            num_heads=config.num_heads,
-            num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim,
-            dtype=self.dtype,
-        )
+        self.attention = select_backend(args, config, self.device, self.dtype)
         self.moe = (
             select_moe_backend(
                 args.moe_backend,
@@ -90,15 +84,7 @@ class ModelRunner:
             if config.is_moe
             else None
         )
-        self.cache = PagedKVCache.allocate(
-            config.num_layers,
-            args.num_kv_pages,
-            args.page_size,
-            config.num_kv_heads,
-            config.head_dim,
-            self.dtype,
-            self.device,
-        )
+        self.cache = allocate_cache(args, config, self.dtype, self.device)
         # Unseeded sampling: one stream per rank, reproducible from --seed.
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed + rank)
         # request id -> host copy of its KV pages while it is retracted.
