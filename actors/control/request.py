@@ -76,6 +76,8 @@ class Request:
     first_prefill_round: int | None = None
     # Rounds the prompt was held for reasons the gate does not own (pressure or a full batch).
     excused_wait_rounds: int = 0
+    # Content keys of the sequence's full pages, computed as far as needed (prefix caching).
+    page_keys: list[bytes] = field(default_factory=list)
     # The prompt never changes after construction, so its length is stored, not recounted:
     # the scheduler reads it for every running request every round.
     num_prompt_tokens: int = field(init=False)
