@@ -67,6 +67,11 @@ class ServerArgs:
         None,
     )
     enable_mixed_prefill_decode: bool = _flag("run decodes and prefill chunks in one batch", False)
+    enable_prefix_caching: bool = _flag(
+        "reuse the cached KV pages of a prompt's longest computed prefix (off: every prompt "
+        "prefills in full, for comparisons)",
+        True,
+    )
     disaggregation_mode: str = _flag("fused (null), prefill or decode role", "null")
     device: str = _flag("compute device", "auto")
     attention_backend: str = _flag("paged attention backend", "auto")

@@ -20,28 +20,27 @@ from deployment.sim.round_costs import TOY
 from gate import RankRow, RoundView
 
 
-class FaultyPool(KVPool):
-    """A pool whose ``method`` raises for one owner (a bookkeeping bug in one request)."""
+def inject_fault(pool: KVPool, owner: str, methods: tuple[str, ...]) -> None:
+    """Make the pool's ``methods`` raise for one owner (a bookkeeping bug in one request);
+    the instance is patched, so the scheduler's prefix cache sees the same faulty pool."""
+    for method in methods:
+        real = getattr(pool, method)
 
-    def __init__(self, base: KVPool, owner: str, method: str) -> None:
-        super().__init__(base.num_pages, base.page_size)
-        self.owner, self.method = owner, method
+        def faulty(who, *args, real=real, method=method):  # type: ignore[no-untyped-def]
+            if who == owner:
+                raise RuntimeError(f"injected {method} fault")
+            return real(who, *args)
 
-    def _check(self, owner: object, method: str) -> None:
-        if owner == self.owner and method == self.method:
-            raise RuntimeError(f"injected {method} fault")
+        setattr(pool, method, faulty)
 
-    def allocate(self, owner, num_tokens):  # type: ignore[no-untyped-def]
-        self._check(owner, "allocate")
-        return super().allocate(owner, num_tokens)
 
-    def extend(self, owner, num_tokens):  # type: ignore[no-untyped-def]
-        self._check(owner, "extend")
-        return super().extend(owner, num_tokens)
-
-    def grow(self, owner, num_tokens):  # type: ignore[no-untyped-def]
-        self._check(owner, "grow")
-        return super().grow(owner, num_tokens)
+# The pool calls that plan a request's pages: admission (plain or on a cached prefix), a
+# prefill chunk's pages, and a decode's next page.
+PLANNING_CALLS = {
+    "admit": ("allocate", "allocate_cached"),
+    "extend": ("extend",),
+    "grow": ("grow",),
+}
 
 
 class EchoExecutor(CostExecutor):
@@ -89,17 +88,18 @@ def outputs_without_fault() -> dict[str, list[int]]:
     return {r.request_id: r.output_token_ids for r in reqs}
 
 
-@pytest.mark.parametrize("method", ["allocate", "extend", "grow"])
-def test_a_planning_fault_fails_only_that_request(method: str) -> None:
+@pytest.mark.parametrize("step", list(PLANNING_CALLS))
+def test_a_planning_fault_fails_only_that_request(step: str) -> None:
     expected = outputs_without_fault()
     core = EngineCore(make_args(1, "none", num_kv_pages=12), EchoExecutor())
-    core.scheduler.pool = FaultyPool(core.scheduler.pool, "bad", method)
+    methods = [m for m in PLANNING_CALLS[step] if hasattr(core.scheduler.pool, m)]
+    inject_fault(core.scheduler.pool, "bad", tuple(methods))
     reqs = batch()
     bad = make_request("bad", prompt_len=3, max_tokens=6)
     events = run(core, [*reqs, bad])
     assert bad.status is RequestStatus.FINISHED_ERROR
     assert bad.finish_reason == "error"
-    assert "scheduling" in bad.error and f"injected {method} fault" in bad.error
+    assert "scheduling" in bad.error and "fault" in bad.error
     assert [e for e in events if e.request is bad][-1].finished
     assert {r.request_id: r.output_token_ids for r in reqs} == expected
     assert core.scheduler.num_failures == 1

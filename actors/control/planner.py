@@ -18,6 +18,7 @@ from gate.permission import ALLOW_ALL, Permission
 
 if TYPE_CHECKING:
     from actors.control.admission import AdmissionWaits
+    from actors.control.prefix_cache import PrefixCache
 
 logger = logging.getLogger("roundgate.scheduler")
 
@@ -35,6 +36,7 @@ class RoundPlanner:
     max_batch_size: int
     round: int
     waits: AdmissionWaits
+    prefix: PrefixCache
     _partial: set[Request]
 
     num_retractions: int
@@ -109,14 +111,22 @@ class RoundPlanner:
 
     def _retract(self, req: Request, plan: RoundPlan) -> None:
         old_pages = list(self.pool.pages_of(req.request_id))
+        if plan.page_copies:
+            self.prefix.retarget_copies(old_pages, plan)
         self.pool.free(req.request_id)
         self.running.remove(req)
         self._partial.discard(req)
         self._resume_status[req.request_id] = req.status
         req.status = RequestStatus.RETRACTED
         req.page_ids = []
-        self.retracted.append(req)
-        plan.retracted.append((req, old_pages))
+        if req in plan.readmitted:
+            # Readmitted earlier in this very plan: its restore has not run, so its parked
+            # copy is still the valid one; parking its new (unwritten) pages would replace it.
+            plan.readmitted.remove(req)
+            self.retracted.appendleft(req)
+        else:
+            self.retracted.append(req)
+            plan.retracted.append((req, old_pages))
         # A chunk of it already planned this round would now write into freed pages.
         self._unplan(req, plan)
         self.num_retractions += 1
@@ -158,9 +168,12 @@ class RoundPlanner:
             if req.status is RequestStatus.LOADING:
                 return
             try:
-                if self.pool.allocate(req.request_id, 0) is None:
+                # Admission starts the prompt on its cached prefix (when prefix caching is on).
+                hit = self.prefix.admit(req)
+                if hit is None:
                     return
                 self.waiting.popleft()
+                req.num_computed_tokens = hit.num_cached_tokens
                 req.page_ids = self.pool.pages_of(req.request_id)
                 req.status = RequestStatus.PREFILLING
                 self.running.append(req)
@@ -175,9 +188,11 @@ class RoundPlanner:
                 self._partial.discard(req)
                 self.pool.free(req.request_id)
                 req.page_ids = []
+                req.num_computed_tokens = 0
                 req.status = RequestStatus.WAITING
                 self.waiting.appendleft(req)
                 return
+            self.prefix.record(req, hit, plan)
             budget -= scheduled
 
     def _schedule_chunk(self, plan: RoundPlan, req: Request, budget: int, may_retract: bool) -> int:
@@ -213,4 +228,4 @@ class RoundPlanner:
             resident = sum(r.num_uncomputed_prompt_tokens for r in self._partial)
         if resident or not permission.allow_new:
             return resident
-        return self.waiting[0].num_prompt_tokens if self.waiting else 0
+        return self.prefix.num_uncached_tokens(self.waiting[0]) if self.waiting else 0

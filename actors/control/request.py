@@ -80,6 +80,8 @@ class Request:
     excused_wait_rounds: int = 0
     # Why the request failed (status FINISHED_ERROR): a plain sentence for the client.
     error: str | None = None
+    # Content keys of the sequence's full pages, computed as far as needed (prefix caching).
+    page_keys: list[bytes] = field(default_factory=list)
     # The prompt never changes after construction, so its length is stored, not recounted:
     # the scheduler reads it for every running request every round.
     num_prompt_tokens: int = field(init=False)

@@ -18,6 +18,7 @@ from types import EllipsisType
 from actors.control.admission import AdmissionWaits
 from actors.control.kv_pool import KVPool
 from actors.control.planner import PREFILL_WATERMARK, RoundPlanner
+from actors.control.prefix_cache import PrefixCache
 from actors.control.request import Request, RequestStatus
 from actors.control.round import (
     PROBES,
@@ -42,6 +43,7 @@ class Scheduler(RoundPlanner):
     def __init__(self, args: ServerArgs, max_model_len: int | EllipsisType | None = ...) -> None:
         self.args = args
         self.pool = KVPool(args.num_kv_pages, args.page_size)
+        self.prefix = PrefixCache(self.pool, args.enable_prefix_caching)
         self.max_batch_size = args.max_batch_size
         # The context length is ``args.max_model_len`` (resolved once against the model). The
         # simulator runs no model and passes None: then only the pool bounds a sequence.
@@ -253,6 +255,8 @@ class Scheduler(RoundPlanner):
                 if req is not None:
                     self.fail(req, error)
         events, self._aborted_events = self._aborted_events, []
+        if self.prefix.enabled:
+            self.prefix.keep_computed(plan)  # before finished requests let go of their pages
         sampled = result.sampled
         max_len = self.max_sequence_len
         append = events.append

@@ -4,6 +4,7 @@ One round, in order::
 
     park    retracted requests' pages -> host (before the scheduler reuses the pages)
     restore readmitted requests' host copy -> their new pages
+    copy    cached pages into the pages of prompts that recompute only their last token
     forward every chunk as one flattened ragged batch (or an idle forward)
     sample  one token for every chunk whose ``samples`` is true
 
@@ -100,6 +101,8 @@ class ModelRunner:
         started = time.perf_counter()
         self.park(plan.retracted)
         self.restore(plan.readmitted)
+        for source, target in plan.page_copies:  # a fully cached prompt's private last page
+            self.cache.write_pages([target], self.cache.read_pages([source]))
         if view is None:
             view = read_rows(rows) if rows else None
         low_latency = view.low_latency if view is not None else plan.num_extends == 0
