@@ -9,6 +9,7 @@ simulator measures is the code the engine runs.
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ from actors.control.request import Request, SamplingParams
 from actors.control.round import RoundKind
 from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
+from deployment.sim.arrivals import ClosedLoop, OpenLoop
 from deployment.sim.cost_executor import CostExecutor
 from deployment.sim.round_costs import RoundCosts
 from deployment.sim.workload import Arrival, Router
@@ -102,6 +104,8 @@ class GroupSimulator:
             for rank in range(args.dp_size)
         ]
         self._prompts: dict[int, list[int]] = {}
+        self._in_flight = [0] * args.dp_size
+        self._pending: deque[tuple[float, int, int, Arrival]] = deque()
 
     def _now(self) -> float:
         return self.clock
@@ -117,8 +121,14 @@ class GroupSimulator:
         arrivals: Sequence[Arrival],
         max_rounds: int | None = None,
         on_round: Callable[[int, int], None] | None = None,
+        concurrency: int | None = None,
     ) -> SimResult:
         """Simulate until every request finishes (or ``max_rounds``).
+
+        ``concurrency`` N turns the arrival list into N closed-loop clients (its lengths, in
+        order; send times come from finishes). A request reaches its rank's scheduler
+        ``schedule_lag_ms`` after it is sent, and with ``plan_ahead_rounds`` k it is first
+        planned in the round that starts k round starts after it became visible.
 
         The loop body runs once per group round: keep per-round work out of it where it can
         be hoisted (it is the simulator's hot path, next to the ranks' own round).
@@ -133,24 +143,48 @@ class GroupSimulator:
         timeline = Timeline() if self.keep_timeline else None
         group_ms = costs.group_ms
         clock = 0.0
-        next_arrival = 0
-        num_arrivals = len(arrivals)
-        next_time = arrivals[0].time_s if num_arrivals else float("inf")
+        lag_s = costs.schedule_lag_ms / 1000.0
+        source = OpenLoop(arrivals) if concurrency is None else ClosedLoop(arrivals, concurrency)
+        closed = concurrency is not None
+        # Sent and routed, not yet handed to the rank's scheduler: (visible_s, rank, index,
+        # arrival), in send order (the lag is one constant, so also in visible order).
+        pending: deque[tuple[float, int, int, Arrival]] = deque()
+        self._pending = pending
+        # Start times of the last rounds: a round plans what was visible when the round
+        # ``plan_ahead`` starts earlier began (async scheduling), else at its own start.
+        plan_ahead = int(costs.plan_ahead_rounds)
+        starts = deque([0.0] * (plan_ahead + 1), maxlen=plan_ahead + 1)
+        next_send = source.next_send_s
         rounds = busy = prefill_rounds = decode_rounds = 0
         finished = 0
+        in_flight = self._in_flight = [0] * dp  # routed, not yet admitted, per rank
         while True:
-            while next_time <= clock:
-                self._admit(arrivals[next_arrival], next_arrival, clock, records)
-                next_arrival += 1
-                next_time = arrivals[next_arrival].time_s if next_arrival < num_arrivals else INF
+            admit_until = starts[0]
+            while True:
+                # Sends and admissions interleave in time order, so a router reading the
+                # ranks' queues sees every request admitted before it was sent.
+                while pending and pending[0][0] <= admit_until:
+                    _, rank, index, arrival = pending.popleft()
+                    in_flight[rank] -= 1
+                    self._admit(arrival, rank, index, records)
+                if next_send > clock:
+                    break
+                index, arrival = source.pop()
+                rank = self._route(arrival, index, arrival.time_s)
+                in_flight[rank] += 1
+                pending.append((arrival.time_s + lag_s, rank, index, arrival))
+                next_send = source.next_send_s
             if not any(s.has_unfinished for s in schedulers):
-                if next_arrival >= num_arrivals:
+                next_time = min(next_send, pending[0][0] if pending else INF)
+                if next_time == INF:
                     break
                 # A live group would step idle rounds until the next arrival; one idle
-                # observation leaves each policy in the state those rounds would.
+                # observation leaves each policy in the state those rounds would. An idle
+                # engine plans the moment a request arrives: nothing is in flight.
                 for loop in loops:
                     loop.observe_idle()
-                clock = self.clock = next_time
+                clock = self.clock = max(clock, next_time)
+                starts.extend([clock] * (plan_ahead + 1))
                 continue
             if max_rounds is not None and rounds >= max_rounds:
                 break
@@ -170,6 +204,7 @@ class GroupSimulator:
             start = clock
             clock += round_ms / 1000.0
             self.clock = clock
+            starts.append(clock)
             rounds += 1
             for rank, outcome in enumerate(outcomes):
                 for request, token_id, done in outcome.events:
@@ -185,6 +220,9 @@ class GroupSimulator:
                     if done:
                         rec.finish_s = clock
                         finished += 1
+                        if closed:
+                            source.finished(clock)
+                            next_send = source.next_send_s
             if timeline is not None:
                 timeline.start_s.append(start)
                 timeline.duration_ms.append(round_ms)
@@ -208,13 +246,30 @@ class GroupSimulator:
             unfinished=len(records) - finished,
         )
 
+    def _route(self, arrival: Arrival, index: int, now_s: float) -> int:
+        """The rank a request goes to when it is sent (a trace may pin it)."""
+        if arrival.rank is not None:
+            rank = arrival.rank
+            if not 0 <= rank < self.args.dp_size:
+                raise ValueError(f"trace pins request {index} to rank {rank}, outside dp_size")
+            return rank
+        schedulers = [loop.scheduler for loop in self.loops]
+        if self.router.policy == "vllm-lb":
+            # What the engines report: their queues, plus requests that reached the engine
+            # but wait for the next plan (async scheduling).
+            waiting = [len(s.waiting) for s in schedulers]
+            for visible_s, rank, _, _ in self._pending:
+                if visible_s <= now_s:
+                    waiting[rank] += 1
+            running = [len(s.running) for s in schedulers]
+            return self.router.route_stale(now_s, waiting, running)
+        # The router knows what it sent: a rank's load counts its requests still in flight.
+        in_flight = self._in_flight
+        return self.router.route([len(s.requests) + in_flight[r] for r, s in enumerate(schedulers)])
+
     def _admit(
-        self, arrival: Arrival, index: int, clock: float, records: dict[str, RequestRecord]
+        self, arrival: Arrival, rank: int, index: int, records: dict[str, RequestRecord]
     ) -> None:
-        loads = [len(loop.scheduler.requests) for loop in self.loops]
-        rank = arrival.rank if arrival.rank is not None else self.router.route(loads)
-        if not 0 <= rank < self.args.dp_size:
-            raise ValueError(f"trace pins request {index} to rank {rank}, outside dp_size")
         request_id = f"req-{index}"
         request = Request(
             request_id,
