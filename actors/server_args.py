@@ -17,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from actors import kv_budget
 from actors.model.resolve import resolve_model_config
 from gate import registry
 from gate.policy import PrefillPolicy
@@ -54,6 +55,12 @@ class ServerArgs:
     )
     page_size: int = _flag("tokens per KV-cache page", 16)
     num_kv_pages: int = _flag("KV-cache pages per rank", 1024)
+    kv_cache_memory_gb: float | None = _flag(
+        "KV budget per rank, GiB (sets --num-kv-pages; needs --device cpu|cuda)", None
+    )
+    gpu_memory_utilization: float | None = _flag(
+        "CUDA: share of GPU memory for weights + KV (the KV pool gets the rest)", None
+    )
     chat_template: str | None = _flag(
         "a Jinja chat template file to use instead of the model's own", None
     )
@@ -134,6 +141,7 @@ class ServerArgs:
             )
         self._validate_policy()
         object.__setattr__(self, "max_model_len", self._context_length())
+        self._size_kv_pool()
         if self.chat_template is not None and not Path(self.chat_template).is_file():
             raise ValueError(f"--chat-template {self.chat_template}: no such file")
 
@@ -176,6 +184,12 @@ class ServerArgs:
                 f"--max-model-len {flag} exceeds the model's max_position_embeddings ({limit})"
             )
         return flag
+
+    def _size_kv_pool(self) -> None:
+        """``--kv-cache-memory-gb`` sets ``num_kv_pages`` (read by scheduler and runner)."""
+        pages = kv_budget.pages_from_flags(self)
+        if pages is not None:
+            object.__setattr__(self, "num_kv_pages", pages)
 
     # ---- derived ------------------------------------------------------------------------
 

@@ -90,3 +90,37 @@ def test_the_allocated_latent_cache_is_what_the_formula_says(saved) -> None:
     assert runner.cache.v == []  # no per-head V, no per-head K: the latent alone
     assert runner.cache.k[0].shape == (8, 4, 1, 16 + 8)
     assert runner.cache.bytes_per_token == runner.config.kv_bytes_per_token(4)
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        ({"kv_cache_memory_gb": 1.0}, "needs --device cpu or cuda"),
+        ({"kv_cache_memory_gb": 0, "device": "cpu"}, "must be a number > 0"),
+        ({"kv_cache_memory_gb": 1e-9, "device": "cpu"}, "holds no page"),
+        ({"gpu_memory_utilization": 0.9, "device": "cpu"}, "--device cuda only"),
+        ({"gpu_memory_utilization": 1.5, "device": "cuda"}, r"in \(0, 1\]"),
+        ({"gpu_memory_utilization": 0.5, "kv_cache_memory_gb": 1.0}, "exclude each other"),
+    ],
+)
+def test_bad_kv_budget_flags_are_named(saved, flags: dict, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        ServerArgs(model=str(saved["deepseek_v3"]), **flags)
+
+
+def test_the_kv_budget_sizes_the_pool_from_the_latent(
+    saved, caplog: pytest.LogCaptureFixture
+) -> None:
+    """1 MiB of float32 latent (24 values x 3 layers x 4 B = 288 B/token) in 4-token pages."""
+    import logging
+
+    from actors.engine import Engine
+
+    args = ServerArgs(
+        model=str(saved["deepseek_v3"]), device="cpu", page_size=4, kv_cache_memory_gb=2**-10
+    )
+    assert args.num_kv_pages == 2**20 // (288 * 4)
+    with caplog.at_level(logging.INFO, logger="actors.model.kv_cache"):
+        engine = Engine(args)
+    assert engine.core.scheduler.pool.num_pages == engine.runner.cache.num_pages == 910
+    assert f"{910 * 4} max concurrent tokens" in caplog.text
