@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 def saved(tmp_path_factory: pytest.TempPathFactory):
     """Saved tiny Qwen2 and DeepSeek-V3 directories; each test edits a copy's config."""
     dirs = {}
-    for name in ("qwen2", "deepseek_v3"):
+    for name in ("qwen2", "deepseek_v3", "deepseek_v2"):
         path = tmp_path_factory.mktemp(name)
         build_family(name).save_pretrained(path)
         dirs[name] = path
@@ -44,6 +44,7 @@ REFUSED = [
     ("deepseek_v3", {"topk_method": "greedy"}, "topk_method 'greedy'"),
     ("deepseek_v3", {"n_group": 3}, "n_group"),
     ("deepseek_v3", {"attention_bias": True}, "attention_bias"),
+    ("deepseek_v2", {"norm_topk_prob": True}, "norm_topk_prob"),
     ("deepseek_v3", {"quantization_config": {"quant_method": "awq"}}, "quant_method 'awq'"),
     (
         "deepseek_v3",
@@ -124,3 +125,21 @@ def test_the_kv_budget_sizes_the_pool_from_the_latent(
         engine = Engine(args)
     assert engine.core.scheduler.pool.num_pages == engine.runner.cache.num_pages == 910
     assert f"{910 * 4} max concurrent tokens" in caplog.text
+
+
+def test_routers_stay_float32_in_a_bf16_model(saved) -> None:
+    """Expert choice is computed from float32 router weights whatever the runtime dtype."""
+    import torch
+
+    from actors.model.decoder import build_model
+    from actors.model.weights import SafetensorsSource
+
+    path = saved["deepseek_v3"]
+    config = ModelConfig.from_dir(path)
+    full = build_model(config, SafetensorsSource(path))
+    half = build_model(config, SafetensorsSource(path), dtype=torch.bfloat16)
+    gate, half_gate = full.layers[1].mlp.gate, half.layers[1].mlp.gate
+    assert half.layers[1].mlp.w13.dtype == torch.bfloat16
+    assert half_gate.weight.dtype == half_gate.e_score_correction_bias.dtype == torch.float32
+    assert torch.equal(half_gate.weight, gate.weight)
+    assert torch.equal(half_gate.e_score_correction_bias, gate.e_score_correction_bias)

@@ -13,7 +13,7 @@ from torch import nn
 from actors.model.config import ModelConfig
 from actors.model.layers import Attention, DenseMLP, ForwardContext, RMSNorm, fill
 from actors.model.mla import MLAttention
-from actors.model.moe import SparseMoE
+from actors.model.moe import Router, SparseMoE
 from actors.model.rope import RotaryTable
 from actors.model.weights import TensorSource
 from kernels.moe import ExpertPlacement, MoEBackend
@@ -116,9 +116,16 @@ def build_model(
     device: torch.device | str = "cpu",
 ) -> CausalLM:
     """Construct on CPU, load, then move once; the RoPE tables are rebuilt in float32 on
-    the device (casting them through bf16 would round the angles)."""
+    the device (casting them through bf16 would round the angles) and routers kept float32."""
     model = CausalLM(config, placement)
     load_weights(model, source)
+    # Routers stay float32 (transformers keeps DeepSeek's that way): expert choice is a
+    # top-k over close scores, and rounding them to bf16 would change which experts run.
+    routers = [m for m in model.modules() if isinstance(m, Router)]
+    kept = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in routers]
     model.to(device=device, dtype=dtype)
+    for router, params in zip(routers, kept, strict=True):
+        for name, value in params.items():
+            setattr(router, name, nn.Parameter(value.to(device), requires_grad=False))
     model.rotary = rotary_table(config).to(device)
     return model.eval()
