@@ -143,3 +143,15 @@ def test_routers_stay_float32_in_a_bf16_model(saved) -> None:
     assert half_gate.weight.dtype == half_gate.e_score_correction_bias.dtype == torch.float32
     assert torch.equal(half_gate.weight, gate.weight)
     assert torch.equal(half_gate.e_score_correction_bias, gate.e_score_correction_bias)
+
+
+def test_a_qwen3_labelled_llama_is_refused_not_loaded_without_its_norms(tmp_path: Path) -> None:
+    """The weights have q/k norms a Llama has no place for: loading says so, naming one."""
+    from model_driver import make_runner
+
+    build_family("qwen3").save_pretrained(tmp_path)
+    body = json.loads((tmp_path / "config.json").read_text())
+    body.update(architectures=["LlamaForCausalLM"], model_type="llama")
+    (tmp_path / "config.json").write_text(json.dumps(body))
+    with pytest.raises(ValueError, match=r"[qk]_norm.weight.* not part of LlamaForCausalLM"):
+        make_runner(str(tmp_path), num_pages=8)

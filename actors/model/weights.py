@@ -145,6 +145,10 @@ class SafetensorsSource:
     def has(self, name: str) -> bool:
         return name in self._file_of
 
+    def names(self) -> list[str]:
+        """Every tensor name in the checkpoint."""
+        return list(self._file_of)
+
     def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         path = self._file_of.get(name)
         if path is None:
@@ -192,3 +196,38 @@ def save_hf_dir(config: ModelConfig, state: dict[str, torch.Tensor], path: str |
     (out / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2))
     save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
     return out
+
+
+class ReadTracker:
+    """A TensorSource wrapper that records which names the loader read."""
+
+    def __init__(self, inner: TensorSource) -> None:
+        self.inner = inner
+        self.read: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return self.inner.has(name)
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        self.read.add(name)
+        return self.inner.get(name, shape)
+
+
+def unread_tensors(names: list[str], read: set[str], num_layers: int) -> list[str]:
+    """Checkpoint tensors the architecture did not read: a sign of a mislabelled checkpoint
+    (a Qwen3 labelled Llama would silently lose its q/k norms).
+
+    Not counted: experts (a rank reads only its own), FP8 scales (read with their weight),
+    layers past ``num_layers`` (DeepSeek-V3's multi-token-prediction layer) and RoPE buffers.
+    """
+    unread = []
+    for name in names:
+        if name in read or ".experts." in name or name.endswith("_scale_inv"):
+            continue
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        parts = name.split(".")
+        if parts[:2] == ["model", "layers"] and parts[2].isdigit() and int(parts[2]) >= num_layers:
+            continue
+        unread.append(name)
+    return unread
