@@ -25,7 +25,7 @@ class Engine:
             )
         self.args = args
         self.runner = ModelRunner(args)
-        self.core = EngineCore(args, self.runner)
+        self.core = EngineCore(self.runner.args, self.runner)
         self._next_id = 0
 
     def generate(

@@ -17,23 +17,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from actors import kv_budget
+from actors.arg_choices import CHOICES, POSITIVE
 from actors.model.resolve import resolve_model_config
 from gate import registry
 from gate.policy import PrefillPolicy
 from gate.spec import PolicyContext, annotation_type
-
-DISAGGREGATION_MODES = ("null", "prefill", "decode")
-DEVICES = ("auto", "cpu", "cuda")
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
-MOE_BACKENDS = ("auto", "local", "torch", "deepep")
-POSITIVE = ("dp_size", "max_num_seqs", "max_scheduled_tokens", "page_size", "num_kv_pages")
-CHOICES = {
-    "disaggregation_mode": DISAGGREGATION_MODES,
-    "device": DEVICES,
-    "attention_backend": ATTENTION_BACKENDS,
-    "moe_backend": MOE_BACKENDS,
-    "gguf_weights": ("packed", "float"),
-}
 
 
 def _flag(help_text: str, default: Any) -> Any:
@@ -55,6 +44,12 @@ class ServerArgs:
     )
     page_size: int = _flag("tokens per KV-cache page", 16)
     num_kv_pages: int = _flag("KV-cache pages per rank", 1024)
+    kv_cache_memory_gb: float | None = _flag(
+        "KV budget per rank, GiB (sets --num-kv-pages; needs --device cpu|cuda)", None
+    )
+    gpu_memory_utilization: float | None = _flag(
+        "CUDA: share of GPU memory for weights + KV (the KV pool gets the rest)", None
+    )
     chat_template: str | None = _flag(
         "a Jinja chat template file to use instead of the model's own", None
     )
@@ -78,8 +73,8 @@ class ServerArgs:
     attention_backend: str = _flag("paged attention backend", "auto")
     moe_backend: str = _flag("MoE dispatch/combine backend", "auto")
     gguf_weights: str = _flag(
-        "GGUF Q4_1/Q8_0 linear weights on CPU: packed (kept in the file's blocks, multiplied "
-        "by an AVX2 kernel; a third of float32's bytes) or float (dequantized to float32)",
+        "GGUF Q4_1/Q8_0 linear weights on CPU: packed (the file's blocks, an AVX2 kernel) or "
+        "float (dequantized)",
         "packed",
     )
     seed: int = _flag("seed for preset weights and sampling", 0)
@@ -145,6 +140,7 @@ class ServerArgs:
             )
         self._validate_policy()
         object.__setattr__(self, "max_model_len", self._context_length())
+        self._size_kv_pool()
         if self.chat_template is not None and not Path(self.chat_template).is_file():
             raise ValueError(f"--chat-template {self.chat_template}: no such file")
 
@@ -187,6 +183,12 @@ class ServerArgs:
                 f"--max-model-len {flag} exceeds the model's max_position_embeddings ({limit})"
             )
         return flag
+
+    def _size_kv_pool(self) -> None:
+        """``--kv-cache-memory-gb`` sets ``num_kv_pages`` (read by scheduler and runner)."""
+        pages = kv_budget.pages_from_flags(self)
+        if pages is not None:
+            object.__setattr__(self, "num_kv_pages", pages)
 
     # ---- derived ------------------------------------------------------------------------
 

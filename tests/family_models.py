@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from model_driver import HF_SHAPE
+
+from tests.model_driver import HF_SHAPE
 
 YARN = {
     "rope_type": "yarn",

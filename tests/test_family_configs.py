@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 def saved(tmp_path_factory: pytest.TempPathFactory):
     """Saved tiny Qwen2 and DeepSeek-V3 directories; each test edits a copy's config."""
     dirs = {}
-    for name in ("qwen2", "deepseek_v3"):
+    for name in ("qwen2", "deepseek_v3", "deepseek_v2"):
         path = tmp_path_factory.mktemp(name)
         build_family(name).save_pretrained(path)
         dirs[name] = path
@@ -44,6 +44,7 @@ REFUSED = [
     ("deepseek_v3", {"topk_method": "greedy"}, "topk_method 'greedy'"),
     ("deepseek_v3", {"n_group": 3}, "n_group"),
     ("deepseek_v3", {"attention_bias": True}, "attention_bias"),
+    ("deepseek_v2", {"norm_topk_prob": True}, "norm_topk_prob"),
     ("deepseek_v3", {"quantization_config": {"quant_method": "awq"}}, "quant_method 'awq'"),
     (
         "deepseek_v3",
@@ -90,3 +91,67 @@ def test_the_allocated_latent_cache_is_what_the_formula_says(saved) -> None:
     assert runner.cache.v == []  # no per-head V, no per-head K: the latent alone
     assert runner.cache.k[0].shape == (8, 4, 1, 16 + 8)
     assert runner.cache.bytes_per_token == runner.config.kv_bytes_per_token(4)
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        ({"kv_cache_memory_gb": 1.0}, "needs --device cpu or cuda"),
+        ({"kv_cache_memory_gb": 0, "device": "cpu"}, "must be a number > 0"),
+        ({"kv_cache_memory_gb": 1e-9, "device": "cpu"}, "holds no page"),
+        ({"gpu_memory_utilization": 0.9, "device": "cpu"}, "--device cuda only"),
+        ({"gpu_memory_utilization": 1.5, "device": "cuda"}, r"in \(0, 1\]"),
+        ({"gpu_memory_utilization": 0.5, "kv_cache_memory_gb": 1.0}, "exclude each other"),
+    ],
+)
+def test_bad_kv_budget_flags_are_named(saved, flags: dict, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        ServerArgs(model=str(saved["deepseek_v3"]), **flags)
+
+
+def test_the_kv_budget_sizes_the_pool_from_the_latent(
+    saved, caplog: pytest.LogCaptureFixture
+) -> None:
+    """1 MiB of float32 latent (24 values x 3 layers x 4 B = 288 B/token) in 4-token pages."""
+    import logging
+
+    from actors.engine import Engine
+
+    args = ServerArgs(
+        model=str(saved["deepseek_v3"]), device="cpu", page_size=4, kv_cache_memory_gb=2**-10
+    )
+    assert args.num_kv_pages == 2**20 // (288 * 4)
+    with caplog.at_level(logging.INFO, logger="actors.model.kv_cache"):
+        engine = Engine(args)
+    assert engine.core.scheduler.pool.num_pages == engine.runner.cache.num_pages == 910
+    assert f"{910 * 4} max concurrent tokens" in caplog.text
+
+
+def test_routers_stay_float32_in_a_bf16_model(saved) -> None:
+    """Expert choice is computed from float32 router weights whatever the runtime dtype."""
+    import torch
+
+    from actors.model.decoder import build_model
+    from actors.model.weights import SafetensorsSource
+
+    path = saved["deepseek_v3"]
+    config = ModelConfig.from_dir(path)
+    full = build_model(config, SafetensorsSource(path))
+    half = build_model(config, SafetensorsSource(path), dtype=torch.bfloat16)
+    gate, half_gate = full.layers[1].mlp.gate, half.layers[1].mlp.gate
+    assert half.layers[1].mlp.w13.dtype == torch.bfloat16
+    assert half_gate.weight.dtype == half_gate.e_score_correction_bias.dtype == torch.float32
+    assert torch.equal(half_gate.weight, gate.weight)
+    assert torch.equal(half_gate.e_score_correction_bias, gate.e_score_correction_bias)
+
+
+def test_a_qwen3_labelled_llama_is_refused_not_loaded_without_its_norms(tmp_path: Path) -> None:
+    """The weights have q/k norms a Llama has no place for: loading says so, naming one."""
+    from model_driver import make_runner
+
+    build_family("qwen3").save_pretrained(tmp_path)
+    body = json.loads((tmp_path / "config.json").read_text())
+    body.update(architectures=["LlamaForCausalLM"], model_type="llama")
+    (tmp_path / "config.json").write_text(json.dumps(body))
+    with pytest.raises(ValueError, match=r"[qk]_norm.weight.* not part of LlamaForCausalLM"):
+        make_runner(str(tmp_path), num_pages=8)

@@ -30,6 +30,21 @@ transformers = pytest.importorskip("transformers")
 
 PROMPTS = [[5, 7, 9], list(range(20, 37)), [3, 1, 4, 1, 5, 9, 2, 6, 5], [250, 11, 42, 42, 7, 8]]
 ATOL = 2e-4
+# Scaled RoPE with a short original context so the scaling changes every frequency band.
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+YARN_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 
 
 @pytest.fixture(scope="module", params=["llama", "mixtral"])
@@ -133,11 +148,18 @@ def test_retract_and_readmit_restores_the_cache(hf_model, hf_outputs) -> None:
 
 @pytest.mark.parametrize(
     "variant",
-    [{"tie_word_embeddings": True}, {"attention_bias": True, "mlp_bias": True}, {"head_dim": 8}],
-    ids=["tied", "biases", "narrow-heads"],
+    [
+        {"tie_word_embeddings": True},
+        {"attention_bias": True, "mlp_bias": True},
+        {"head_dim": 8},
+        {"rope_parameters": LLAMA3_ROPE},
+        {"rope_parameters": YARN_ROPE},
+    ],
+    ids=["tied", "biases", "narrow-heads", "llama3-rope", "yarn-rope"],
 )
 def test_llama_variants_match(variant: dict, tmp_path: Path) -> None:
-    """Config switches the loader must honour: tied lm_head, biases, head_dim != H / heads."""
+    """Config switches the loader must honour: tied lm_head, biases, head_dim != H / heads,
+    llama3 and yarn RoPE scaling (yarn: its attention factor on cos/sin too)."""
     torch.manual_seed(1)
     config = transformers.LlamaConfig(**{**HF_SHAPE, **variant})
     model = transformers.LlamaForCausalLM(config).eval()

@@ -11,14 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_args_cases import ANY, ATTEMPT, CONTEXT, GATE, GATE_CLI, LOCAL_ONLY, flag_of
 
+from actors.arg_choices import ATTENTION_BACKENDS, DEVICES, DISAGGREGATION_MODES, MOE_BACKENDS
 from actors.model.config import PRESETS
-from actors.server_args import (
-    ATTENTION_BACKENDS,
-    DEVICES,
-    DISAGGREGATION_MODES,
-    MOE_BACKENDS,
-    ServerArgs,
-)
+from actors.server_args import ServerArgs
 from gate import PrefillDelay, registry
 
 # --- the CLI ----------------------------------------------------------------------------------

@@ -13,9 +13,9 @@ from torch import nn
 from actors.model.config import ModelConfig
 from actors.model.layers import Attention, DenseMLP, ForwardContext, RMSNorm, fill
 from actors.model.mla import MLAttention
-from actors.model.moe import SparseMoE
+from actors.model.moe import Router, SparseMoE
 from actors.model.rope import RotaryTable
-from actors.model.weights import TensorSource
+from actors.model.weights import ReadTracker, TensorSource, unread_tensors
 from kernels.moe import ExpertPlacement, MoEBackend
 
 
@@ -91,7 +91,25 @@ def rotary_table(config: ModelConfig) -> RotaryTable:
 
 @torch.no_grad()
 def load_weights(model: CausalLM, source: TensorSource) -> None:
-    """Copy HF-named tensors into the fused layout; only this rank's experts are read."""
+    """Copy HF-named tensors into the fused layout; only this rank's experts are read.
+
+    A checkpoint that lists its names (safetensors) must have none left unread: a tensor
+    the architecture has no place for means the config does not describe these weights.
+    """
+    tracker = ReadTracker(source)
+    _load_all(model, tracker)
+    names = getattr(getattr(source, "inner", source), "names", None)
+    if names is not None:
+        unread = unread_tensors(names(), tracker.read, model.config.num_layers)
+        if unread:
+            raise ValueError(
+                f"checkpoint tensor {unread[0]!r} (and {len(unread) - 1} more) is not part of "
+                f"{model.config.architecture} as config.json describes it: a mislabelled "
+                "architecture or an unsupported variant"
+            )
+
+
+def _load_all(model: CausalLM, source: TensorSource) -> None:
     config = model.config
     fill(model.embed_tokens.weight, source, "model.embed_tokens.weight")
     for i, layer in enumerate(model.layers):
@@ -116,9 +134,16 @@ def build_model(
     device: torch.device | str = "cpu",
 ) -> CausalLM:
     """Construct on CPU, load, then move once; the RoPE tables are rebuilt in float32 on
-    the device (casting them through bf16 would round the angles)."""
+    the device (casting them through bf16 would round the angles) and routers kept float32."""
     model = CausalLM(config, placement)
     load_weights(model, source)
+    # Routers stay float32 (transformers keeps DeepSeek's that way): expert choice is a
+    # top-k over close scores, and rounding them to bf16 would change which experts run.
+    routers = [m for m in model.modules() if isinstance(m, Router)]
+    kept = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in routers]
     model.to(device=device, dtype=dtype)
+    for router, params in zip(routers, kept, strict=True):
+        for name, value in params.items():
+            setattr(router, name, nn.Parameter(value.to(device), requires_grad=False))
     model.rotary = rotary_table(config).to(device)
     return model.eval()

@@ -22,8 +22,6 @@ from kernels.quant import BLOCK, BlockLinear, BlockWeights, kernel, kernel_failu
 
 logger = logging.getLogger("roundgate.model")
 
-GGUF_WEIGHTS = ("packed", "float")
-
 # The decoder's fused linear layers and the checkpoint tensors they hold, in row order.
 _LAYER_LINEARS = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),

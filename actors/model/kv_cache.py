@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from actors.kv_budget import gpu_pages
 from actors.model.config import ModelConfig
 from actors.server_args import ServerArgs
 from kernels.attention import (
@@ -76,3 +77,14 @@ def allocate_cache(
         tokens * per_token / 2**30,
     )
     return cache
+
+
+def size_for_gpu(args: ServerArgs, config: ModelConfig, device: torch.device) -> ServerArgs:
+    """``args`` with the page count ``--gpu-memory-utilization`` leaves after the weights."""
+    if device.type != "cuda":
+        raise ValueError("--gpu-memory-utilization applies to --device cuda only")
+    free, total = torch.cuda.mem_get_info(device)
+    pages = gpu_pages(
+        total, free, args.gpu_memory_utilization, config.kv_bytes_per_token(2), args.page_size
+    )
+    return args.replace(num_kv_pages=pages, gpu_memory_utilization=None)

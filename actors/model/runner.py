@@ -25,7 +25,7 @@ from actors.control.request import Request
 from actors.control.round import RoundPlan, RoundResult, ScheduledChunk
 from actors.model.decoder import build_model
 from actors.model.gguf_blocks import pack_gguf
-from actors.model.kv_cache import allocate_cache, select_backend
+from actors.model.kv_cache import allocate_cache, select_backend, size_for_gpu
 from actors.model.layers import ForwardContext
 from actors.model.sampling import sample_tokens
 from actors.model.weights import open_source
@@ -49,10 +49,12 @@ def resolve_device(name: str) -> torch.device:
 class ModelRunner:
     """One rank's model shard, KV cache and sampler, behind the ``Executor`` protocol.
 
-    ``group`` is the DP group's ``torch.distributed`` process group (``None``: the default
-    group when ``dp_size > 1``). Attention is data-parallel: every rank holds all attention
-    weights. Experts are sharded over the group (``ExpertPlacement``), so an MoE model
-    with ``dp_size > 1`` needs every rank in every round (idle ranks run ``idle_forward``).
+    ``args`` becomes a copy with ``num_kv_pages`` set under ``--gpu-memory-utilization``
+    (the engine core builds its scheduler from ``runner.args``). ``group`` is the DP group's
+    ``torch.distributed`` process group (``None``: the default group when ``dp_size > 1``).
+    Attention is data-parallel: every rank holds all attention weights. Experts are sharded
+    over the group (``ExpertPlacement``), so an MoE model with ``dp_size > 1`` needs every
+    rank in every round (idle ranks run ``idle_forward``).
     """
 
     def __init__(self, args: ServerArgs, rank: int = 0, group: Any = None) -> None:
@@ -70,6 +72,8 @@ class ModelRunner:
         self.model = build_model(config, source, self.placement, self.dtype, self.device)
         if args.gguf_weights == "packed" and self.device.type == "cpu":
             pack_gguf(self.model, source, config.tie_word_embeddings)
+        if args.gpu_memory_utilization is not None:  # sized now that the weights are in
+            args = self.args = size_for_gpu(args, config, self.device)
         self.attention = select_backend(args, config, self.device, self.dtype)
         self.moe = (
             select_moe_backend(

@@ -102,24 +102,52 @@ class DictSource:
 
 
 class SafetensorsSource:
-    """A TensorSource over every ``*.safetensors`` file of a directory, opened lazily."""
+    """A TensorSource over a directory's safetensors: the shards ``model.safetensors.index.json``
+    names (a sharded checkpoint), else every ``*.safetensors`` file; opened lazily."""
+
+    INDEX = "model.safetensors.index.json"
 
     def __init__(self, model_dir: str | Path) -> None:
         self.model_dir = Path(model_dir)
-        files = sorted(self.model_dir.glob("*.safetensors"))
+        index = self.model_dir / self.INDEX
+        if index.is_file():
+            files = self._shards(index)
+        else:
+            files = sorted(self.model_dir.glob("*.safetensors"))
         if not files:
             raise ValueError(f"{self.model_dir}: no *.safetensors weight files found")
         self._file_of: dict[str, Path] = {}
+        self.dtypes: dict[str, str] = {}  # name -> safetensors dtype ("F8_E4M3", "BF16"...)
+        self.numels: dict[str, int] = {}
         for path in files:
             try:
                 with safe_open(str(path), framework="pt") as handle:
                     for key in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
                         self._file_of[key] = path
+                        view = handle.get_slice(key)
+                        self.dtypes[key] = view.get_dtype()
+                        self.numels[key] = math.prod(view.get_shape())
             except Exception as exc:  # safetensors raises its own error types
                 raise ValueError(f"{path}: unreadable safetensors file ({exc})") from exc
 
+    def _shards(self, index: Path) -> list[Path]:
+        from actors.model.config import read_json_object
+
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index}: weight_map must be a non-empty object")
+        shards = sorted({self.model_dir / str(f) for f in weight_map.values()})
+        missing = [p.name for p in shards if not p.is_file()]
+        if missing:
+            raise ValueError(f"{index}: shard {missing[0]} is missing from {self.model_dir}")
+        return shards
+
     def has(self, name: str) -> bool:
         return name in self._file_of
+
+    def names(self) -> list[str]:
+        """Every tensor name in the checkpoint."""
+        return list(self._file_of)
 
     def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         path = self._file_of.get(name)
@@ -153,7 +181,12 @@ def open_source(model: str, config: ModelConfig, seed: int) -> TensorSource:
     path = gguf_file.find_gguf(model)
     if path is not None:
         return gguf_file.GGUFSource(path, config)
-    return SafetensorsSource(model)
+    source = SafetensorsSource(model)
+    if config.weight_block_size is not None:
+        from actors.model.fp8 import BlockFP8Source
+
+        return BlockFP8Source(source, config.weight_block_size)
+    return source
 
 
 def save_hf_dir(config: ModelConfig, state: dict[str, torch.Tensor], path: str | Path) -> Path:
@@ -163,3 +196,38 @@ def save_hf_dir(config: ModelConfig, state: dict[str, torch.Tensor], path: str |
     (out / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2))
     save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
     return out
+
+
+class ReadTracker:
+    """A TensorSource wrapper that records which names the loader read."""
+
+    def __init__(self, inner: TensorSource) -> None:
+        self.inner = inner
+        self.read: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return self.inner.has(name)
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        self.read.add(name)
+        return self.inner.get(name, shape)
+
+
+def unread_tensors(names: list[str], read: set[str], num_layers: int) -> list[str]:
+    """Checkpoint tensors the architecture did not read: a sign of a mislabelled checkpoint
+    (a Qwen3 labelled Llama would silently lose its q/k norms).
+
+    Not counted: experts (a rank reads only its own), FP8 scales (read with their weight),
+    layers past ``num_layers`` (DeepSeek-V3's multi-token-prediction layer) and RoPE buffers.
+    """
+    unread = []
+    for name in names:
+        if name in read or ".experts." in name or name.endswith("_scale_inv"):
+            continue
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        parts = name.split(".")
+        if parts[:2] == ["model", "layers"] and parts[2].isdigit() and int(parts[2]) >= num_layers:
+            continue
+        unread.append(name)
+    return unread

@@ -88,7 +88,7 @@ class RankReplica:
 
         runner = ModelRunner(self.args, rank=self.rank, group=dist.group.WORLD)
         return EngineCore(
-            self.args,
+            runner.args,  # --gpu-memory-utilization: the page count the runner sized
             runner,
             rank=self.rank,
             gather=TorchGather(device=device),

@@ -6,8 +6,8 @@ layout). With ``W_uk: [H, d_nope, r]`` and ``W_uv: [H, d_v, r]`` the two halves 
 
 * decodes (one query a sequence) run **absorbed**: the query becomes
   ``[q_nope @ W_uk | q_pe]`` (width ``r + d_rope``), attends as one-KV-head MQA straight
-  over the cached entries with the latent as the value, and ``W_uv`` maps the result out;
-  nothing per head is built for the cached tokens;
+  over the cached entries with the latent as the value (two batched GEMMs), and ``W_uv``
+  maps the result out; nothing per head is built for the cached tokens;
 * extends expand the gathered latent to per-head K/V (``latent @ W_uk``, ``latent @ W_uv``),
   cheaper than absorbing when many queries share the keys.
 
@@ -57,13 +57,14 @@ class TorchMLAAttention(TorchAttention):
         entries = cache.k[layer].index_select(0, state.pages).view(size, -1, width)
         mask = state.mask.to(q_nope.dtype)
         if state.query_rows is None:  # decodes: absorbed, against the latent itself
+            # One KV head shared by every query head: two plain batched GEMMs over the
+            # entries. (SDPA's GQA path would first copy the keys out to every head.)
             q_latent = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)
-            query = torch.cat((q_latent, q_pe), dim=-1).unsqueeze(2)  # [B, H, 1, r + dr]
-            keys = entries.unsqueeze(1)  # [B, 1, L, r + dr]: one KV head for all
-            out = F.scaled_dot_product_attention(
-                query, keys, keys[..., :rank], attn_mask=mask, scale=scale, enable_gqa=True
-            )
-            return torch.einsum("bhr,hvr->bhv", out.squeeze(2), w_uv)
+            query = torch.cat((q_latent, q_pe), dim=-1)  # [B, H, r + dr]
+            scores = torch.bmm(query, entries.transpose(1, 2)) * scale  # [B, H, L]
+            probs = torch.softmax((scores + mask.view(size, 1, -1)).float(), dim=-1)
+            out = torch.bmm(probs.to(entries.dtype), entries[..., :rank])  # [B, H, r]
+            return torch.einsum("bhr,hvr->bhv", out, w_uv)
         keys, values = _expand(entries[..., :rank], entries[..., rank:], w_uk, w_uv)
         padded = q_nope.new_zeros(size * q_max, heads, q_nope.shape[-1] + q_pe.shape[-1])
         padded.index_copy_(0, state.query_rows, torch.cat((q_nope, q_pe), dim=-1))

@@ -45,6 +45,9 @@ def read_v2(reader: FieldReader, kwargs: dict[str, Any]) -> dict[str, Any]:
     _common(reader, kwargs, _mla(reader, interleave=True), dense=0)
     reader.require("scoring_func", ("softmax",), "softmax")
     method = reader.require("topk_method", ("greedy", "group_limited_greedy"), "greedy")
+    # transformers' DeepseekV2 router never renormalises while DeepSeek's own code does when
+    # this is true: refused rather than silently matching one of them.
+    reader.require("norm_topk_prob", (False,), False)
     grouped = method == "group_limited_greedy"
     kwargs["shared_expert_intermediate_size"] = kwargs["moe_intermediate_size"] * reader.get(
         "n_shared_experts", int, default=2
@@ -52,7 +55,7 @@ def read_v2(reader: FieldReader, kwargs: dict[str, Any]) -> dict[str, Any]:
     kwargs["router"] = RouterConfig(
         scoring="softmax",
         topk_method=method,
-        norm_topk_prob=reader.get("norm_topk_prob", bool, default=False),
+        norm_topk_prob=False,
         n_group=reader.get("n_group", int) if grouped else 1,
         topk_group=reader.get("topk_group", int) if grouped else 1,
         routed_scaling_factor=reader.get("routed_scaling_factor", float, default=1.0),
