@@ -18,6 +18,7 @@ from actors.control.request import Request, SamplingParams
 from actors.control.round import RoundKind
 from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
+from deployment.sim import fast_forward
 from deployment.sim.arrivals import ClosedLoop, OpenLoop
 from deployment.sim.cost_executor import CostExecutor
 from deployment.sim.round_costs import RoundCosts
@@ -28,6 +29,8 @@ KIND_CODES = {RoundKind.IDLE: 0, RoundKind.DECODE: 1, RoundKind.PREFILL: 2, Roun
 POINT_CODES = {None: 0, "all": 1, "any": 2}
 # A round in which no rank runs a forward still costs the scheduler pass; keeps time moving.
 IDLE_ROUND_MS = 0.01
+# At most this many rounds in one fast-forward step (bounds the work of one step).
+FAST_MAX_ROUNDS = 4096
 INF = float("inf")
 
 
@@ -85,12 +88,14 @@ class GroupSimulator:
         router: Router,
         policy_name: str = "roundgate",
         keep_timeline: bool = True,
+        fast_forward: bool = True,
     ) -> None:
         self.args = args
         self.costs = costs
         self.router = router
         self.policy_name = policy_name
         self.keep_timeline = keep_timeline
+        self.fast_forward = fast_forward
         self.clock = 0.0
         self.loops = [
             RankLoop(
@@ -155,6 +160,8 @@ class GroupSimulator:
         plan_ahead = int(costs.plan_ahead_rounds)
         starts = deque([0.0] * (plan_ahead + 1), maxlen=plan_ahead + 1)
         next_send = source.next_send_s
+        # Steady decode rounds in one step (deployment/sim/fast_forward.py), where exact.
+        fast = self.fast_forward and timeline is None and fast_forward.supported(loops)
         rounds = busy = prefill_rounds = decode_rounds = 0
         finished = 0
         in_flight = self._in_flight = [0] * dp  # routed, not yet admitted, per rank
@@ -188,6 +195,20 @@ class GroupSimulator:
                 continue
             if max_rounds is not None and rounds >= max_rounds:
                 break
+            left = (
+                FAST_MAX_ROUNDS if max_rounds is None else min(max_rounds - rounds, FAST_MAX_ROUNDS)
+            )
+            k = fast_forward.steady_rounds(loops, left) if fast and not pending else 0
+            if k:
+                k, clock = fast_forward.advance(
+                    loops, costs, k, clock, next_send, records, itl, starts
+                )
+                if k:
+                    self.clock = clock
+                    rounds, busy, decode_rounds = rounds + k, busy + k, decode_rounds + k
+                    if on_round is not None:
+                        on_round(rounds, finished)
+                    continue
             rows = [begin() for begin in begins]
             view = read_rows(rows)  # one reading for every rank of the round
             outcomes = [finish(rows, view) for finish in finishes]
