@@ -130,13 +130,9 @@ class GroupSimulator:
     ) -> SimResult:
         """Simulate until every request finishes (or ``max_rounds``).
 
-        ``concurrency`` N turns the arrival list into N closed-loop clients (its lengths, in
-        order; send times come from finishes). A request reaches its rank's scheduler
-        ``schedule_lag_ms`` after it is sent, and with ``plan_ahead_rounds`` k it is first
-        planned in the round that starts k round starts after it became visible.
-
-        The loop body runs once per group round: keep per-round work out of it where it can
-        be hoisted (it is the simulator's hot path, next to the ranks' own round).
+        ``concurrency`` N: N closed-loop clients (the arrivals' lengths, in order). A request
+        reaches its scheduler ``schedule_lag_ms`` after it is sent, and is first planned
+        ``plan_ahead_rounds`` round starts after that. The loop body is the hot path: hoist.
         """
         loops, costs, dp = self.loops, self.costs, self.args.dp_size
         schedulers = [loop.scheduler for loop in loops]
