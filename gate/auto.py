@@ -154,7 +154,8 @@ class AutoGate:
         self._starts.append(now)
         # The guard: an open round left backlog behind, or some backlog needs several rounds.
         left_behind = view.any_extend and any(row.num_extends and row.wants_prefill for row in rows)
-        too_big = any(row.extras[_ROUNDS] > 1 for row in rows)
+        # One prompt longer than a round's budget is not saturation: it is chunked anyway.
+        too_big = any(row.extras[_ROUNDS] > 1 and row.extras[_REQ] > 1 for row in rows)
         if left_behind or too_big:
             self.saturated = True
         elif not any(row.wants_prefill for row in rows):

@@ -89,10 +89,13 @@ def test_saturation_guard_keeps_the_gate_open_until_the_backlog_fits() -> None:
     assert not vote.open
 
 
-def test_a_backlog_longer_than_one_round_budget_is_saturation() -> None:
+@pytest.mark.parametrize(("backlog", "saturated"), [(4, True), (1, False)])
+def test_a_backlog_longer_than_one_round_budget_is_saturation(backlog: int, saturated) -> None:
+    """Several prompts needing more than one round's budget: saturation. One long prompt
+    (chunked over rounds anyway) is not."""
     gate = AutoGate(AutoGateConfig(attempt_interval=64, any_interval=64, max_wait_ms=10_000.0))
-    step(gate, [auto_row(True, rounds=3, now=0), auto_row(False, now=0)])
-    assert gate.saturated
+    step(gate, [auto_row(True, backlog=backlog, rounds=3, now=0), auto_row(False, now=0)])
+    assert gate.saturated is saturated
 
 
 def test_round_costs_are_measured_from_the_shared_clock() -> None:
