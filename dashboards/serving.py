@@ -1,4 +1,4 @@
-"""The serving dashboard: request latencies, KV pressure, queues and throughput.
+"""The serving dashboard: request latencies, KV pressure, prefix caching, queues, throughput.
 
 Request latencies are recorded by the ingress (label ``model`` only); queue time, KV
 occupancy and the queues are per rank.
@@ -16,6 +16,7 @@ from dashboards.panels import (
     graph,
     percentiles,
     rate,
+    ratio_graph,
     watermark_graph,
 )
 
@@ -66,6 +67,29 @@ def _capacity() -> list[Panel]:
                 )
             ],
             PREFILL_WATERMARK,
+        ),
+        ratio_graph(
+            "Prefix cache hit rate",
+            "Prompt tokens found in the prefix cache over prompt tokens looked up, per rank "
+            "(tokens whose K/V were reused instead of prefilled).",
+            [
+                (
+                    f"{rate('roundgate_prefix_cache_hits_total', RANK, 'group, dp_rank')} / "
+                    f"{rate('roundgate_prefix_cache_queries_total', RANK, 'group, dp_rank')}",
+                    "{{group}}/{{dp_rank}}",
+                )
+            ],
+        ),
+        graph(
+            "Cached KV pages per rank",
+            "Pages holding reusable prefix content, held by a request or evictable.",
+            [
+                (
+                    f"{by_rank} (roundgate_rank_kv_cached_pages{{{RANK}}})",
+                    "{{group}}/{{dp_rank}}",
+                )
+            ],
+            unit="none",
         ),
         graph(
             "Running and waiting requests per rank",
@@ -119,7 +143,7 @@ def build() -> Dashboard:
     return dashboard(
         "roundgate-serving",
         "roundgate / serving",
-        "Request latencies, KV occupancy, queues and token throughput.",
+        "Request latencies, KV occupancy, prefix-cache hits, queues and token throughput.",
         [
             ("Latency", _latency()),
             ("Capacity", _capacity()),

@@ -40,6 +40,9 @@ def make_args(dp_size: int = 2, policy: str | None = "roundgate", **overrides: A
         "max_scheduled_tokens": 16,
         "page_size": 4,
         "num_kv_pages": 32,
+        # The prompts here repeat one token, so with caching on every later prompt would hit;
+        # the prefix-cache tests turn it on themselves.
+        "enable_prefix_caching": False,
     }
     if policy is not None:
         values |= {"prefill_policy": policy, **POLICY_FLAGS.get(policy, {})}

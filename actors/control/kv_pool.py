@@ -1,16 +1,31 @@
-"""KV-cache page bookkeeping for one rank (no tensors: those live in the model runner)."""
+"""KV-cache page bookkeeping for one rank (no tensors: those live in the model runner).
+
+With prefix caching, a full page whose K/V are computed may carry a content key
+(``actors.control.page_keys``) and be shared by every request whose prefix has that key::
+
+    free ──take──► referenced (refs >= 1) ──last holder lets go──► evictable (keyed, LRU)
+      ▲                 ▲    (no key)  │                              │   │
+      └─────────────────┼──────────────┘          a prompt reuses it ─┘   │
+                        └────────── its slot is needed: key dropped ◄─────┘
+
+Evictable pages still hold valid K/V, so they count as available (``num_free_pages``) and a
+new allocation takes one only when no plain free page is left, least recently used first.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+
+from actors.control.page_keys import PageKey
 
 
 class KVPool:
-    """A fixed number of pages of ``page_size`` tokens, each owned by at most one request.
+    """A fixed number of pages of ``page_size`` tokens, each held by zero or more requests.
 
-    Invariant (``check_integrity``): every page is either free or owned by exactly one owner,
-    and free + used == total. Requests that do not fit get ``None``; the pool never hands out
-    more pages than it has.
+    Invariant (``check_integrity``): every page is exactly one of free, evictable (cached,
+    no holder) or referenced, and a referenced page's count equals the owners holding it.
+    Requests that do not fit get ``None``; the pool never hands out more pages than it has.
     """
 
     def __init__(self, num_pages: int, page_size: int) -> None:
@@ -23,14 +38,27 @@ class KVPool:
         # Low page ids are handed out first (pop from the end of a reversed list).
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
         self._owned: dict[Hashable, list[int]] = {}
+        self._refs: list[int] = [0] * num_pages
+        # Keyed pages no one holds, least recently released first.
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._key_of: dict[int, PageKey] = {}
+        self._page_of: dict[PageKey, int] = {}
+        self.num_evictions = 0
 
     @property
     def num_free_pages(self) -> int:
-        return len(self._free)
+        """Pages an allocation may take: plain free ones plus evictable cached ones."""
+        return len(self._free) + len(self._evictable)
 
     @property
     def num_used_pages(self) -> int:
-        return self.num_pages - len(self._free)
+        """Pages some request holds (cached pages with no holder are not in use)."""
+        return self.num_pages - self.num_free_pages
+
+    @property
+    def num_cached_pages(self) -> int:
+        """Pages a new prompt could reuse (keyed), held or not."""
+        return len(self._key_of)
 
     @property
     def occupancy(self) -> float:
@@ -47,13 +75,13 @@ class KVPool:
 
     def can_fit(self, owner: Hashable, num_tokens: int) -> bool:
         """Whether growing ``owner`` to ``num_tokens`` tokens fits in the free pages."""
-        return self.pages_for(num_tokens) - len(self.pages_of(owner)) <= len(self._free)
+        return self.pages_for(num_tokens) - len(self.pages_of(owner)) <= self.num_free_pages
 
     def allocate(self, owner: Hashable, num_tokens: int) -> list[int] | None:
         """Give a new owner pages for ``num_tokens`` tokens; ``None`` if they do not fit."""
         if owner in self._owned:
             raise ValueError(f"KV owner {owner!r} already holds pages")
-        if self.pages_for(num_tokens) > len(self._free):
+        if self.pages_for(num_tokens) > self.num_free_pages:
             return None
         self._owned[owner] = []
         return self.extend(owner, num_tokens)
@@ -64,12 +92,12 @@ class KVPool:
         # owner left behind with no pages would make a later allocate() refuse it).
         pages = self._owned.get(owner, [])
         need = self.pages_for(num_tokens) - len(pages)
-        if need > len(self._free):
+        if need > self.num_free_pages:
             return None
         pages = self._owned.setdefault(owner, pages)
         if need <= 0:
             return []
-        granted = [self._free.pop() for _ in range(need)]
+        granted = [self._take() for _ in range(need)]
         pages.extend(granted)
         return granted
 
@@ -85,27 +113,121 @@ class KVPool:
         return self.extend(owner, num_tokens) is not None
 
     def free(self, owner: Hashable) -> int:
-        """Return all of ``owner``'s pages; returns how many were freed."""
+        """Let go of all of ``owner``'s pages; returns how many it held.
+
+        A page nobody else holds becomes free, or evictable if it is keyed. Pages are released
+        last-first, so a sequence's tail (the part least likely shared) is evicted first.
+        """
         pages = self._owned.pop(owner, [])
-        self._free.extend(reversed(pages))
+        refs = self._refs
+        for page in reversed(pages):
+            refs[page] -= 1
+            if refs[page] == 0:
+                if page in self._key_of:
+                    self._evictable[page] = None
+                else:
+                    self._free.append(page)
         return len(pages)
 
+    # ---- prefix caching --------------------------------------------------------------------
+
+    def num_cached_prefix(self, keys: Sequence[PageKey]) -> int:
+        """How many leading pages of ``keys`` are cached (a read: nothing changes)."""
+        page_of = self._page_of
+        count = 0
+        for key in keys:
+            if key not in page_of:
+                break
+            count += 1
+        return count
+
+    def allocate_cached(self, owner: Hashable, keys: Sequence[PageKey]) -> list[int]:
+        """Start a new owner on the cached pages of the longest prefix of ``keys``.
+
+        Returns those pages (possibly none); each gains a reference, and an evictable one
+        stops being evictable.
+        """
+        if owner in self._owned:
+            raise ValueError(f"KV owner {owner!r} already holds pages")
+        pages: list[int] = []
+        for key in keys:
+            page = self._page_of.get(key)
+            if page is None:
+                break
+            if self._refs[page] == 0:
+                del self._evictable[page]
+            self._refs[page] += 1
+            pages.append(page)
+        self._owned[owner] = pages
+        return pages
+
+    def num_holders(self, page: int) -> int:
+        """How many requests hold ``page`` (its reference count)."""
+        return self._refs[page]
+
+    def cached_page(self, key: PageKey) -> int | None:
+        """The page holding ``key``'s content, if cached."""
+        return self._page_of.get(key)
+
+    def register(self, page: int, key: PageKey) -> bool:
+        """Key a held page whose K/V are now computed; False when the page already has a key
+        or another page already caches that content (the first copy stays the cached one)."""
+        if self._refs[page] == 0:
+            raise ValueError(f"page {page} is not held: only a held, computed page is keyed")
+        if page in self._key_of or key in self._page_of:
+            return False
+        self._key_of[page] = key
+        self._page_of[key] = page
+        return True
+
+    def _take(self) -> int:
+        """One page for a new holder: a plain free page, else the least recently used
+        evictable one (whose key is dropped: its slot is about to be overwritten)."""
+        if self._free:
+            page = self._free.pop()
+        else:
+            page, _ = self._evictable.popitem(last=False)
+            del self._page_of[self._key_of.pop(page)]
+            self.num_evictions += 1
+        self._refs[page] = 1
+        return page
+
+    # ---- checks ----------------------------------------------------------------------------
+
     def check_integrity(self) -> None:
-        """Raise ``AssertionError`` if a page is lost, duplicated or out of range."""
-        seen: set[int] = set()
+        """Raise ``AssertionError`` if a page is lost, duplicated, miscounted or out of range."""
+        held = [0] * self.num_pages
         for owner, pages in self._owned.items():
+            if len(set(pages)) != len(pages):
+                raise AssertionError(f"owner {owner!r} holds a page twice")
             for page in pages:
-                if page in seen:
-                    raise AssertionError(f"page {page} owned twice (second owner {owner!r})")
-                seen.add(page)
+                if not 0 <= page < self.num_pages:
+                    raise AssertionError(f"page id {page} out of range")
+                held[page] += 1
+        if held != self._refs:
+            bad = next(p for p in range(self.num_pages) if held[p] != self._refs[p])
+            raise AssertionError(
+                f"page {bad} owned twice or refcount wrong: {held[bad]} holders, "
+                f"refcount {self._refs[bad]}"
+            )
         free = set(self._free)
         if len(free) != len(self._free):
             raise AssertionError("a page appears twice in the free list")
-        if seen & free:
-            raise AssertionError(f"pages both free and owned: {sorted(seen & free)[:8]}")
-        if len(seen) + len(free) != self.num_pages:
-            raise AssertionError(
-                f"free ({len(free)}) + used ({len(seen)}) != total ({self.num_pages})"
-            )
-        if any(not 0 <= p < self.num_pages for p in seen | free):
+        if any(not 0 <= p < self.num_pages for p in free):
             raise AssertionError("page id out of range")
+        used = {p for p in range(self.num_pages) if held[p]}
+        idle = free | set(self._evictable)
+        if used & idle:
+            raise AssertionError(f"pages both free and owned: {sorted(used & idle)[:8]}")
+        if free & set(self._evictable):
+            raise AssertionError("a page is both free and evictable")
+        if len(used) + len(idle) != self.num_pages:
+            raise AssertionError(
+                f"free ({len(idle)}) + used ({len(used)}) != total ({self.num_pages})"
+            )
+        if any(p not in self._key_of for p in self._evictable) or free & set(self._key_of):
+            raise AssertionError("an evictable page without a key, or a free page with one")
+        if any(self._page_of.get(k) != p for p, k in self._key_of.items()) or len(
+            self._page_of
+        ) != len(self._key_of):
+            raise AssertionError("page keys and their index disagree")

@@ -58,6 +58,9 @@ class RoundPlan:
     # Retracted requests brought back into fresh pages: the executor restores their KV
     # (a cache operation, no prefill tokens).
     readmitted: list[Request] = field(default_factory=list)
+    # (source, destination) pages to copy before the forward: a prompt whose every page is
+    # cached recomputes its last token into a private copy of its last page.
+    page_copies: list[tuple[int, int]] = field(default_factory=list)
     # What exactly the policy allowed: new prompts, resident chunks, both or neither.
     permission: Permission = HOLD_ALL
     # (len(chunks), extends, prefill tokens, all tokens) from the last count. The counts are
@@ -125,6 +128,9 @@ class RoundResult:
     # Wall or simulated seconds the forward took (the simulator's clock advances by the
     # group's max of these plus overheads).
     cost_s: float = 0.0
+    # request_id -> why, for requests the executor could not run this round (a bad input or a
+    # sampling failure of that request alone): the scheduler fails just those requests.
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

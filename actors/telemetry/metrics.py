@@ -114,6 +114,26 @@ class RankMetricSet:
         self.kv_occupancy = Gauge(
             _n("rank_kv_occupancy_ratio"), "KV pool pages in use, 0..1", RANK, registry=r
         )
+        # vLLM's prefix_cache_queries / prefix_cache_hits, in tokens: hits / queries is the
+        # rank's hit rate.
+        self.prefix_cache_queries = Counter(
+            _n("prefix_cache_queries"),
+            "Prompt tokens looked up in the prefix cache at admission",
+            RANK,
+            registry=r,
+        )
+        self.prefix_cache_hits = Counter(
+            _n("prefix_cache_hits"),
+            "Prompt tokens found in the prefix cache (their K/V reused, not computed)",
+            RANK,
+            registry=r,
+        )
+        self.kv_cached_pages = Gauge(
+            _n("rank_kv_cached_pages"),
+            "KV pages holding reusable prefix content (held or evictable)",
+            RANK,
+            registry=r,
+        )
         self.retractions = Counter(
             _n("rank_retractions"), "Requests retracted under KV pressure", RANK, registry=r
         )

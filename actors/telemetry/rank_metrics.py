@@ -39,6 +39,9 @@ class RankMetrics:
         self._kv = s.kv_occupancy.labels(*r)
         self._retractions = s.retractions.labels(*r)
         self._aborts = s.aborts.labels(*r)
+        self._prefix_queries = s.prefix_cache_queries.labels(*r)
+        self._prefix_hits = s.prefix_cache_hits.labels(*r)
+        self._cached_pages = s.kv_cached_pages.labels(*r)
         self._local_prefill = s.local_prefill_rounds.labels(*r)
         self._admission = s.admission_wait.labels(*r)
         self._queue = s.queue_time.labels(*r)
@@ -47,6 +50,7 @@ class RankMetrics:
         self._arrivals: dict[str, float] = {}
         self._seen_retractions = 0
         self._seen_aborts = 0
+        self._seen_prefix = (0, 0)
 
     def note_arrival(self, request_id: str) -> None:
         self._arrivals[request_id] = time.monotonic()
@@ -78,12 +82,14 @@ class RankMetrics:
         self._running.set(len(scheduler.running))
         self._waiting.set(len(scheduler.waiting))
         self._kv.set(scheduler.pool.occupancy)
+        self._cached_pages.set(scheduler.pool.num_cached_pages)
         self._count(scheduler)
         if outcome.plan.num_extends:
             self._local_prefill.inc()
             now = time.monotonic()
             for chunk in outcome.plan.chunks:
-                if chunk.is_prefill and chunk.start == 0:
+                # A prompt's first chunk (with prefix caching it may start past 0).
+                if chunk.is_prefill and chunk.request.first_prefill_round == scheduler.round:
                     arrival = self._arrivals.pop(chunk.request.request_id, None)
                     if arrival is not None:
                         self._queue.observe(now - arrival)
@@ -107,3 +113,9 @@ class RankMetrics:
         if scheduler.num_aborts > self._seen_aborts:
             self._aborts.inc(scheduler.num_aborts - self._seen_aborts)
             self._seen_aborts = scheduler.num_aborts
+        prefix = scheduler.prefix
+        seen_queries, seen_hits = self._seen_prefix
+        if prefix.num_queries > seen_queries:
+            self._prefix_queries.inc(prefix.num_queries - seen_queries)
+            self._prefix_hits.inc(prefix.num_hits - seen_hits)
+            self._seen_prefix = (prefix.num_queries, prefix.num_hits)
