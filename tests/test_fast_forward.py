@@ -61,6 +61,29 @@ def test_fast_path_changes_nothing(policy, overrides, costs, concurrency, spec) 
     assert (fast.rounds, fast.duration_s) == (slow.rounds, slow.duration_s)
 
 
+@pytest.mark.parametrize("concurrency", [None, 4])
+def test_fast_path_keys_the_same_pages_for_the_prefix_cache(concurrency) -> None:
+    """Decodes that complete a page key it (later turns may reuse it): the skipped rounds
+    key the same contents as the full rounds (page ids may differ: the fast path grants a
+    request's pages for k rounds at once), with the same results."""
+    cached, summaries = [], []
+    for fast in (False, True):
+        sim = GroupSimulator(
+            sim_args("roundgate", page_size=4, enable_prefix_caching=True),
+            PRESETS["h100-dsv3"],
+            Router("round-robin", 4),
+            "roundgate",
+            keep_timeline=False,
+            fast_forward=fast,
+        )
+        result = sim.run(generate(SPECS["poisson"]), concurrency=concurrency)
+        summaries.append(json.dumps(summarize(result), sort_keys=True))
+        cached.append([set(loop.scheduler.pool._page_of) for loop in sim.loops])
+    assert cached[0] == cached[1]
+    assert summaries[0] == summaries[1]
+    assert any(cached[0])
+
+
 def test_fast_path_engages_on_steady_decoding() -> None:
     calls = []
     from deployment.sim import fast_forward

@@ -23,11 +23,13 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Sequence
-from itertools import pairwise
+from itertools import groupby, pairwise
 from typing import TYPE_CHECKING
 
 from actors.control.planner import PREFILL_WATERMARK
 from actors.control.rank_loop import RankLoop
+from actors.control.round import RoundPlan, ScheduledChunk
+from actors.control.scheduler import Scheduler
 from deployment.sim.cost_executor import SIM_TOKEN
 from deployment.sim.round_costs import RoundCosts
 from gate import RankRow, read_rows
@@ -143,6 +145,21 @@ def _observe_steady(policy: object, k: int) -> None:
         policy.remaining = max(0, policy.remaining - k)
 
 
+def _keep_computed(s: Scheduler, starts_of: dict[int, int], k: int) -> None:
+    """Key the pages the skipped decodes completed, in the order the rounds would have (round
+    by round, running order): with prefix caching the first copy of a content stays cached."""
+    page_size = s.pool.page_size
+    events = []
+    for order, req in enumerate(s.running):
+        c0 = starts_of[id(req)]
+        for j in range((-c0 - 1) % page_size, k, page_size):
+            events.append((j, order, req, c0 + j))
+    events.sort(key=lambda e: (e[0], e[1]))
+    for _, group in groupby(events, key=lambda e: e[0]):
+        chunks = [ScheduledChunk(req, start, 1, False) for _, _, req, start in group]
+        s.prefix.keep_computed(RoundPlan(chunks=chunks))
+
+
 def _steady_rows(loops: Sequence[RankLoop]) -> list[RankRow] | None:
     """The rows every rank publishes while it only decodes (what ``begin`` would build)."""
     rows = []
@@ -200,6 +217,7 @@ def advance(
     for prev, end in pairwise(ends):
         itl.extend(array("d", [(end - prev) * 1000.0]) * len(recs))
     tokens = [SIM_TOKEN] * k
+    starts_of = {id(req): req.num_computed_tokens for req in running}
     for rec, req in zip(recs, running, strict=True):
         rec.last_token_s = ends[-1]
         rec.num_output += k
@@ -207,6 +225,8 @@ def advance(
         req.num_computed_tokens += k
     for loop, row in zip(loops, rows, strict=True):
         s = loop.scheduler
+        if s.prefix.enabled:
+            _keep_computed(s, starts_of, k)
         if row.wants_prefill:
             s.waits.wanted(s.round + 1)  # round 0 publishes a held prompt's first want
         if s.waiting and (
