@@ -72,6 +72,7 @@ def run_cell(workload: str, router: str, load: str, num_requests: int) -> dict:
             page_size=64,
             num_kv_pages=8192,
             enable_mixed_prefill_decode=True,
+            enable_prefix_caching=False,  # synthetic prompts share no prefix
             prefill_policy=policy,
             **flags,
         )

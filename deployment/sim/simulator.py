@@ -109,17 +109,20 @@ class GroupSimulator:
             for rank in range(args.dp_size)
         ]
         self._prompts: dict[int, list[int]] = {}
+        self._distinct = max(1, args.model_config.vocab_size - 2)
         self._in_flight = [0] * args.dp_size
         self._pending: deque[tuple[float, int, int, Arrival]] = deque()
 
     def _now(self) -> float:
         return self.clock
 
-    def _prompt(self, length: int) -> list[int]:
-        # Shared read-only token lists: the cost executor never reads token values.
-        if length not in self._prompts:
-            self._prompts[length] = [1] * length
-        return self._prompts[length]
+    def _prompt(self, length: int, index: int) -> list[int]:
+        # The cost executor never reads token values, but the prefix cache (on by default)
+        # keys pages by them: a distinct first token keeps unrelated prompts from sharing.
+        tail = self._prompts.get(length - 1)
+        if tail is None:
+            tail = self._prompts[length - 1] = [1] * (length - 1)
+        return [2 + index % self._distinct, *tail]
 
     def run(
         self,
@@ -290,7 +293,7 @@ class GroupSimulator:
         request_id = f"req-{index}"
         request = Request(
             request_id,
-            self._prompt(arrival.prompt_tokens),
+            self._prompt(arrival.prompt_tokens, index),
             SamplingParams(max_tokens=arrival.output_tokens),
         )
         self.loops[rank].scheduler.add_request(request)
