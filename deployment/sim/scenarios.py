@@ -34,8 +34,8 @@ def run_arm(
     seed: int = 0,
 ) -> dict[str, Any]:
     """The summary of one arm on the scenario's preset (or ``costs``)."""
-    # The replayed benchmarks send random prompts (no prefix shared) and were fitted without
-    # the prefix cache, which is off here (on, the figures move although nothing hits).
+    # The replayed benchmarks send random prompts (no prefix shared): the prefix cache could
+    # only add bookkeeping, so it is off here, as when the presets were fitted.
     engine = {"enable_prefix_caching": False, **scenario.engine}
     args = ServerArgs(dp_size=scenario.dp_size, prefill_policy=arm.policy, **engine, **arm.flags)
     spec = scenario.workload

@@ -29,8 +29,7 @@ KIND_CODES = {RoundKind.IDLE: 0, RoundKind.DECODE: 1, RoundKind.PREFILL: 2, Roun
 POINT_CODES = {None: 0, "all": 1, "any": 2}
 # A round in which no rank runs a forward still costs the scheduler pass; keeps time moving.
 IDLE_ROUND_MS = 0.01
-# At most this many rounds in one fast-forward step (bounds the work of one step).
-FAST_MAX_ROUNDS = 4096
+FAST_MAX_ROUNDS = 4096  # at most this many rounds in one fast-forward step
 INF = float("inf")
 
 
@@ -108,8 +107,8 @@ class GroupSimulator:
             )
             for rank in range(args.dp_size)
         ]
-        self._prompts: dict[int, list[int]] = {}
-        self._distinct = max(1, args.model_config.vocab_size - 2)
+        self._prompts: dict[int, list[int]] = {}  # shared prompt tails, by length
+        self._distinct = max(2, args.model_config.vocab_size - 2)  # digit base of _prompt
         self._in_flight = [0] * args.dp_size
         self._pending: deque[tuple[float, int, int, Arrival]] = deque()
 
@@ -117,12 +116,12 @@ class GroupSimulator:
         return self.clock
 
     def _prompt(self, length: int, index: int) -> list[int]:
-        # The cost executor never reads token values, but the prefix cache (on by default)
-        # keys pages by them: a distinct first token keeps unrelated prompts from sharing.
-        tail = self._prompts.get(length - 1)
+        # Only the prefix cache reads token values: 4 leading digits of the index, distinct.
+        head = [2 + index // self._distinct**k % self._distinct for k in range(min(4, length))]
+        tail = self._prompts.get(length - len(head))
         if tail is None:
-            tail = self._prompts[length - 1] = [1] * (length - 1)
-        return [2 + index % self._distinct, *tail]
+            tail = self._prompts[length - len(head)] = [1] * (length - len(head))
+        return head + tail
 
     def run(
         self,
