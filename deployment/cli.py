@@ -1,4 +1,4 @@
-"""The ``roundgate`` command: ``serve``, ``simulate`` and ``bench``."""
+"""The ``roundgate`` command: ``serve``, ``simulate``, ``tune``, ``bench`` and ``calibrate``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from deployment.bench import cli as bench_cli
+from deployment.sim import calibrate_cli, tune
 from deployment.sim import cli as sim_cli
-from deployment.sim import tune
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "local.yaml"
 
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=_serve, parser=serve)
     bench_cli.add_parser(sub)
+    calibrate_cli.add_parser(sub)
     return parser
 
 

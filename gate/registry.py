@@ -17,6 +17,7 @@ from gate.spec import Flag, PolicyContext, PolicySpec
 # modules may import the gate's shared parts without a cycle through this file.
 BUILTIN_MODULES = (
     "gate.group_gate",
+    "gate.auto",
     "gate.no_gate",
     "gate.local_interval",
     "gate.sglang_delayer",

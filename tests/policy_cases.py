@@ -14,6 +14,7 @@ GATE = {"prefill_attempt_interval": 4, "prefill_any_attempt_interval": 16}
 GROUP = {"dp_size": 2, "max_num_seqs": 16}
 BUILTINS = (
     "roundgate",
+    "roundgate-auto",
     "none",
     "local-interval",
     "sglang-delayer",

@@ -61,6 +61,14 @@ def test_group_series_come_from_rank_zero_only() -> None:
         assert vals[("roundgate_round_part_duration_seconds_sum", forward)] == pytest.approx(
             (prefill + decode) * PARTS.forward
         )
+    # The group's rounds by kind, once (rank 0): what `roundgate calibrate` reads.
+    group = (("group", "g0"), ("kind", "{}"), ("model", "tiny-moe"))
+    kinds = {
+        k: tuple((a, b.format(k) if a == "kind" else b) for a, b in group)
+        for k in ("decode", "extend")
+    }
+    assert vals[("roundgate_group_round_duration_seconds_count", kinds["extend"])] == prefill
+    assert vals[("roundgate_group_round_duration_seconds_count", kinds["decode"])] == decode
     ranks = {dict(k[1]).get("dp_rank") for k in vals if k[0] == "roundgate_rank_running_requests"}
     assert ranks == {"0", "1"}
     assert not any(k[0].endswith("_created") for k in vals)

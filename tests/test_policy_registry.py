@@ -51,7 +51,7 @@ def test_the_builtins_come_first_with_their_flags() -> None:
 
 
 def test_unknown_policy_names_the_choices() -> None:
-    with refuses("--prefill-policy must be one of roundgate, none, local-interval"):
+    with refuses("--prefill-policy must be one of roundgate, roundgate-auto, none, local-interval"):
         registry.get("fastest")
 
 

@@ -120,6 +120,15 @@ def test_a_cost_file_may_set_every_field(tmp_path: Path) -> None:
             ["--policy", "trtllm-balance", "--attention-dp-timeout-iters", "0"],
             "--attention-dp-timeout-iters",
         ),
+        (["--plan-ahead-rounds", "0.5"], "--plan-ahead-rounds"),
+        (["--schedule-lag-ms", "-1"], "--schedule-lag-ms"),
+        (["--concurrency", "0"], "--concurrency"),
+        (["--router", "vllm-lb", "--route-weights", "1,1"], "--route-weights"),
+        (["--policy", "roundgate-auto", "--prefill-max-wait-ms", "0"], "--prefill-max-wait-ms"),
+        (
+            ["--policy", "roundgate-auto", "--prefill-auto-any-interval", "0"],
+            "--prefill-auto-any-interval",
+        ),
     ],
 )
 def test_bad_simulate_flags_name_the_flag(capsys, argv: list[str], flag: str) -> None:

@@ -162,6 +162,14 @@ class RankMetricSet:
             buckets=ROUND_BUCKETS,
             registry=r,
         )
+        # Group level (rank 0): what ``roundgate calibrate`` turns into decode/extend costs.
+        self.group_round_time = Histogram(
+            _n("group_round_duration_seconds"),
+            "Wall time of one busy group round, by kind (decode: nobody extends)",
+            (*GROUP, "kind"),
+            buckets=ROUND_BUCKETS,
+            registry=r,
+        )
         self.round_part_time = Histogram(
             _n("round_part_duration_seconds"),
             "Wall time of one part of a round (schedule = vote+plan+probe, gather, forward, "

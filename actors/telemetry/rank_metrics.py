@@ -31,6 +31,7 @@ class RankMetrics:
                 for o in ("open", "closed")
             }
             self._windows = {p: s.gate_windows_admitted.labels(*g, p) for p in ("any", "all")}
+            self._kind_time = {k: s.group_round_time.labels(*g, k) for k in ("decode", "extend")}
         self._wants = s.wants_prefill.labels(*r)
         self._decodes = s.has_decode_work.labels(*r)
         self._running = s.running.labels(*r)
@@ -100,6 +101,8 @@ class RankMetrics:
                 self._arrivals.pop(event.request.request_id, None)
         if busy:
             self._round_time.observe(parts.total)
+            if self.is_group_exporter:
+                self._kind_time["extend" if any_extend else "decode"].observe(parts.total)
             for name, seconds in parts.as_dict().items():
                 self._parts[name].observe(seconds)
 

@@ -45,6 +45,13 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-requests", type=int, default=500)
     g.add_argument("--arrival", default="poisson", choices=ARRIVALS)
     g.add_argument("--rate", type=float, default=20.0, help="requests/s")
+    g.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="closed loop: N clients, each sending its next request when its last finishes "
+        "(lengths from the workload; --rate and --arrival are then unused)",
+    )
     g.add_argument("--burst-size", type=int, default=8)
     g.add_argument("--input-len", type=int, default=None, help="mean prompt tokens (1000)")
     g.add_argument("--output-len", type=int, default=None, help="mean output tokens (200)")
@@ -122,7 +129,12 @@ def simulate_policy(
             bar.update(finished - done[0])
             done[0] = finished
 
-    result = sim.run(arrivals, getattr(ns, "max_rounds", None), on_round if bar else None)
+    result = sim.run(
+        arrivals,
+        getattr(ns, "max_rounds", None),
+        on_round if bar else None,
+        concurrency=getattr(ns, "concurrency", None),
+    )
     if bar is not None:
         bar.close()
     return result

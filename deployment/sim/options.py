@@ -141,6 +141,9 @@ def prepare(ns: argparse.Namespace) -> RunSetup:
     weights = route_weights(ns)
     Router(ns.router, ns.dp_size, weights, ns.seed)  # validates router flags
     args = {p: server_args_for(ns, p) for p in policies}
+    concurrency = getattr(ns, "concurrency", None)
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"--concurrency must be >= 1, got {concurrency}")
     if ns.max_rounds is not None and ns.max_rounds < 1:
         raise ValueError(f"--max-rounds must be >= 1, got {ns.max_rounds}")
     return RunSetup(policies, args, costs, spec, weights)

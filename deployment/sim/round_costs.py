@@ -86,6 +86,17 @@ PRESETS: dict[str, RoundCosts] = {
         decode_per_kv_token_ms=5e-6,
         plan_ahead_rounds=1,
     ),
+    # One SGLang engine, TEP4, Qwen3.5-397B-A17B-FP8 on 1x GB200 (SGLang PR #23189): decode
+    # from its ISL-10 run (9,018 tok/s at concurrency 128: a 14.2 ms step) and TPOT at
+    # concurrency 4; per prefill token from ISL 1,000 vs 10 with fixed lengths (7,830 vs 9,018);
+    # the extend round's fixed cost fitted to its baseline arm (3,747 tok/s).
+    "gb200-qwen35-tep4": RoundCosts(
+        decode_base_ms=9.5,
+        decode_per_seq_ms=0.037,
+        prefill_per_token_ms=0.015,
+        extend_overhead_ms=140.0,
+        gather_ms=0.0,
+    ),
 }
 
 

@@ -18,6 +18,7 @@ from actors.control.request import Request, SamplingParams
 from actors.control.round import RoundKind
 from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
+from deployment.sim import fast_forward
 from deployment.sim.arrivals import ClosedLoop, OpenLoop
 from deployment.sim.cost_executor import CostExecutor
 from deployment.sim.round_costs import RoundCosts
@@ -28,6 +29,7 @@ KIND_CODES = {RoundKind.IDLE: 0, RoundKind.DECODE: 1, RoundKind.PREFILL: 2, Roun
 POINT_CODES = {None: 0, "all": 1, "any": 2}
 # A round in which no rank runs a forward still costs the scheduler pass; keeps time moving.
 IDLE_ROUND_MS = 0.01
+FAST_MAX_ROUNDS = 4096  # at most this many rounds in one fast-forward step
 INF = float("inf")
 
 
@@ -85,12 +87,14 @@ class GroupSimulator:
         router: Router,
         policy_name: str = "roundgate",
         keep_timeline: bool = True,
+        fast_forward: bool = True,
     ) -> None:
         self.args = args
         self.costs = costs
         self.router = router
         self.policy_name = policy_name
         self.keep_timeline = keep_timeline
+        self.fast_forward = fast_forward
         self.clock = 0.0
         self.loops = [
             RankLoop(
@@ -103,18 +107,21 @@ class GroupSimulator:
             )
             for rank in range(args.dp_size)
         ]
-        self._prompts: dict[int, list[int]] = {}
+        self._prompts: dict[int, list[int]] = {}  # shared prompt tails, by length
+        self._distinct = max(2, args.model_config.vocab_size - 2)  # digit base of _prompt
         self._in_flight = [0] * args.dp_size
         self._pending: deque[tuple[float, int, int, Arrival]] = deque()
 
     def _now(self) -> float:
         return self.clock
 
-    def _prompt(self, length: int) -> list[int]:
-        # Shared read-only token lists: the cost executor never reads token values.
-        if length not in self._prompts:
-            self._prompts[length] = [1] * length
-        return self._prompts[length]
+    def _prompt(self, length: int, index: int) -> list[int]:
+        # Only the prefix cache reads token values: 4 leading digits of the index, distinct.
+        head = [2 + index // self._distinct**k % self._distinct for k in range(min(4, length))]
+        tail = self._prompts.get(length - len(head))
+        if tail is None:
+            tail = self._prompts[length - len(head)] = [1] * (length - len(head))
+        return head + tail
 
     def run(
         self,
@@ -125,13 +132,9 @@ class GroupSimulator:
     ) -> SimResult:
         """Simulate until every request finishes (or ``max_rounds``).
 
-        ``concurrency`` N turns the arrival list into N closed-loop clients (its lengths, in
-        order; send times come from finishes). A request reaches its rank's scheduler
-        ``schedule_lag_ms`` after it is sent, and with ``plan_ahead_rounds`` k it is first
-        planned in the round that starts k round starts after it became visible.
-
-        The loop body runs once per group round: keep per-round work out of it where it can
-        be hoisted (it is the simulator's hot path, next to the ranks' own round).
+        ``concurrency`` N: N closed-loop clients (the arrivals' lengths, in order). A request
+        reaches its scheduler ``schedule_lag_ms`` after it is sent, and is first planned
+        ``plan_ahead_rounds`` round starts after that. The loop body is the hot path: hoist.
         """
         loops, costs, dp = self.loops, self.costs, self.args.dp_size
         schedulers = [loop.scheduler for loop in loops]
@@ -155,6 +158,8 @@ class GroupSimulator:
         plan_ahead = int(costs.plan_ahead_rounds)
         starts = deque([0.0] * (plan_ahead + 1), maxlen=plan_ahead + 1)
         next_send = source.next_send_s
+        # Steady decode rounds in one step (deployment/sim/fast_forward.py), where exact.
+        fast = self.fast_forward and timeline is None and fast_forward.supported(loops)
         rounds = busy = prefill_rounds = decode_rounds = 0
         finished = 0
         in_flight = self._in_flight = [0] * dp  # routed, not yet admitted, per rank
@@ -188,6 +193,20 @@ class GroupSimulator:
                 continue
             if max_rounds is not None and rounds >= max_rounds:
                 break
+            left = (
+                FAST_MAX_ROUNDS if max_rounds is None else min(max_rounds - rounds, FAST_MAX_ROUNDS)
+            )
+            k = fast_forward.steady_rounds(loops, left) if fast and not pending else 0
+            if k:
+                k, clock = fast_forward.advance(
+                    loops, costs, k, clock, next_send, records, itl, starts
+                )
+                if k:
+                    self.clock = clock
+                    rounds, busy, decode_rounds = rounds + k, busy + k, decode_rounds + k
+                    if on_round is not None:
+                        on_round(rounds, finished)
+                    continue
             rows = [begin() for begin in begins]
             view = read_rows(rows)  # one reading for every rank of the round
             outcomes = [finish(rows, view) for finish in finishes]
@@ -273,7 +292,7 @@ class GroupSimulator:
         request_id = f"req-{index}"
         request = Request(
             request_id,
-            self._prompt(arrival.prompt_tokens),
+            self._prompt(arrival.prompt_tokens, index),
             SamplingParams(max_tokens=arrival.output_tokens),
         )
         self.loops[rank].scheduler.add_request(request)

@@ -57,6 +57,9 @@ class WorkloadSpec:
     length_dist: str = "fixed"
     trace: str | None = None
     seed: int = 0
+    # Lengths uniform in [ratio x len, len] instead of ``length_dist`` (a benchmark client's
+    # ``--random-range-ratio``, e.g. SGLang bench_serving and InferenceMax's 0.8).
+    range_ratio: float | None = None
 
     def __post_init__(self) -> None:
         if self.arrival not in ARRIVALS:
@@ -79,9 +82,13 @@ class WorkloadSpec:
                 raise ValueError(f"{flag} must be >= 1, got {value}")
         if not self.rate > 0:
             raise ValueError(f"--rate must be > 0, got {self.rate}")
+        if self.range_ratio is not None and not 0 < self.range_ratio <= 1:
+            raise ValueError(f"range_ratio must be in (0, 1], got {self.range_ratio}")
 
 
-def _length(rng: random.Random, mean: int, dist: str) -> int:
+def _length(rng: random.Random, mean: int, dist: str, ratio: float | None = None) -> int:
+    if ratio is not None:
+        return rng.randint(max(1, int(mean * ratio)), mean)
     if dist == "fixed":
         return mean
     if dist == "uniform":
@@ -107,8 +114,8 @@ def generate(spec: WorkloadSpec) -> list[Arrival]:
             arrivals.append(
                 Arrival(
                     t,
-                    _length(rng, spec.input_len, spec.length_dist),
-                    _length(rng, spec.output_len, spec.length_dist),
+                    _length(rng, spec.input_len, spec.length_dist, spec.range_ratio),
+                    _length(rng, spec.output_len, spec.length_dist, spec.range_ratio),
                 )
             )
     return arrivals

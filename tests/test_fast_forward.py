@@ -1,0 +1,103 @@
+"""The simulator's fast path (steady decode rounds in one step) changes no result: whole runs
+with it and without it give the same summary, ITL samples and records, bit for bit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sim_builders import make_spec, sim_args
+
+from deployment.sim.report import summarize
+from deployment.sim.round_costs import PRESETS
+from deployment.sim.simulator import GroupSimulator
+from deployment.sim.workload import Router, generate
+
+CASES = [
+    pytest.param("roundgate", {}, "h100-dsv3", None, id="gate"),
+    pytest.param("none", {}, "h100-dsv3", None, id="none"),
+    pytest.param("local-interval", {}, "h100-dsv3", None, id="local"),
+    pytest.param("roundgate", {"enable_mixed_prefill_decode": True}, "gb200-dsv3", None, id="kv"),
+    pytest.param("roundgate", {}, "h100-dsv3", 6, id="closed-loop"),
+    pytest.param("none", {"num_kv_pages": 24}, "toy", None, id="kv-pressure"),
+    pytest.param("roundgate", {"num_kv_pages": 40}, "gb200-dsv3", None, id="gate-pressure"),
+    pytest.param("local-interval", {"enable_mixed_prefill_decode": True}, "toy", 3, id="mixed"),
+]
+SPECS = {
+    "poisson": make_spec(num_requests=50, rate=4.0, input_len=40, output_len=30),
+    "bursty": make_spec(num_requests=48, arrival="bursty", rate=6.0, burst_size=6, output_len=40),
+}
+
+
+def run(
+    policy: str, overrides: dict, costs: str, concurrency, fast: bool, spec="poisson", router=None
+):
+    sim = GroupSimulator(
+        sim_args(policy, **overrides),
+        PRESETS[costs],
+        router or Router("round-robin", 4, seed=1),
+        policy,
+        keep_timeline=False,
+        fast_forward=fast,
+    )
+    return sim.run(generate(SPECS[spec]), concurrency=concurrency)
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS))
+@pytest.mark.parametrize(("policy", "overrides", "costs", "concurrency"), CASES)
+def test_fast_path_changes_nothing(policy, overrides, costs, concurrency, spec) -> None:
+    skewed = spec == "bursty"
+    routers = [
+        Router("skewed", 4, [5, 1, 1, 1], seed=2) if skewed else Router("round-robin", 4)
+        for _ in range(2)
+    ]
+    slow = run(policy, overrides, costs, concurrency, False, spec, routers[0])
+    fast = run(policy, overrides, costs, concurrency, True, spec, routers[1])
+    assert json.dumps(summarize(fast), sort_keys=True) == json.dumps(
+        summarize(slow), sort_keys=True
+    )
+    assert list(fast.itl_ms) == list(slow.itl_ms)
+    assert [vars(r) for r in fast.records] == [vars(r) for r in slow.records]
+    assert (fast.rounds, fast.duration_s) == (slow.rounds, slow.duration_s)
+
+
+@pytest.mark.parametrize("concurrency", [None, 4])
+def test_fast_path_keys_the_same_pages_for_the_prefix_cache(concurrency) -> None:
+    """Decodes that complete a page key it (later turns may reuse it): the skipped rounds
+    key the same contents as the full rounds (page ids may differ: the fast path grants a
+    request's pages for k rounds at once), with the same results."""
+    cached, summaries = [], []
+    for fast in (False, True):
+        sim = GroupSimulator(
+            sim_args("roundgate", page_size=4, enable_prefix_caching=True),
+            PRESETS["h100-dsv3"],
+            Router("round-robin", 4),
+            "roundgate",
+            keep_timeline=False,
+            fast_forward=fast,
+        )
+        result = sim.run(generate(SPECS["poisson"]), concurrency=concurrency)
+        summaries.append(json.dumps(summarize(result), sort_keys=True))
+        cached.append([set(loop.scheduler.pool._page_of) for loop in sim.loops])
+    assert cached[0] == cached[1]
+    assert summaries[0] == summaries[1]
+    assert any(cached[0])
+
+
+def test_fast_path_engages_on_steady_decoding() -> None:
+    calls = []
+    from deployment.sim import fast_forward
+
+    original = fast_forward.advance
+
+    def spy(*args, **kwargs):
+        done = original(*args, **kwargs)
+        calls.append(done[0])
+        return done
+
+    fast_forward.advance = spy
+    try:
+        run("roundgate", {}, "h100-dsv3", None, fast=True)
+    finally:
+        fast_forward.advance = original
+    assert sum(calls) > 0
