@@ -22,6 +22,7 @@ from deployment.http_api import api, json_body, read_json, sse
 from deployment.ingress import Ingress
 from deployment.protocol import APIError, ChatRequest, CompletionRequest, parse
 from deployment.request_metrics import exposition
+from deployment.responses import chat_logprobs, completion_logprobs
 from deployment.routers import ROUTER_CLASSES
 from deployment.serve_context import http_request_id
 
@@ -30,6 +31,16 @@ def _ids(choice: Any, req: Any) -> dict[str, Any]:
     if not req.return_token_ids:
         return {}
     return {"prompt_token_ids": choice.prompt_token_ids, "token_ids": choice.output_token_ids}
+
+
+def echo_texts(req: Any, prompts: list[list[int]], tokenizer: Any) -> list[str]:
+    """What ``echo`` puts before each choice's text: the prompt as sent, text or ids."""
+    p = req.prompt
+    if isinstance(p, str):
+        return [p]
+    if p and all(isinstance(x, str) for x in p):
+        return list(p)
+    return [tokenizer.decode(ids) for ids in prompts]
 
 
 async def _drain(deltas: Any) -> None:
@@ -95,13 +106,17 @@ class OpenAIServer:
         core.check_auth(request)
         req = parse(CompletionRequest, await read_json(request, core.app_args.max_request_bytes))
         core.check_model(req.model)
-        for name in ("echo", "suffix"):
-            if getattr(req, name):
-                raise APIError(400, f"{name} is not supported", param=name)
-        for name in ("logprobs", "best_of"):
-            if getattr(req, name) not in (None, 0, 1):
-                raise APIError(400, f"{name} is not supported", param=name)
+        if req.echo and req.logprobs is not None:
+            raise APIError(
+                400, "echo with logprobs needs prompt logprobs, which are not computed", "echo"
+            )
         prompts = core.prompts_of(req)
+        echoes = echo_texts(req, prompts, core.tokenizer) if req.echo else None
+        texts = core.token_texts
+
+        def logprobs(ids: Any, lps: Any, offsets: Any) -> Any:
+            return None if lps is None else completion_logprobs(texts, ids, lps, offsets)
+
         rid, created = http_request_id(), int(time.time())
         choices, deltas = await core.generate(rid, prompts, req, req.max_tokens or 16, "prompt")
         head = {
@@ -111,15 +126,20 @@ class OpenAIServer:
             "model": core.model_name,
         }
         if req.stream:
+            echoed: set[int] = set()
 
             def chunk(d: Any) -> dict[str, Any]:
+                text = d.text
+                if echoes is not None and d.index not in echoed:
+                    echoed.add(d.index)
+                    text = echoes[d.index] + text
                 return {
                     **head,
                     "choices": [
                         {
                             "index": d.index,
-                            "text": d.text,
-                            "logprobs": None,
+                            "text": text,
+                            "logprobs": logprobs(d.token_ids, d.logprobs, d.text_offsets),
                             "finish_reason": d.finish_reason,
                         }
                     ],
@@ -132,8 +152,12 @@ class OpenAIServer:
             "choices": [
                 {
                     "index": c.index,
-                    "text": c.text,
-                    "logprobs": None,
+                    "text": c.text if echoes is None else echoes[c.index] + c.text,
+                    "logprobs": logprobs(
+                        c.output_token_ids,
+                        c.logprobs if req.logprobs is not None else None,
+                        c.text_offsets,
+                    ),
                     "finish_reason": c.finish_reason,
                     **_ids(c, req),
                 }
@@ -148,8 +172,11 @@ class OpenAIServer:
         core.check_auth(request)
         req = parse(ChatRequest, await read_json(request, core.app_args.max_request_bytes))
         core.check_model(req.model)
-        if req.logprobs:
-            raise APIError(400, "logprobs is not supported", param="logprobs")
+        texts = core.token_texts
+
+        def logprobs(ids: Any, lps: Any) -> Any:
+            return None if lps is None or not req.logprobs else chat_logprobs(texts, ids, lps)
+
         try:
             messages = [m.as_template_input() for m in req.messages]
             ids = core.tokenizer.render_chat(messages, req.tools)
@@ -178,7 +205,7 @@ class OpenAIServer:
                         {
                             "index": d.index,
                             "delta": delta,
-                            "logprobs": None,
+                            "logprobs": logprobs(d.token_ids, d.logprobs),
                             "finish_reason": d.finish_reason,
                         }
                     ],
@@ -192,7 +219,7 @@ class OpenAIServer:
             "choices": [
                 {
                     "index": c.index,
-                    "logprobs": None,
+                    "logprobs": logprobs(c.output_token_ids, c.logprobs),
                     "message": {"role": "assistant", "content": c.text},
                     "finish_reason": c.finish_reason,
                     **_ids(c, req),

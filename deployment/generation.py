@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from actors.control.messages import GenerateChunk, Usage
+from actors.control.request import TokenLogprobs
 from actors.model.detokenizer import Detokenizer
 from actors.model.tokenizer import Tokenizer
 
@@ -25,6 +26,10 @@ class Choice:
     finish_reason: str | None = None
     # The rank's count as of its last chunk (None until one arrives).
     usage: Usage | None = None
+    # Per output token, when logprobs were asked for: the rank's logprobs and where the
+    # token's text starts in ``text``.
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    text_offsets: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,8 @@ class Delta:
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    logprobs: list[TokenLogprobs] | None = None  # one per token id, when asked for
+    text_offsets: list[int] | None = None  # where each token's text starts in the choice
 
 
 class RequestFailed(Exception):
@@ -59,22 +66,40 @@ async def run_choice(
     async for chunk in stream:
         if chunk.error is not None:
             raise RequestFailed(chunk.error)
-        choice.output_token_ids.extend(chunk.token_ids)
-        choice.usage = chunk.usage
         reason = chunk.finish_reason
-        # Sent text never holds the start of a stop string (it would have been found while
-        # the held-back tail was searched), so only the unsent text needs searching.
-        pending += detok.add(chunk.token_ids, final=reason is not None)
-        cut = first_stop(pending, stop_strings)
-        if cut is not None:
-            pending, reason = pending[:cut], "stop"
+        ids = list(chunk.token_ids)
+        cut = offsets = None
+        if stop_strings or chunk.logprobs is not None:
+            # Token by token: the stop is found at the token that completes it (tokens after
+            # it are dropped, as the rank's abort would), and each token's text offset is known.
+            offsets = []
+            for n, token in enumerate(ids):
+                offsets.append(len(choice.text) + len(pending))
+                pending += detok.add([token], final=reason is not None and n == len(ids) - 1)
+                # Sent text never holds the start of a stop string (it would have been found
+                # while the held-back tail was searched): only the unsent text is searched.
+                cut = first_stop(pending, stop_strings)
+                if cut is not None:
+                    pending, reason = pending[:cut], "stop"
+                    del ids[n + 1 :], offsets[n + 1 :]
+                    break
+        else:
+            pending += detok.add(ids, final=reason is not None)
+        logprobs = None if chunk.logprobs is None else list(chunk.logprobs[: len(ids)])
+        dropped = len(chunk.token_ids) - len(ids)
+        usage = chunk.usage
+        choice.usage = Usage(usage.prompt_tokens, usage.completion_tokens - dropped)
+        choice.output_token_ids.extend(ids)
+        if logprobs is not None and offsets is not None:
+            choice.logprobs.extend(logprobs)
+            choice.text_offsets.extend(offsets)
         send = len(pending) if reason is not None else max(0, len(pending) - hold)
         delta, pending = pending[:send], pending[send:]
         choice.text += delta
         if reason is not None:
             choice.finish_reason = reason
-        if delta or reason is not None or chunk.token_ids:
-            yield Delta(choice.index, delta, list(chunk.token_ids), reason)
+        if delta or reason is not None or ids:
+            yield Delta(choice.index, delta, ids, reason, logprobs, offsets)
         if cut is not None:
             return  # leaving the stream cancels it: the rank aborts the request
 

@@ -22,8 +22,11 @@ from deployment.choices import merge
 from deployment.generation import Choice, Delta, RequestFailed, run_choice
 from deployment.protocol import APIError, CompletionRequest
 from deployment.request_metrics import RequestRecorder
+from deployment.responses import TokenTexts
 from deployment.serve_context import rank_health, set_serve_request_id
 
+# Fields whose refusal by SamplingParams starts with their name (the 400's ``param``).
+_SAMPLING_FIELDS = ("min_tokens", "logit_bias", "stop_token_ids", "logprobs")
 RETRY_AFTER_S = 5
 HEALTH_CACHE_S = 2.0
 logger = logging.getLogger("roundgate.ingress")
@@ -52,6 +55,7 @@ class Ingress:
         self._health: str | None = None  # why the ranks are not healthy, or None
         self._health_at = -HEALTH_CACHE_S
         self.metrics = RequestRecorder(self.model_name)
+        self.token_texts = TokenTexts(self.tokenizer)
 
     # ---- request checks ------------------------------------------------------------------
 
@@ -162,16 +166,26 @@ class Ingress:
         # What the rank would refuse is refused here: an exception on the rank reads as a
         # group failure (503 for everyone), never as this client's mistake.
         try:
-            return SamplingParams(
+            sampling = SamplingParams(
                 max_tokens=max_tokens or room,
                 temperature=temperature,
                 top_p=top_p,
                 top_k=max(0, top_k),
                 seed=req.seed,
                 stop_token_ids=tuple(dict.fromkeys(stop_ids)),
+                min_p=req.min_p,
+                min_tokens=req.min_tokens,
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty,
+                repetition_penalty=req.repetition_penalty,
+                logit_bias=logit_bias_of(req.logit_bias),
+                logprobs=logprobs_of(req),
             )
+            sampling.check_vocab(self.vocab_size)
         except ValueError as exc:
-            raise APIError(400, str(exc)) from None
+            param = next((f for f in _SAMPLING_FIELDS if str(exc).startswith(f)), None)
+            raise APIError(400, str(exc), param=param) from None
+        return sampling
 
     # ---- generation ----------------------------------------------------------------------
 
@@ -244,3 +258,30 @@ class Ingress:
         return choices, merge(
             [self._choice_stream(c, m, req.stop_strings, several) for c, m in plans]
         )
+
+
+def logit_bias_of(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` as ``(id, bias)`` pairs; a key that is no id is a 400."""
+    if not bias:
+        return ()
+    pairs = []
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise APIError(
+                400, f"logit_bias: key {key!r} is not a token id", param="logit_bias"
+            ) from None
+        pairs.append((token, value))
+    if len({t for t, _ in pairs}) != len(pairs):
+        raise APIError(400, "logit_bias: a token id appears twice", param="logit_bias")
+    return tuple(pairs)
+
+
+def logprobs_of(req: Any) -> int | None:
+    """How many top logprobs a request wants per token (None: no logprobs at all)."""
+    if isinstance(req, CompletionRequest):
+        return req.logprobs
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    return (req.top_logprobs or 0) if req.logprobs else None

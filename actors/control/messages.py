@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.control.request import Request, SamplingParams
+from actors.control.request import Request, SamplingParams, TokenLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +57,5 @@ class GenerateChunk:
     finish_reason: str | None
     usage: Usage
     error: str | None = None
+    # One entry per token in ``token_ids`` when the request asked for logprobs.
+    logprobs: tuple[TokenLogprobs, ...] | None = None

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from actors.control.request import Request
+from actors.control.request import Request, TokenLogprobs
 from gate.permission import HOLD_ALL, Permission
 
 
@@ -125,6 +125,8 @@ class RoundResult:
     # Wall or simulated seconds the forward took (the simulator's clock advances by the
     # group's max of these plus overheads).
     cost_s: float = 0.0
+    # request_id -> the sampled token's logprobs, for requests that asked for them.
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

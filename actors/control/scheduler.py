@@ -82,6 +82,7 @@ class Scheduler(RoundPlanner):
         bad = next((t for t in request.prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        request.sampling.check_vocab(vocab)
         need = request.num_prompt_tokens + 1
         if self.max_model_len is not None and need > self.max_model_len:
             raise ValueError(
@@ -232,6 +233,7 @@ class Scheduler(RoundPlanner):
             return []
         events, self._aborted_events = self._aborted_events, []
         sampled = result.sampled
+        logprobs = result.logprobs
         max_len = self.max_sequence_len
         append = events.append
         # TokenEvent(...) without its __new__: bench_control_plane, about 0.17 us per token
@@ -247,6 +249,8 @@ class Scheduler(RoundPlanner):
             if start + num_tokens < req.num_prompt_tokens + len(req.output_token_ids):
                 continue
             token = sampled[req.request_id]
+            if logprobs:
+                req.output_logprobs.append(logprobs[req.request_id])
             req.status = _DECODING
             finished = append_token(req, token, max_len)
             if finished:

@@ -19,11 +19,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from actors.control.request import Request
+from actors.control.request import Request, TokenLogprobs
 from actors.control.round import RoundPlan, RoundResult
 from actors.model.layers import ForwardContext
 from actors.model.llama import build_model
-from actors.model.sampling import sample_tokens
+from actors.model.sampling import sample
 from actors.model.weights import open_source
 from actors.server_args import ServerArgs
 from gate import RankRow, RoundView, read_rows
@@ -115,23 +115,37 @@ class ModelRunner:
             view = read_rows(rows) if rows else None
         low_latency = view.low_latency if view is not None else plan.num_extends == 0
         sampled: dict[str, int] = {}
+        logprobs: dict[str, TokenLogprobs] = {}
         if plan.chunks:
             logits = self.forward(plan, low_latency)
             picks = [i for i, c in enumerate(plan.chunks) if c.samples]
             if picks:
                 requests = [plan.chunks[i].request for i in picks]
-                tokens = sample_tokens(
+                params = [r.sampling for r in requests]
+                # Penalties read the rows' tokens; the plain path builds no history at all.
+                histories = (
+                    [(r.prompt_token_ids, r.output_token_ids) for r in requests]
+                    if any(p.needs_history for p in params)
+                    else None
+                )
+                tokens, token_logprobs = sample(
                     logits[picks],
-                    [r.sampling for r in requests],
+                    params,
                     [r.num_output_tokens for r in requests],
                     self.generator,
+                    histories,
                 )
                 sampled = {r.request_id: t for r, t in zip(requests, tokens, strict=True)}
+                logprobs = {
+                    r.request_id: lp
+                    for r, lp in zip(requests, token_logprobs, strict=True)
+                    if lp is not None
+                }
         else:
             self.idle_forward(low_latency)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return RoundResult(sampled=sampled, cost_s=time.perf_counter() - started)
+        return RoundResult(sampled, time.perf_counter() - started, logprobs)
 
     # -- forward ----------------------------------------------------------------------------
 

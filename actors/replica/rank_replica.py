@@ -154,6 +154,8 @@ class RankReplica:
                 return
             self.metrics.note_arrival(request_id)
             tokens: list[int] = []
+            sent = 0  # tokens already streamed (indexes the request's logprobs)
+            wants_logprobs = request.sampling.logprobs is not None
             while not finished:
                 # Whatever queued up while we were away goes out in one chunk: under load
                 # that batches tokens; ``stream_interval`` sets the minimum chunk size.
@@ -170,7 +172,12 @@ class RankReplica:
                         finished, reason = True, item.request.finish_reason
                 if finished or len(tokens) >= self.args.stream_interval:
                     usage = Usage(request.num_prompt_tokens, request.num_output_tokens)
-                    yield GenerateChunk(tuple(tokens), reason, usage)
+                    logprobs = None
+                    if wants_logprobs:
+                        # The scheduler appends a token's logprobs before its event is sent.
+                        logprobs = tuple(request.output_logprobs[sent : sent + len(tokens)])
+                    sent += len(tokens)
+                    yield GenerateChunk(tuple(tokens), reason, usage, None, logprobs)
                     tokens = []
         finally:
             self._streams.pop(request_id, None)
