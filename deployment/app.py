@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from ray import serve
 from ray.serve import Application
@@ -18,51 +18,15 @@ from ray.serve.config import GangSchedulingConfig, RequestRouterConfig
 from actors.replica.rank_replica import RankReplica
 from deployment.choices import usage
 from deployment.config import AppArgs
-from deployment.http_api import api, json_body, read_json, sse
+from deployment.http_api import api, json_body, read_json
 from deployment.ingress import Ingress
 from deployment.protocol import APIError, ChatRequest, CompletionRequest, parse
 from deployment.request_metrics import exposition
 from deployment.responses import chat_logprobs, completion_logprobs
 from deployment.routers import ROUTER_CLASSES
 from deployment.serve_context import http_request_id
-
-
-def _ids(choice: Any, req: Any) -> dict[str, Any]:
-    if not req.return_token_ids:
-        return {}
-    return {"prompt_token_ids": choice.prompt_token_ids, "token_ids": choice.output_token_ids}
-
-
-def echo_texts(req: Any, prompts: list[list[int]], tokenizer: Any) -> list[str]:
-    """What ``echo`` puts before each choice's text: the prompt as sent, text or ids."""
-    p = req.prompt
-    if isinstance(p, str):
-        return [p]
-    if p and all(isinstance(x, str) for x in p):
-        return list(p)
-    return [tokenizer.decode(ids) for ids in prompts]
-
-
-async def _drain(deltas: Any) -> None:
-    async for _ in deltas:
-        pass
-
-
-def _stream(deltas: Any, chunk: Any, head: dict, choices: list, req: Any) -> StreamingResponse:
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-    async def body() -> Any:
-        try:
-            async for d in deltas:
-                yield sse(chunk(d))
-        except APIError as exc:
-            # Headers are already sent: the error travels as a final event.
-            yield sse(exc.body())
-        if include_usage:
-            yield sse({**head, "choices": [], "usage": usage(choices)})
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(body(), media_type="text/event-stream")
+from deployment.streaming import drain, echo_texts, stream, token_ids_of
+from deployment.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
 
 @serve.ingress(api)
@@ -99,6 +63,24 @@ class OpenAIServer:
                 }
             ],
         }
+
+    @api.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
+    async def tokenize(self, request: Request) -> dict[str, Any]:
+        """vLLM's ``/tokenize``: a prompt or chat messages to the ids generation would use."""
+        core = self.core
+        core.check_auth(request)
+        req = parse(TokenizeRequest, await read_json(request, core.app_args.max_request_bytes))
+        core.check_model(req.model)
+        return tokenize(core, req)
+
+    @api.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
+    async def detokenize(self, request: Request) -> dict[str, Any]:
+        """vLLM's ``/detokenize``: token ids to text."""
+        core = self.core
+        core.check_auth(request)
+        req = parse(DetokenizeRequest, await read_json(request, core.app_args.max_request_bytes))
+        core.check_model(req.model)
+        return detokenize(core, req)
 
     @api.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(self, request: Request) -> Any:
@@ -145,8 +127,8 @@ class OpenAIServer:
                     ],
                 }
 
-            return _stream(deltas, chunk, head, choices, req)
-        await _drain(deltas)
+            return stream(deltas, chunk, head, choices, req)
+        await drain(deltas)
         return {
             **head,
             "choices": [
@@ -159,7 +141,7 @@ class OpenAIServer:
                         c.text_offsets,
                     ),
                     "finish_reason": c.finish_reason,
-                    **_ids(c, req),
+                    **token_ids_of(c, req),
                 }
                 for c in choices
             ],
@@ -211,8 +193,8 @@ class OpenAIServer:
                     ],
                 }
 
-            return _stream(deltas, chunk, head, choices, req)
-        await _drain(deltas)
+            return stream(deltas, chunk, head, choices, req)
+        await drain(deltas)
         return {
             **head,
             "object": "chat.completion",
@@ -222,7 +204,7 @@ class OpenAIServer:
                     "logprobs": logprobs(c.output_token_ids, c.logprobs),
                     "message": {"role": "assistant", "content": c.text},
                     "finish_reason": c.finish_reason,
-                    **_ids(c, req),
+                    **token_ids_of(c, req),
                 }
                 for c in choices
             ],

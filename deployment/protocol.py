@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from actors.control.request import MAX_N
 from deployment.api_errors import APIError, describe_error
 
 __all__ = ["APIError", "ChatRequest", "CompletionRequest", "describe_error", "parse"]
@@ -73,7 +74,6 @@ class _Common(BaseModel):
     # Declared but not implemented: field -> whether a value asks for nothing (then it is
     # accepted). Everything else in the models is implemented.
     REFUSED: ClassVar[dict[str, Callable[[Any], bool]]] = {
-        "n": lambda v: v == 1,
         "service_tier": lambda v: v in (None, "auto", "default"),
         "store": lambda v: v in (None, False),
     }
@@ -88,7 +88,7 @@ class _Common(BaseModel):
     stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = None
     stop_token_ids: Annotated[list[Int], Field(max_length=256)] | None = None
     ignore_eos: bool = False
-    n: Int = Field(1, ge=1, le=MAX_INT32, description="Not supported beyond 1 (a 400).")
+    n: Int = Field(1, ge=1, le=MAX_N, description="sequences per prompt (one shared prefill)")
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(

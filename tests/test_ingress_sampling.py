@@ -84,3 +84,24 @@ def test_logprobs_and_offsets_follow_the_kept_tokens(stop: str | None) -> None:
     assert choice.usage.completion_tokens == len(ids)
     streamed = [x for d in deltas for x in d.logprobs]
     assert streamed == choice.logprobs
+
+
+def interleaved(message: GenerateRequest) -> list[Any]:
+    """Sequence j of n answers with 'j' bytes, interleaved, one token per chunk."""
+    n, prompt = message.sampling.n, len(message.prompt_token_ids)
+    return [
+        GenerateChunk((48 + j,), "length" if k == 2 else None, Usage(prompt, k + 1), index=j)
+        for k in range(3)
+        for j in range(n)
+    ]
+
+
+def test_n_choices_share_one_rank_request_and_count_the_prompt_once() -> None:
+    from deployment.choices import usage
+
+    core, ranks = make_ingress(reply=interleaved)
+    choices, _ = complete(core, prompt=["ab", "cde"], max_tokens=3, n=3)
+    assert [m.sampling.n for m in ranks.payloads] == [3, 3]  # one rank request per prompt
+    assert [c.index for c in choices] == list(range(6))
+    assert [c.text for c in choices] == ["000", "111", "222"] * 2
+    assert usage(choices) == {"prompt_tokens": 5, "completion_tokens": 18, "total_tokens": 23}

@@ -28,7 +28,6 @@ OPENAI_FIELDS = {
 }
 # A value of each refused field that asks for something roundgate does not do.
 ASKING = {
-    "n": 2,
     "service_tier": "flex",
     "store": True,
     "best_of": 3,
@@ -78,12 +77,11 @@ def test_refused_fields_name_themselves_unless_they_ask_nothing(model: type, nam
     exc = refusal(model, {name: ASKING[name]})
     assert exc.param == name and name in exc.message
     schema = http_api.api.openapi()["components"]["schemas"][model.__name__]
-    if name != "n":  # n is implemented for 1 (its description says so)
-        assert schema["properties"][name]["x-roundgate-supported"] is False
+    assert schema["properties"][name]["x-roundgate-supported"] is False
 
 
 def test_neutral_values_of_refused_fields_are_accepted() -> None:
-    neutral = {"n": 1, "store": False, "service_tier": "auto", "best_of": 1, "suffix": ""}
+    neutral = {"store": False, "service_tier": "auto", "best_of": 1, "suffix": ""}
     parse(CompletionRequest, {"prompt": "x", **neutral})
     chat = {"tool_choice": "auto", "parallel_tool_calls": True, "response_format": None}
     parse(ChatRequest, {"messages": MESSAGES, "modalities": ["text"], **chat})
@@ -99,5 +97,5 @@ def test_the_openapi_document_says_which_fields_are_supported(model: type) -> No
     schema = http_api.api.openapi()["components"]["schemas"][model.__name__]
     assert schema["additionalProperties"] is False
     marks = {k: v.get("x-roundgate-supported") for k, v in schema["properties"].items()}
-    assert {k for k, v in marks.items() if v is False} == set(model.REFUSED) - {"n"}
+    assert {k for k, v in marks.items() if v is False} == set(model.REFUSED)
     assert {k for k, v in marks.items() if v == "ignored"} >= {"user", "metadata"} & set(marks)

@@ -37,7 +37,8 @@ from deployment.protocol import CompletionRequest, parse
         ({"prompt": [1] * CONTEXT}, 400, "prompt", "context_length_exceeded"),
         ({"prompt": "a" * (CONTEXT + 5)}, 400, "prompt", "context_length_exceeded"),
         ({"prompt": "ab", "max_tokens": CONTEXT - 1}, 400, "max_tokens", "context_length_exceeded"),
-        ({"prompt": "a", "n": 2}, 400, "n", None),
+        ({"prompt": "a", "n": 65}, 400, "n", None),
+        ({"prompt": ["a"] * 65, "n": 4}, 400, "n", None),  # 260 choices > the 256 cap
         ({"prompt": "a", "dp_rank": 2}, 400, "dp_rank", None),
     ],
 )

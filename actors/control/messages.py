@@ -59,3 +59,4 @@ class GenerateChunk:
     error: str | None = None
     # One entry per token in ``token_ids`` when the request asked for logprobs.
     logprobs: tuple[TokenLogprobs, ...] | None = None
+    index: int = 0  # which of the request's ``sampling.n`` sequences the tokens belong to

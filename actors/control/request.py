@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 
@@ -47,6 +47,13 @@ class TokenLogprobs(NamedTuple):
 
 
 MAX_LOGPROBS = 20
+MAX_N = 64  # sequences per prompt
+_SEQUENCE_SEED_MIX = 0xD1B54A32D192ED03  # spreads a seed's sequences apart
+
+
+def sequence_id(request_id: str, index: int) -> str:
+    """The scheduler id of sequence ``index`` (>= 1) forked from ``request_id``."""
+    return f"{request_id}#{index}"
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,8 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k: the sampled token's and the top k
     # An opaque grammar key the rank compiles once (see actors.model.grammar); None: free.
     grammar: tuple[str, str] | None = None
+    # Sequences sampled from one prompt: the prompt is prefilled once, then forked.
+    n: int = 1
     # Whether any transform beyond temperature/top-k/top-p applies: the sampler's fast path
     # reads this once per row instead of comparing every field.
     needs_transforms: bool = field(init=False, repr=False, compare=False)
@@ -102,6 +111,8 @@ class SamplingParams:
             )
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}")
         if len({t for t, _ in self.logit_bias}) != len(self.logit_bias):
             raise ValueError("logit_bias: a token id appears twice")
         transforms = bool(
@@ -114,6 +125,14 @@ class SamplingParams:
             or (self.temperature > 0 and self.min_p > 0)
         )
         object.__setattr__(self, "needs_transforms", transforms)
+
+    def for_sequence(self, index: int) -> SamplingParams:
+        """The sampling of sequence ``index`` of ``n``: one sequence, its own seeded stream
+        (sequence 0 keeps the request's seed, so ``n=1`` and sequence 0 agree)."""
+        seed = self.seed
+        if seed is not None and index:
+            seed = (seed + index * _SEQUENCE_SEED_MIX) % (1 << 63)
+        return replace(self, n=1, seed=seed)
 
     def check_vocab(self, vocab_size: int) -> None:
         """Refuse token ids (bias, stop ids) outside the model's vocabulary, naming one."""
@@ -152,6 +171,10 @@ class Request:
     num_computed_tokens: int = 0
     page_ids: list[int] = field(default_factory=list)
     arrival_round: int = 0
+    # A forked sequence's index among its prompt's ``n``, and the id of the request whose
+    # stream carries its tokens (None: its own).
+    index: int = 0
+    stream_id: str | None = None
     # Round of the first published want for this prompt (admission-wait accounting).
     first_want_round: int | None = None
     first_prefill_round: int | None = None

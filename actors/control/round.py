@@ -127,6 +127,10 @@ class RoundResult:
     cost_s: float = 0.0
     # request_id -> the sampled token's logprobs, for requests that asked for them.
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # request_id -> first tokens of sequences 1..n-1, sampled from the same logits as the
+    # request's own first token (``sampling.n > 1``); their logprobs are in ``logprobs``
+    # under ``sequence_id``. The executor has already saved the prompt's KV for each.
+    forks: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from collections import deque
 from types import EllipsisType
 
 from actors.control.admission import AdmissionWaits
+from actors.control.fork import fork_sequences
 from actors.control.kv_pool import KVPool
 from actors.control.planner import PREFILL_WATERMARK, RoundPlanner
 from actors.control.request import Request, RequestStatus
@@ -259,7 +260,27 @@ class Scheduler(RoundPlanner):
                 self.pool.free(req.request_id)
                 self._finish(req)
             append(make_event(TokenEvent, (req, token, finished)))
+        if result.forks:
+            self._fork(plan, result, events)
         return events
+
+    def _fork(self, plan: RoundPlan, result: RoundResult, events: list[TokenEvent]) -> None:
+        """Take in the sequences forked this round (``actors.control.fork``): as retracted
+        requests whose KV the executor saved, so readmission gives each its own pages."""
+        parents = {c.request.request_id: c.request for c in plan.chunks}
+        for request_id, firsts in result.forks.items():
+            forked = fork_sequences(
+                parents[request_id], firsts, result.logprobs, self.max_sequence_len
+            )
+            for child, token, finished in forked:
+                if finished:
+                    self.aborted_parked_ids.append(child.request_id)  # its KV copy is unused
+                else:
+                    self.requests[child.request_id] = child
+                    self._resume_status[child.request_id] = _DECODING
+                    child.status = _RETRACTED
+                    self.retracted.append(child)
+                events.append(TokenEvent(child, token, finished))
 
     def _finish(self, req: Request) -> None:
         req.page_ids = []

@@ -19,11 +19,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from actors.control.request import Request, TokenLogprobs
+from actors.control.request import Request, TokenLogprobs, sequence_id
 from actors.control.round import RoundPlan, RoundResult
 from actors.model.layers import ForwardContext
 from actors.model.llama import build_model
-from actors.model.sampling import sample
+from actors.model.round_sampling import sample_round
 from actors.model.weights import open_source
 from actors.server_args import ServerArgs
 from gate import RankRow, RoundView, read_rows
@@ -116,36 +116,20 @@ class ModelRunner:
         low_latency = view.low_latency if view is not None else plan.num_extends == 0
         sampled: dict[str, int] = {}
         logprobs: dict[str, TokenLogprobs] = {}
+        forks: dict[str, tuple[int, ...]] = {}
         if plan.chunks:
             logits = self.forward(plan, low_latency)
             picks = [i for i, c in enumerate(plan.chunks) if c.samples]
             if picks:
                 requests = [plan.chunks[i].request for i in picks]
-                params = [r.sampling for r in requests]
-                # Penalties read the rows' tokens; the plain path builds no history at all.
-                histories = (
-                    [(r.prompt_token_ids, r.output_token_ids) for r in requests]
-                    if any(p.needs_history for p in params)
-                    else None
-                )
-                tokens, token_logprobs = sample(
-                    logits[picks],
-                    params,
-                    [r.num_output_tokens for r in requests],
-                    self.generator,
-                    histories,
-                )
-                sampled = {r.request_id: t for r, t in zip(requests, tokens, strict=True)}
-                logprobs = {
-                    r.request_id: lp
-                    for r, lp in zip(requests, token_logprobs, strict=True)
-                    if lp is not None
-                }
+                sampled, logprobs, forks = sample_round(logits[picks], requests, self.generator)
+                if forks:
+                    self.save_forks(requests, forks)
         else:
             self.idle_forward(low_latency)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return RoundResult(sampled, time.perf_counter() - started, logprobs)
+        return RoundResult(sampled, time.perf_counter() - started, logprobs, forks)
 
     # -- forward ----------------------------------------------------------------------------
 
@@ -200,6 +184,17 @@ class ModelRunner:
         for request, old_page_ids in retracted:
             if old_page_ids:
                 self.parked[request.request_id] = self.cache.read_pages(old_page_ids)
+
+    def save_forks(self, requests: Sequence[Request], forks: dict[str, tuple[int, ...]]) -> None:
+        """Keep a copy of each forking request's prompt KV for its new sequences, which the
+        scheduler brings in as readmissions (``restore`` writes the copy into their pages)."""
+        for request in requests:
+            firsts = forks.get(request.request_id)
+            if firsts:
+                pages = -(-request.num_prompt_tokens // self.args.page_size)
+                saved = self.cache.read_pages(request.page_ids[:pages])
+                for j in range(1, len(firsts) + 1):
+                    self.parked[sequence_id(request.request_id, j)] = saved
 
     def restore(self, readmitted: Sequence[Request]) -> None:
         """Copy parked KV into each readmitted request's new pages."""
