@@ -24,6 +24,7 @@ from deployment.generation import Choice, Delta, RequestFailed, run_choices
 from deployment.protocol import APIError, CompletionRequest
 from deployment.request_metrics import RequestRecorder
 from deployment.responses import TokenTexts
+from deployment.sampling_fields import grammar_of, logit_bias_of, logprobs_of
 from deployment.serve_context import rank_health, set_serve_request_id
 
 # Fields whose refusal by SamplingParams starts with their name (the 400's ``param``).
@@ -181,6 +182,7 @@ class Ingress:
                 repetition_penalty=req.repetition_penalty,
                 logit_bias=logit_bias_of(req.logit_bias),
                 logprobs=logprobs_of(req),
+                grammar=grammar_of(req),
             )
             sampling.check_vocab(self.vocab_size)
         except ValueError as exc:
@@ -264,30 +266,3 @@ class Ingress:
         return choices, merge(
             [self._choice_stream(g, m, req.stop_strings, several) for g, m in plans]
         )
-
-
-def logit_bias_of(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
-    """OpenAI's ``{"token id": bias}`` as ``(id, bias)`` pairs; a key that is no id is a 400."""
-    if not bias:
-        return ()
-    pairs = []
-    for key, value in bias.items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise APIError(
-                400, f"logit_bias: key {key!r} is not a token id", param="logit_bias"
-            ) from None
-        pairs.append((token, value))
-    if len({t for t, _ in pairs}) != len(pairs):
-        raise APIError(400, "logit_bias: a token id appears twice", param="logit_bias")
-    return tuple(pairs)
-
-
-def logprobs_of(req: Any) -> int | None:
-    """How many top logprobs a request wants per token (None: no logprobs at all)."""
-    if isinstance(req, CompletionRequest):
-        return req.logprobs
-    if req.top_logprobs is not None and not req.logprobs:
-        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    return (req.top_logprobs or 0) if req.logprobs else None

@@ -66,6 +66,22 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``text``, ``json_object`` (any JSON object) or ``json_schema`` (that schema)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
 class _Common(BaseModel):
     """Fields shared by completions and chat. Unknown fields are refused."""
 
@@ -98,6 +114,11 @@ class _Common(BaseModel):
     min_tokens: Int = Field(0, ge=0, le=MAX_INT32, description="vendor field")
     logit_bias: Annotated[dict[str, Bias], Field(max_length=1024)] | None = Field(
         None, description="token id (as a string) -> bias added to its logit"
+    )
+    guided_json: dict[str, Any] | None = Field(None, description="vendor: output follows it")
+    guided_regex: str | None = Field(None, description="vendor: output matches the regex")
+    guided_choice: Annotated[list[str], Field(min_length=1, max_length=256)] | None = Field(
+        None, description="vendor: output is exactly one of these strings"
     )
     user: str | None = ignored("an end-user id for the caller's own records")
     service_tier: str | None = refused("null, 'auto' or 'default'")
@@ -186,7 +207,7 @@ class ChatRequest(_Common):
     )
     tool_choice: str | dict[str, Any] | None = refused("null, 'none' or 'auto'")
     parallel_tool_calls: bool | None = refused("null or true")
-    response_format: dict[str, Any] | None = refused("null or {'type': 'text'}")
+    response_format: ResponseFormat | None = None
     functions: list[dict[str, Any]] | None = refused("null (deprecated; use tools)")
     function_call: str | dict[str, Any] | None = refused("null (deprecated; use tool_choice)")
     audio: dict[str, Any] | None = refused("null")
@@ -203,7 +224,6 @@ class ChatRequest(_Common):
         **_Common.REFUSED,
         "tool_choice": lambda v: v in (None, "none", "auto"),
         "parallel_tool_calls": lambda v: v in (None, True),
-        "response_format": lambda v: v is None or v == {"type": "text"},
         "functions": lambda v: v is None,
         "function_call": lambda v: v is None,
         "audio": lambda v: v is None,

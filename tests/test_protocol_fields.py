@@ -34,7 +34,6 @@ ASKING = {
     "suffix": "tail",
     "tool_choice": "required",
     "parallel_tool_calls": False,
-    "response_format": {"type": "json_object"},
     "functions": [{"name": "f"}],
     "function_call": "auto",
     "audio": {"voice": "alloy"},
@@ -84,6 +83,7 @@ def test_neutral_values_of_refused_fields_are_accepted() -> None:
     neutral = {"store": False, "service_tier": "auto", "best_of": 1, "suffix": ""}
     parse(CompletionRequest, {"prompt": "x", **neutral})
     chat = {"tool_choice": "auto", "parallel_tool_calls": True, "response_format": None}
+    parse(ChatRequest, {"messages": MESSAGES, "response_format": {"type": "text"}})
     parse(ChatRequest, {"messages": MESSAGES, "modalities": ["text"], **chat})
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class RequestStatus(enum.IntEnum):
@@ -79,7 +79,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), token ids distinct
     logprobs: int | None = None  # None: none; k: the sampled token's and the top k
-    # An opaque grammar key the rank compiles once (see actors.model.grammar); None: free.
+    # (kind, spec) of a grammar the output must follow (actors.model.grammar); None: free.
     grammar: tuple[str, str] | None = None
     # Sequences sampled from one prompt: the prompt is prefilled once, then forked.
     n: int = 1
@@ -175,6 +175,9 @@ class Request:
     # stream carries its tokens (None: its own).
     index: int = 0
     stream_id: str | None = None
+    # The executor's grammar matcher for this request (structured output), built on first
+    # use; it lives and dies with the request. The control plane never reads it.
+    grammar_state: Any = field(default=None, repr=False)
     # Round of the first published want for this prompt (admission-wait accounting).
     first_want_round: int | None = None
     first_prefill_round: int | None = None

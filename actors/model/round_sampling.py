@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 
 from actors.control.request import Request, TokenLogprobs, sequence_id
+from actors.model.grammar import Grammars
 from actors.model.sampling import sample
 
 
@@ -23,10 +24,13 @@ class RoundSamples(NamedTuple):
 
 
 def sample_round(
-    logits: torch.Tensor, requests: Sequence[Request], generator: torch.Generator
+    logits: torch.Tensor,
+    requests: Sequence[Request],
+    generator: torch.Generator,
+    grammars: Grammars | None = None,
 ) -> RoundSamples:
     """Sample one token per row of ``logits`` (row ``i`` is ``requests[i]``'s), plus the
-    first token of every forked sequence."""
+    first token of every forked sequence; grammar rows are masked and their matchers fed."""
     rows = list(range(len(requests)))
     ids = [r.request_id for r in requests]
     params = [r.sampling for r in requests]
@@ -49,7 +53,12 @@ def sample_round(
         if any(p.needs_history for p in params)
         else None
     )
-    tokens, token_logprobs = sample(logits, params, indices, generator, histories)
+    allowed = None
+    if grammars is not None and any(p.grammar is not None for p in params):
+        allowed = grammars.allowed(owners, logits.device)
+    tokens, token_logprobs = sample(logits, params, indices, generator, histories, allowed)
+    if allowed is not None:
+        grammars.accept(requests, tokens[: len(requests)])
     sampled = dict(zip(ids[: len(requests)], tokens, strict=False))
     logprobs = {i: lp for i, lp in zip(ids, token_logprobs, strict=True) if lp is not None}
     forks: dict[str, tuple[int, ...]] = {}

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from actors.control.request import Request, TokenLogprobs, sequence_id
 from actors.control.round import RoundPlan, RoundResult
+from actors.model.grammar import Grammars
 from actors.model.layers import ForwardContext
 from actors.model.llama import build_model
 from actors.model.round_sampling import sample_round
@@ -100,6 +101,7 @@ class ModelRunner:
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed + rank)
         # request id -> host copy of its KV pages while it is retracted.
         self.parked: dict[str, torch.Tensor] = {}
+        self.grammars = Grammars(args.model, args.chat_template, config.vocab_size)
 
     # -- Executor ---------------------------------------------------------------------------
 
@@ -122,7 +124,9 @@ class ModelRunner:
             picks = [i for i, c in enumerate(plan.chunks) if c.samples]
             if picks:
                 requests = [plan.chunks[i].request for i in picks]
-                sampled, logprobs, forks = sample_round(logits[picks], requests, self.generator)
+                sampled, logprobs, forks = sample_round(
+                    logits[picks], requests, self.generator, self.grammars
+                )
                 if forks:
                     self.save_forks(requests, forks)
         else:
@@ -184,6 +188,11 @@ class ModelRunner:
         for request, old_page_ids in retracted:
             if old_page_ids:
                 self.parked[request.request_id] = self.cache.read_pages(old_page_ids)
+
+    def check_request(self, request: Request) -> None:
+        """Refuse, at submit, what this executor could not run (a grammar that won't compile)."""
+        if request.sampling.grammar is not None:
+            self.grammars.compile(request.sampling.grammar)
 
     def save_forks(self, requests: Sequence[Request], forks: dict[str, tuple[int, ...]]) -> None:
         """Keep a copy of each forking request's prompt KV for its new sequences, which the
