@@ -16,17 +16,19 @@ from ray.serve import Application
 from ray.serve.config import GangSchedulingConfig, RequestRouterConfig
 
 from actors.replica.rank_replica import RankReplica
+from deployment.chat_response import ChatResponder
 from deployment.choices import usage
 from deployment.config import AppArgs
 from deployment.http_api import api, json_body, read_json
 from deployment.ingress import Ingress
 from deployment.protocol import APIError, ChatRequest, CompletionRequest, parse
 from deployment.request_metrics import exposition
-from deployment.responses import chat_logprobs, completion_logprobs
+from deployment.responses import completion_logprobs
 from deployment.routers import ROUTER_CLASSES
 from deployment.serve_context import http_request_id
 from deployment.streaming import drain, echo_texts, stream, token_ids_of
 from deployment.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+from deployment.tools import render_inputs
 
 
 @serve.ingress(api)
@@ -154,14 +156,10 @@ class OpenAIServer:
         core.check_auth(request)
         req = parse(ChatRequest, await read_json(request, core.app_args.max_request_bytes))
         core.check_model(req.model)
-        texts = core.token_texts
-
-        def logprobs(ids: Any, lps: Any) -> Any:
-            return None if lps is None or not req.logprobs else chat_logprobs(texts, ids, lps)
-
         try:
             messages = [m.as_template_input() for m in req.messages]
-            ids = core.tokenizer.render_chat(messages, req.tools)
+            template = getattr(core.tokenizer, "chat_template", None)
+            ids = core.tokenizer.render_chat(*render_inputs(messages, req.tools, template))
         except ValueError as exc:  # a non-text part, no template, or the template refused
             raise APIError(400, str(exc), param="messages") from None
         max_tokens = req.max_completion_tokens or req.max_tokens
@@ -173,43 +171,11 @@ class OpenAIServer:
             "created": created,
             "model": core.model_name,
         }
+        responder = ChatResponder(head, req, core.token_texts)
         if req.stream:
-            first = [True]
-
-            def chunk(d: Any) -> dict[str, Any]:
-                delta = {"content": d.text}
-                if first[0]:
-                    delta["role"] = "assistant"
-                    first[0] = False
-                return {
-                    **head,
-                    "choices": [
-                        {
-                            "index": d.index,
-                            "delta": delta,
-                            "logprobs": logprobs(d.token_ids, d.logprobs),
-                            "finish_reason": d.finish_reason,
-                        }
-                    ],
-                }
-
-            return stream(deltas, chunk, head, choices, req)
+            return stream(deltas, responder.chunk, head, choices, req)
         await drain(deltas)
-        return {
-            **head,
-            "object": "chat.completion",
-            "choices": [
-                {
-                    "index": c.index,
-                    "logprobs": logprobs(c.output_token_ids, c.logprobs),
-                    "message": {"role": "assistant", "content": c.text},
-                    "finish_reason": c.finish_reason,
-                    **token_ids_of(c, req),
-                }
-                for c in choices
-            ],
-            "usage": usage(choices),
-        }
+        return responder.body(choices)
 
 
 def build_app(args: dict[str, Any]) -> Application:

@@ -203,9 +203,11 @@ class ChatRequest(_Common):
     logprobs: bool = False
     top_logprobs: Int | None = Field(None, ge=0, le=20, description="needs logprobs: true")
     tools: list[dict[str, Any]] | None = Field(
-        None, description="rendered by the model's chat template (no tool-call parsing)"
+        None, description="rendered by the chat template; <tool_call> output is parsed"
     )
-    tool_choice: str | dict[str, Any] | None = refused("null, 'none' or 'auto'")
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description="'none', 'auto', 'required' (enforced) or a named function (enforced)"
+    )
     parallel_tool_calls: bool | None = refused("null or true")
     response_format: ResponseFormat | None = None
     functions: list[dict[str, Any]] | None = refused("null (deprecated; use tools)")
@@ -222,7 +224,6 @@ class ChatRequest(_Common):
 
     REFUSED: ClassVar[dict[str, Callable[[Any], bool]]] = {
         **_Common.REFUSED,
-        "tool_choice": lambda v: v in (None, "none", "auto"),
         "parallel_tool_calls": lambda v: v in (None, True),
         "functions": lambda v: v is None,
         "function_call": lambda v: v is None,

@@ -13,6 +13,7 @@ from typing import Any
 
 from deployment.api_errors import APIError
 from deployment.protocol import CompletionRequest
+from deployment.tools import tool_grammar
 
 
 def grammar_of(req: Any) -> tuple[str, str] | None:
@@ -34,6 +35,9 @@ def grammar_of(req: Any) -> tuple[str, str] | None:
         given.append(("guided_regex", ("regex", req.guided_regex)))
     if req.guided_choice is not None:
         given.append(("guided_choice", ("choice", json.dumps(req.guided_choice))))
+    tool = tool_grammar(getattr(req, "tools", None), getattr(req, "tool_choice", None))
+    if tool is not None:
+        given.append(("tool_choice", tool))
     if len(given) > 1:
         names = ", ".join(name for name, _ in given)
         raise APIError(400, f"give at most one of {names}", param=given[1][0])

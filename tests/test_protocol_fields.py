@@ -32,7 +32,6 @@ ASKING = {
     "store": True,
     "best_of": 3,
     "suffix": "tail",
-    "tool_choice": "required",
     "parallel_tool_calls": False,
     "functions": [{"name": "f"}],
     "function_call": "auto",

@@ -1,12 +1,13 @@
 """Structured output: grammars compiled by xgrammar, their token masks for the sampler.
 
 A request's ``SamplingParams.grammar`` is ``(kind, spec)``: ``("json_object", "")``,
-``("json_schema", schema JSON)``, ``("regex", pattern)``, ``("choice", JSON list)``, or
-``("ebnf", grammar)`` (built from ``tool_choice``). The rank compiles each distinct grammar
+``("json_schema", schema JSON)``, ``("regex", pattern)``, ``("choice", JSON list)``,
+``("ebnf", grammar)``, or ``("tool_call", schema JSON)`` (``tool_choice``: one Hermes-style
+``<tool_call>`` block whose JSON follows the schema). The rank compiles each distinct grammar
 once (``Grammars.compile``, called at submit, so a bad grammar is that request's error, never
-the engine thread's), and keeps one matcher per request on the request itself (executor state:
-it lives and dies with the request, survives retraction, and a forked sequence builds its own
-by replaying its tokens). xgrammar was chosen over llguidance by per-token mask time
+the engine thread's), and keeps one matcher per request on the request itself (executor
+state: it lives and dies with the request, survives retraction, and a forked sequence builds
+its own by replaying its tokens). xgrammar was chosen over llguidance by per-token mask time
 (``benchmarks/bench_grammar.py``).
 """
 
@@ -21,7 +22,7 @@ import torch
 
 from actors.control.request import Request
 
-KINDS = ("json_object", "json_schema", "regex", "choice", "ebnf")
+KINDS = ("json_object", "json_schema", "regex", "choice", "ebnf", "tool_call")
 _BITS = 32
 
 
@@ -29,6 +30,17 @@ def choice_ebnf(choices: Sequence[str]) -> str:
     """A grammar accepting exactly one of ``choices`` (as JSON-escaped string literals)."""
     literals = " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
     return f"root ::= {literals}"
+
+
+def _tool_call_grammar(schema: str) -> Any:
+    """``<tool_call>\n`` + JSON following ``schema`` + ``\n</tool_call>``."""
+    import xgrammar as xgr
+
+    return xgr.Grammar.concat(
+        xgr.Grammar.from_ebnf('root ::= "<tool_call>\\n"'),
+        xgr.Grammar.from_json_schema(schema, any_whitespace=False),
+        xgr.Grammar.from_ebnf('root ::= "\\n</tool_call>"'),
+    )
 
 
 class Grammars:
@@ -76,6 +88,8 @@ class Grammars:
                     compiled = compiler.compile_regex(spec)
                 elif kind == "choice":
                     compiled = compiler.compile_grammar(choice_ebnf(json.loads(spec)))
+                elif kind == "tool_call":
+                    compiled = compiler.compile_grammar(_tool_call_grammar(spec))
                 else:
                     compiled = compiler.compile_grammar(spec)
             except (RuntimeError, ValueError, TypeError) as exc:

@@ -63,40 +63,52 @@ def apply_transforms(
     if penalised:
         if histories is None:
             raise ValueError("penalties need each row's token history")
-        rows = _long(penalised, device)
-        chosen = [params[i] for i in penalised]
-        logits[rows] = _penalise(logits[rows], chosen, [histories[i] for i in penalised])
+        _penalise(logits, params, histories, penalised)
     return logits
 
 
 def _penalise(
-    logits: torch.Tensor, params: Sequence[SamplingParams], histories: Sequence[History]
-) -> torch.Tensor:
-    """Repetition penalty over prompt and output; presence and frequency over the output."""
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    histories: Sequence[History],
+    rows: list[int],
+) -> None:
+    """Repetition penalty over prompt and output; presence and frequency over the output.
+
+    In place and sparse: only the (row, token) pairs a history holds are touched (found with
+    one ``unique`` over flat indices), so no ``[B, vocab]`` temporary is built.
+    """
     vocab = logits.shape[1]
     device = logits.device
-    outputs = _padded([list(out) for _, out in histories], vocab, device)
-    counts = torch.zeros(len(params), vocab + 1, device=device)
-    counts.scatter_add_(1, outputs, torch.ones_like(outputs, dtype=counts.dtype))
-    counts = counts[:, :vocab]
-    repetition = torch.tensor([p.repetition_penalty for p in params], device=device)[:, None]
-    if bool((repetition != 1).any()):
-        prompts = _padded([list(prompt) for prompt, _ in histories], vocab, device)
-        seen = torch.zeros(len(params), vocab + 1, dtype=torch.bool, device=device)
-        seen.scatter_(1, prompts, True)
-        seen = seen[:, :vocab] | (counts > 0)
-        scaled = torch.where(logits < 0, logits * repetition, logits / repetition)
-        logits = torch.where(seen, scaled, logits)
-    frequency = torch.tensor([p.frequency_penalty for p in params], device=device)[:, None]
-    presence = torch.tensor([p.presence_penalty for p in params], device=device)[:, None]
-    return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
+    flat = logits.view(-1)
+    repeated = [i for i in rows if params[i].repetition_penalty != 1]
+    if repeated:
+        seen = _flat_ids([(i, [*histories[i][0], *histories[i][1]]) for i in repeated], vocab)
+        index = torch.unique(torch.tensor(seen, dtype=torch.long, device=device))
+        penalty = torch.tensor([params[i].repetition_penalty for i in range(len(params))])
+        factor = penalty.to(device)[index // vocab]
+        values = flat[index]
+        flat[index] = torch.where(values < 0, values * factor, values / factor)
+    counted = [i for i in rows if params[i].presence_penalty or params[i].frequency_penalty]
+    if counted:
+        outputs = _flat_ids([(i, histories[i][1]) for i in counted], vocab)
+        if outputs:
+            index, counts = torch.unique(
+                torch.tensor(outputs, dtype=torch.long, device=device), return_counts=True
+            )
+            row = index // vocab
+            frequency = torch.tensor([p.frequency_penalty for p in params], device=device)
+            presence = torch.tensor([p.presence_penalty for p in params], device=device)
+            flat.index_add_(0, index, -(frequency[row] * counts + presence[row]))
 
 
-def _padded(rows: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
-    """``rows`` as one ``[R, longest]`` long tensor, padded with ``pad`` (an extra column the
-    caller drops), so a single scatter covers every row."""
-    width = max(1, max(len(r) for r in rows))
-    return torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=device)
+def _flat_ids(rows: list[tuple[int, Sequence[int]]], vocab: int) -> list[int]:
+    """``row * vocab + token`` for every token of every row (the logits' flat index)."""
+    out: list[int] = []
+    for row, tokens in rows:
+        base = row * vocab
+        out += [base + t for t in tokens]
+    return out
 
 
 def _long(values: list[int], device: torch.device) -> torch.Tensor:
