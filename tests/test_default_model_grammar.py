@@ -101,3 +101,12 @@ def test_a_grammar_that_does_not_compile_is_refused_at_submit(setup) -> None:
     with pytest.raises(ValueError, match="regex: the grammar does not compile"):
         engine.core.submit(Request("g-bad", chat(tok, "x"), bad))
     assert not engine.core.has_local_work
+
+
+def test_a_finished_grammar_constrains_nothing_more_when_eos_is_ignored(setup) -> None:
+    engine, tok, _ = setup
+    grammar = ("choice", json.dumps(["yes", "no"]))
+    req = Request("g-free", chat(tok, "Yes or no?"), SamplingParams(max_tokens=6, grammar=grammar))
+    engine.run([req])
+    assert req.finish_reason == "length" and len(req.output_token_ids) == 6
+    assert tok.decode(req.output_token_ids).startswith(("yes", "no"))

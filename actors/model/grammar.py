@@ -92,7 +92,7 @@ class Grammars:
                     compiled = compiler.compile_grammar(_tool_call_grammar(spec))
                 else:
                     compiled = compiler.compile_grammar(spec)
-            except (RuntimeError, ValueError, TypeError) as exc:
+            except Exception as exc:  # xgrammar's own errors too: this request's, not the rank's
                 raise ValueError(f"{kind}: the grammar does not compile: {exc}") from None
             self._compiled[grammar] = compiled
             return compiled
@@ -109,7 +109,8 @@ class Grammars:
                 self.compile(request.sampling.grammar), override_stop_tokens=stops
             )
             for token in request.output_token_ids:
-                state.accept_token(token)
+                if not state.is_terminated():
+                    state.accept_token(token)
             request.grammar_state = state
         return state
 
@@ -126,7 +127,11 @@ class Grammars:
             if key in masks:
                 bitmask[i] = bitmask[masks[key]]
                 continue
-            self.matcher(owners[i]).fill_next_token_bitmask(bitmask, i)
+            matcher = self.matcher(owners[i])
+            # A finished grammar (its stop accepted, yet the request goes on: ignore_eos)
+            # constrains nothing more.
+            if not matcher.is_terminated():
+                matcher.fill_next_token_bitmask(bitmask, i)
             masks[key] = i
         shifts = torch.arange(_BITS, dtype=torch.int32)
         bits = (bitmask[:, :, None] >> shifts) & 1
@@ -136,4 +141,6 @@ class Grammars:
         """Advance each grammar request's matcher by its sampled token."""
         for request, token in zip(requests, tokens, strict=True):
             if request.sampling.grammar is not None:
-                self.matcher(request).accept_token(token)
+                matcher = self.matcher(request)
+                if not matcher.is_terminated():
+                    matcher.accept_token(token)
