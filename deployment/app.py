@@ -116,7 +116,7 @@ class OpenAIServer:
                 text = d.text
                 if echoes is not None and d.index not in echoed:
                     echoed.add(d.index)
-                    text = echoes[d.index] + text
+                    text = echoes[d.index // req.n] + text  # n choices per prompt
                 return {
                     **head,
                     "choices": [
@@ -136,7 +136,7 @@ class OpenAIServer:
             "choices": [
                 {
                     "index": c.index,
-                    "text": c.text if echoes is None else echoes[c.index] + c.text,
+                    "text": c.text if echoes is None else echoes[c.index // req.n] + c.text,
                     "logprobs": logprobs(
                         c.output_token_ids,
                         c.logprobs if req.logprobs is not None else None,

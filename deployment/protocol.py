@@ -197,6 +197,36 @@ class ChatMessage(BaseModel):
         return out
 
 
+def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Each tool is ``{"type": "function", "function": {"name": str, ...}}`` (parameters, if
+    given, an object schema): templates and the tool grammar read exactly these keys."""
+    for i, tool in enumerate(tools or []):
+        fn = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(fn, dict):
+            raise ValueError(f"tool {i} must be {{'type': 'function', 'function': {{...}}}}")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ValueError(f"tool {i}: function.name must be a non-empty string")
+        if not isinstance(fn.get("parameters", {}), dict):
+            raise ValueError(f"tool {i}: function.parameters must be a JSON schema object")
+    return tools
+
+
+def _check_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    if choice is None or choice in ("none", "auto", "required"):
+        return choice
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if not (
+        isinstance(choice, dict)
+        and choice.get("type") == "function"
+        and isinstance(fn, dict)
+        and isinstance(fn.get("name"), str)
+    ):
+        raise ValueError(
+            "must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}"
+        )
+    return choice
+
+
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Int | None = Field(None, ge=1)
@@ -221,6 +251,9 @@ class ChatRequest(_Common):
     moderation: Any = refused("null")
     prompt_cache_options: dict[str, Any] | None = ignored("prefix caching needs no options")
     prompt_cache_retention: str | None = ignored("prefix caching keeps what fits")
+
+    _tools = field_validator("tools")(check_tools)
+    _tool_choice = field_validator("tool_choice")(_check_tool_choice)
 
     REFUSED: ClassVar[dict[str, Callable[[Any], bool]]] = {
         **_Common.REFUSED,

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from deployment.api_errors import APIError
-from deployment.protocol import ChatMessage, Int
+from deployment.protocol import ChatMessage, Int, check_tools
+from deployment.tools import render_inputs
 
 
 class TokenizeRequest(BaseModel):
@@ -29,6 +30,8 @@ class TokenizeRequest(BaseModel):
     )
     tools: list[dict[str, Any]] | None = None
     return_token_strs: bool = False
+
+    _tools = field_validator("tools")(check_tools)
 
 
 class DetokenizeRequest(BaseModel):
@@ -57,7 +60,9 @@ def tokenize(core: Any, req: TokenizeRequest) -> dict[str, Any]:
                 400, "add_generation_prompt: false is not supported", "add_generation_prompt"
             )
         try:
-            ids = tokenizer.render_chat([m.as_template_input() for m in req.messages], req.tools)
+            messages = [m.as_template_input() for m in req.messages]
+            template = getattr(tokenizer, "chat_template", None)
+            ids = tokenizer.render_chat(*render_inputs(messages, req.tools, template))
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from None
     return {

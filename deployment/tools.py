@@ -45,7 +45,9 @@ def render_inputs(
         calls = m.get("tool_calls")
         if m["role"] == "assistant" and calls:
             blocks = [
-                f"{OPEN}\n{json.dumps(_call_json(c))}\n{CLOSE}" for c in calls if "function" in c
+                f"{OPEN}\n{json.dumps(_call_json(c))}\n{CLOSE}"
+                for c in calls
+                if isinstance(c, dict) and isinstance(c.get("function"), dict)
             ]
             m = {k: v for k, v in m.items() if k != "tool_calls"}
             m["content"] = "\n".join(filter(None, [m.get("content") or "", *blocks]))

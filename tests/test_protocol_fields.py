@@ -45,6 +45,12 @@ ASKING = {
 }
 
 
+def openapi_schema(model: type) -> dict[str, Any]:
+    import deployment.app  # noqa: F401  (registers the routes before the document is cached)
+
+    return http_api.api.openapi()["components"]["schemas"][model.__name__]
+
+
 def refusal(model: type, body: dict[str, Any]) -> APIError:
     with pytest.raises(APIError) as info:
         parse(model, {**BASE[model], **body})
@@ -74,7 +80,7 @@ def test_unknown_fields_are_refused_by_name(model: type) -> None:
 def test_refused_fields_name_themselves_unless_they_ask_nothing(model: type, name: str) -> None:
     exc = refusal(model, {name: ASKING[name]})
     assert exc.param == name and name in exc.message
-    schema = http_api.api.openapi()["components"]["schemas"][model.__name__]
+    schema = openapi_schema(model)
     assert schema["properties"][name]["x-roundgate-supported"] is False
 
 
@@ -93,7 +99,7 @@ def test_message_level_refusals_name_the_field() -> None:
 
 @pytest.mark.parametrize("model", [CompletionRequest, ChatRequest], ids=["completions", "chat"])
 def test_the_openapi_document_says_which_fields_are_supported(model: type) -> None:
-    schema = http_api.api.openapi()["components"]["schemas"][model.__name__]
+    schema = openapi_schema(model)
     assert schema["additionalProperties"] is False
     marks = {k: v.get("x-roundgate-supported") for k, v in schema["properties"].items()}
     assert {k for k, v in marks.items() if v is False} == set(model.REFUSED)

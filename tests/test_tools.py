@@ -103,3 +103,21 @@ def test_bad_tool_choices_are_a_400(tools, choice) -> None:
     with pytest.raises(APIError) as info:
         tool_grammar(tools, choice)
     assert info.value.param == "tool_choice"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tools": [{"type": "function", "function": "get_time"}]}, "tools"),
+        ({"tools": [{"function": {"name": "a"}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "a", "parameters": []}}]}, "tools"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": "x"}}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ],
+)
+def test_malformed_tools_are_a_400_at_parse(body, param) -> None:
+    from deployment.protocol import ChatRequest, parse
+
+    with pytest.raises(APIError) as info:
+        parse(ChatRequest, {"messages": [{"role": "user", "content": "x"}], **body})
+    assert (info.value.status, info.value.param) == (400, param)

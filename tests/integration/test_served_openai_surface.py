@@ -122,7 +122,7 @@ def test_n_prefills_the_prompt_once_and_streams_the_same(client, real_model) -> 
     [
         {"presence_penalty": 1.0, "frequency_penalty": 0.5, "temperature": 0.8, "seed": 2},
         {"repetition_penalty": 1.3, "min_p": 0.1, "temperature": 1.0, "seed": 4},
-        {"logit_bias": {"7042": -100}, "min_tokens": 4, "echo": True, "temperature": 0},
+        {"logit_bias": {"7042": -100}, "min_tokens": 4, "echo": True, "temperature": 0, "n": 2},
         {"stop": ["is."], "temperature": 0},  # the stop that once made a stream repeat text
     ],
     ids=["openai-penalties", "vendor-sampling", "bias-min-echo", "stop-string"],
@@ -130,11 +130,14 @@ def test_n_prefills_the_prompt_once_and_streams_the_same(client, real_model) -> 
 def test_sampling_fields_stream_what_they_answer(client, extra) -> None:
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12}
     vendor = {k: extra.pop(k) for k in ("repetition_penalty", "min_p", "min_tokens") if k in extra}
-    whole = client.completions.create(**body, **extra, extra_body=vendor).choices[0]
-    streamed = joined_completion(client, **body, **extra, extra_body=vendor)[0]
-    assert (streamed["text"], streamed["finish"]) == (whole.text, whole.finish_reason)
-    if extra.get("echo"):
-        assert whole.text.startswith(PROMPT)
+    choices = client.completions.create(**body, **extra, extra_body=vendor).choices
+    streamed = joined_completion(client, **body, **extra, extra_body=vendor)
+    assert len(choices) == len(streamed) == extra.get("n", 1)
+    for whole in choices:
+        got = streamed[whole.index]
+        assert (got["text"], got["finish"]) == (whole.text, whole.finish_reason)
+        if extra.get("echo"):
+            assert whole.text.startswith(PROMPT)
 
 
 def test_tokenize_and_detokenize_in_vllm_shapes(client, real_model) -> None:
