@@ -25,7 +25,7 @@ class Engine:
             )
         self.args = args
         self.runner = ModelRunner(args)
-        self.core = EngineCore(self.runner.args, self.runner)
+        self.core = EngineCore(args, self.runner)
         self._next_id = 0
 
     def generate(
@@ -43,21 +43,25 @@ class Engine:
                 raise ValueError("one SamplingParams per prompt, or a single one for all")
         requests = []
         for ids, sp in zip(prompt_token_ids, params, strict=True):
-            req = Request(f"offline-{self._next_id}", list(ids), sp)
+            requests.append(Request(f"offline-{self._next_id}", list(ids), sp))
             self._next_id += 1
+        self.run(requests, max_rounds)
+        outputs = [list(req.output_token_ids) for req in requests]
+        failed = {i: req.error for i, req in enumerate(requests) if req.error is not None}
+        if failed:
+            raise RequestsFailed(failed, outputs)
+        return outputs
+
+    def run(self, requests: Sequence[Request], max_rounds: int = 1_000_000) -> None:
+        """Run ``requests`` to their end (their outputs, logprobs included, are on them)."""
+        for req in requests:
             self.core.submit(req)
-            requests.append(req)
         for _ in range(max_rounds):
             if not self.core.has_local_work:
                 break
             self.core.step()
         else:
             raise RuntimeError(f"generate did not finish within {max_rounds} rounds")
-        outputs = [list(req.output_token_ids) for req in requests]
-        failed = {i: req.error for i, req in enumerate(requests) if req.error is not None}
-        if failed:
-            raise RequestsFailed(failed, outputs)
-        return outputs
 
 
 class RequestsFailed(RuntimeError):

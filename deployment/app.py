@@ -9,49 +9,26 @@ import time
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from ray import serve
 from ray.serve import Application
 from ray.serve.config import GangSchedulingConfig, RequestRouterConfig
 
 from actors.replica.rank_replica import RankReplica
+from deployment.chat_response import ChatResponder
 from deployment.choices import usage
 from deployment.config import AppArgs
-from deployment.http_api import api, json_body, read_json, sse
+from deployment.http_api import api, json_body, read_json
 from deployment.ingress import Ingress
 from deployment.protocol import APIError, ChatRequest, CompletionRequest, parse
 from deployment.request_metrics import exposition
+from deployment.responses import completion_logprobs
 from deployment.routers import ROUTER_CLASSES
 from deployment.serve_context import http_request_id
-
-
-def _ids(choice: Any, req: Any) -> dict[str, Any]:
-    if not req.return_token_ids:
-        return {}
-    return {"prompt_token_ids": choice.prompt_token_ids, "token_ids": choice.output_token_ids}
-
-
-async def _drain(deltas: Any) -> None:
-    async for _ in deltas:
-        pass
-
-
-def _stream(deltas: Any, chunk: Any, head: dict, choices: list, req: Any) -> StreamingResponse:
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-    async def body() -> Any:
-        try:
-            async for d in deltas:
-                yield sse(chunk(d))
-        except APIError as exc:
-            # Headers are already sent: the error travels as a final event.
-            yield sse(exc.body())
-        if include_usage:
-            yield sse({**head, "choices": [], "usage": usage(choices)})
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(body(), media_type="text/event-stream")
+from deployment.streaming import drain, echo_texts, stream, token_ids_of
+from deployment.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+from deployment.tools import render_inputs
 
 
 @serve.ingress(api)
@@ -89,19 +66,41 @@ class OpenAIServer:
             ],
         }
 
+    @api.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
+    async def tokenize(self, request: Request) -> dict[str, Any]:
+        """vLLM's ``/tokenize``: a prompt or chat messages to the ids generation would use."""
+        core = self.core
+        core.check_auth(request)
+        req = parse(TokenizeRequest, await read_json(request, core.app_args.max_request_bytes))
+        core.check_model(req.model)
+        return tokenize(core, req)
+
+    @api.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
+    async def detokenize(self, request: Request) -> dict[str, Any]:
+        """vLLM's ``/detokenize``: token ids to text."""
+        core = self.core
+        core.check_auth(request)
+        req = parse(DetokenizeRequest, await read_json(request, core.app_args.max_request_bytes))
+        core.check_model(req.model)
+        return detokenize(core, req)
+
     @api.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(self, request: Request) -> Any:
         core = self.core
         core.check_auth(request)
         req = parse(CompletionRequest, await read_json(request, core.app_args.max_request_bytes))
         core.check_model(req.model)
-        for name in ("echo", "suffix"):
-            if getattr(req, name):
-                raise APIError(400, f"{name} is not supported", param=name)
-        for name in ("logprobs", "best_of"):
-            if getattr(req, name) not in (None, 0, 1):
-                raise APIError(400, f"{name} is not supported", param=name)
+        if req.echo and req.logprobs is not None:
+            raise APIError(
+                400, "echo with logprobs needs prompt logprobs, which are not computed", "echo"
+            )
         prompts = core.prompts_of(req)
+        echoes = echo_texts(req, prompts, core.tokenizer) if req.echo else None
+        texts = core.token_texts
+
+        def logprobs(ids: Any, lps: Any, offsets: Any) -> Any:
+            return None if lps is None else completion_logprobs(texts, ids, lps, offsets)
+
         rid, created = http_request_id(), int(time.time())
         choices, deltas = await core.generate(rid, prompts, req, req.max_tokens or 16, "prompt")
         head = {
@@ -111,31 +110,40 @@ class OpenAIServer:
             "model": core.model_name,
         }
         if req.stream:
+            echoed: set[int] = set()
 
             def chunk(d: Any) -> dict[str, Any]:
+                text = d.text
+                if echoes is not None and d.index not in echoed:
+                    echoed.add(d.index)
+                    text = echoes[d.index // req.n] + text  # n choices per prompt
                 return {
                     **head,
                     "choices": [
                         {
                             "index": d.index,
-                            "text": d.text,
-                            "logprobs": None,
+                            "text": text,
+                            "logprobs": logprobs(d.token_ids, d.logprobs, d.text_offsets),
                             "finish_reason": d.finish_reason,
                         }
                     ],
                 }
 
-            return _stream(deltas, chunk, head, choices, req)
-        await _drain(deltas)
+            return stream(deltas, chunk, head, choices, req)
+        await drain(deltas)
         return {
             **head,
             "choices": [
                 {
                     "index": c.index,
-                    "text": c.text,
-                    "logprobs": None,
+                    "text": c.text if echoes is None else echoes[c.index // req.n] + c.text,
+                    "logprobs": logprobs(
+                        c.output_token_ids,
+                        c.logprobs if req.logprobs is not None else None,
+                        c.text_offsets,
+                    ),
                     "finish_reason": c.finish_reason,
-                    **_ids(c, req),
+                    **token_ids_of(c, req),
                 }
                 for c in choices
             ],
@@ -148,11 +156,10 @@ class OpenAIServer:
         core.check_auth(request)
         req = parse(ChatRequest, await read_json(request, core.app_args.max_request_bytes))
         core.check_model(req.model)
-        if req.logprobs:
-            raise APIError(400, "logprobs is not supported", param="logprobs")
         try:
             messages = [m.as_template_input() for m in req.messages]
-            ids = core.tokenizer.render_chat(messages, req.tools)
+            template = getattr(core.tokenizer, "chat_template", None)
+            ids = core.tokenizer.render_chat(*render_inputs(messages, req.tools, template))
         except ValueError as exc:  # a non-text part, no template, or the template refused
             raise APIError(400, str(exc), param="messages") from None
         max_tokens = req.max_completion_tokens or req.max_tokens
@@ -164,43 +171,11 @@ class OpenAIServer:
             "created": created,
             "model": core.model_name,
         }
+        responder = ChatResponder(head, req, core.token_texts)
         if req.stream:
-            first = [True]
-
-            def chunk(d: Any) -> dict[str, Any]:
-                delta = {"content": d.text}
-                if first[0]:
-                    delta["role"] = "assistant"
-                    first[0] = False
-                return {
-                    **head,
-                    "choices": [
-                        {
-                            "index": d.index,
-                            "delta": delta,
-                            "logprobs": None,
-                            "finish_reason": d.finish_reason,
-                        }
-                    ],
-                }
-
-            return _stream(deltas, chunk, head, choices, req)
-        await _drain(deltas)
-        return {
-            **head,
-            "object": "chat.completion",
-            "choices": [
-                {
-                    "index": c.index,
-                    "logprobs": None,
-                    "message": {"role": "assistant", "content": c.text},
-                    "finish_reason": c.finish_reason,
-                    **_ids(c, req),
-                }
-                for c in choices
-            ],
-            "usage": usage(choices),
-        }
+            return stream(deltas, responder.chunk, head, choices, req)
+        await drain(deltas)
+        return responder.body(choices)
 
 
 def build_app(args: dict[str, Any]) -> Application:

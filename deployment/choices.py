@@ -44,13 +44,13 @@ async def merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[Delta]:
 
 def usage(choices: list[Choice]) -> dict[str, int]:
     """OpenAI's ``usage`` over the choices, from the ranks' counts (a choice that got no chunk
-    counts its prompt and nothing generated)."""
+    counts its prompt and nothing generated; the n choices of one prompt count it once)."""
     prompt = completion = 0
     for c in choices:
         if c.usage is None:
-            prompt += len(c.prompt_token_ids)
+            prompt += len(c.prompt_token_ids) if c.counts_prompt else 0
         else:
-            prompt += c.usage.prompt_tokens
+            prompt += c.usage.prompt_tokens if c.counts_prompt else 0
             completion += c.usage.completion_tokens
     return {
         "prompt_tokens": prompt,

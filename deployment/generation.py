@@ -1,4 +1,4 @@
-"""One choice of one request: call a rank, detokenize incrementally, apply stop strings.
+"""The choices of one rank request: detokenize incrementally, apply stop strings.
 
 The rank stops on token ids (EOS, ``stop_token_ids``, ``max_tokens``); stop *strings* are
 applied here, on text, and end the rank's stream early, which aborts the request there.
@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from actors.control.messages import GenerateChunk, Usage
+from actors.control.request import TokenLogprobs
 from actors.model.detokenizer import Detokenizer
 from actors.model.tokenizer import Tokenizer
 
@@ -23,8 +24,15 @@ class Choice:
     output_token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    # Whether usage counts this choice's prompt: the n choices of one prompt share one
+    # prefill, and the prompt is counted once.
+    counts_prompt: bool = True
     # The rank's count as of its last chunk (None until one arrives).
     usage: Usage | None = None
+    # Per output token, when logprobs were asked for: the rank's logprobs and where the
+    # token's text starts in ``text``.
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    text_offsets: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,8 @@ class Delta:
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    logprobs: list[TokenLogprobs] | None = None  # one per token id, when asked for
+    text_offsets: list[int] | None = None  # where each token's text starts in the choice
 
 
 class RequestFailed(Exception):
@@ -45,42 +55,91 @@ class RequestFailed(Exception):
         self.status = status
 
 
-async def run_choice(
-    stream: AsyncIterator[GenerateChunk],
-    choice: Choice,
-    tokenizer: Tokenizer,
-    stop_strings: list[str],
-) -> AsyncIterator[Delta]:
-    """Turn the rank's token chunks into text deltas; stops at the first stop string.
+class ChoiceText:
+    """One choice's text: incremental detokenization and its stop strings.
 
-    Text is detokenized incrementally. With stop strings, the last ``longest - 1`` characters
-    are held back until more text shows they start no stop string, so what was streamed is
-    always a prefix of the final text and the deltas join to exactly the non-streamed text.
+    With stop strings, the last ``longest - 1`` characters are held back until more text shows
+    they start no stop string, so what was streamed is always a prefix of the final text and
+    the deltas join to exactly the non-streamed text.
     """
-    detok = Detokenizer(tokenizer)
-    hold = max((len(s) for s in stop_strings), default=1) - 1
-    pending = ""  # decoded, not yet sent
-    async for chunk in stream:
-        if chunk.error is not None:
-            raise RequestFailed(chunk.error, chunk.error_status)
-        choice.output_token_ids.extend(chunk.token_ids)
-        choice.usage = chunk.usage
+
+    def __init__(self, choice: Choice, tokenizer: Tokenizer, stop_strings: list[str]) -> None:
+        self.choice = choice
+        self.detok = Detokenizer(tokenizer)
+        self.stops = stop_strings
+        self.hold = max((len(s) for s in stop_strings), default=1) - 1
+        self.pending = ""  # decoded, not yet sent
+        self.stopped = False  # a stop string ended it (the rank may still be generating)
+
+    def feed(self, chunk: GenerateChunk) -> Delta | None:
+        """The delta a chunk of this choice's tokens makes (None: nothing to send)."""
+        choice = self.choice
         reason = chunk.finish_reason
-        # Sent text never holds the start of a stop string (it would have been found while
-        # the held-back tail was searched), so only the unsent text needs searching.
-        pending += detok.add(chunk.token_ids, final=reason is not None)
-        cut = first_stop(pending, stop_strings)
-        if cut is not None:
-            pending, reason = pending[:cut], "stop"
-        send = len(pending) if reason is not None else max(0, len(pending) - hold)
-        delta, pending = pending[:send], pending[send:]
+        ids = list(chunk.token_ids)
+        cut = offsets = None
+        if self.stops or chunk.logprobs is not None:
+            # Token by token: the stop is found at the token that completes it (tokens after
+            # it are dropped, as the rank's abort would), and each token's text offset is known.
+            offsets = []
+            for n, token in enumerate(ids):
+                offsets.append(len(choice.text) + len(self.pending))
+                final = reason is not None and n == len(ids) - 1
+                self.pending += self.detok.add([token], final=final)
+                # Sent text never holds the start of a stop string (it would have been found
+                # while the held-back tail was searched): only the unsent text is searched.
+                cut = first_stop(self.pending, self.stops)
+                if cut is not None:
+                    self.pending, reason = self.pending[:cut], "stop"
+                    del ids[n + 1 :], offsets[n + 1 :]
+                    self.stopped = True
+                    break
+        else:
+            self.pending += self.detok.add(ids, final=reason is not None)
+        logprobs = None if chunk.logprobs is None else list(chunk.logprobs[: len(ids)])
+        usage = chunk.usage
+        dropped = len(chunk.token_ids) - len(ids)
+        choice.usage = Usage(usage.prompt_tokens, usage.completion_tokens - dropped)
+        choice.output_token_ids.extend(ids)
+        if logprobs is not None and offsets is not None:
+            choice.logprobs.extend(logprobs)
+            choice.text_offsets.extend(offsets)
+        pending = self.pending
+        send = len(pending) if reason is not None else max(0, len(pending) - self.hold)
+        delta, self.pending = pending[:send], pending[send:]
         choice.text += delta
         if reason is not None:
             choice.finish_reason = reason
-        if delta or reason is not None or chunk.token_ids:
-            yield Delta(choice.index, delta, list(chunk.token_ids), reason)
-        if cut is not None:
-            return  # leaving the stream cancels it: the rank aborts the request
+        if delta or reason is not None or ids:
+            return Delta(choice.index, delta, ids, reason, logprobs, offsets)
+        return None
+
+
+async def run_choices(
+    stream: AsyncIterator[GenerateChunk],
+    choices: list[Choice],
+    tokenizer: Tokenizer,
+    stop_strings: list[str],
+) -> AsyncIterator[Delta]:
+    """Turn one rank stream's chunks (``chunk.index`` picks the choice) into text deltas.
+
+    Leaving the stream early (every choice ended on a stop string) cancels it: the rank
+    aborts what is still running.
+    """
+    texts = [ChoiceText(c, tokenizer, stop_strings) for c in choices]
+    ended = 0
+    async for chunk in stream:
+        if chunk.error is not None:
+            raise RequestFailed(chunk.error, chunk.error_status)
+        text = texts[chunk.index]
+        if text.stopped:
+            continue  # stopped here by a stop string; the rank's later tokens are dropped
+        delta = text.feed(chunk)
+        if delta is not None:
+            yield delta
+        if text.stopped or chunk.finish_reason is not None:
+            ended += 1
+            if ended == len(choices):
+                return
 
 
 def first_stop(text: str, stops: list[str]) -> int | None:

@@ -20,7 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deployment.protocol import APIError, ChatRequest, CompletionRequest
 
 api = FastAPI(title="roundgate", version="0.1.0")
-BODY_MODELS = (CompletionRequest, ChatRequest)
+# Every route's body model (``json_body`` adds each route's), for the OpenAPI document.
+BODY_MODELS: list[type[BaseModel]] = [CompletionRequest, ChatRequest]
 
 
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
@@ -30,6 +31,8 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
     FastAPI's 422); this keeps the request schema in the OpenAPI document for clients and
     fuzzers.
     """
+    if model not in BODY_MODELS:
+        BODY_MODELS.append(model)
     ref = {"$ref": f"#/components/schemas/{model.__name__}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
@@ -19,11 +20,15 @@ from fastapi import Request
 from actors.control.messages import GenerateRequest
 from actors.control.request import SamplingParams
 from deployment.choices import merge
-from deployment.generation import Choice, Delta, RequestFailed, run_choice
+from deployment.generation import Choice, Delta, RequestFailed, run_choices
 from deployment.protocol import APIError, CompletionRequest
 from deployment.request_metrics import RequestRecorder
+from deployment.responses import TokenTexts
+from deployment.sampling_fields import grammar_of, logit_bias_of, logprobs_of
 from deployment.serve_context import rank_health, set_serve_request_id
 
+# Fields whose refusal by SamplingParams starts with their name (the 400's ``param``).
+_SAMPLING_FIELDS = ("min_tokens", "logit_bias", "stop_token_ids", "logprobs")
 RETRY_AFTER_S = 5
 HEALTH_CACHE_S = 2.0
 logger = logging.getLogger("roundgate.ingress")
@@ -52,6 +57,7 @@ class Ingress:
         self._health: str | None = None  # why the ranks are not healthy, or None
         self._health_at = -HEALTH_CACHE_S
         self.metrics = RequestRecorder(self.model_name)
+        self.token_texts = TokenTexts(self.tokenizer)
 
     # ---- request checks ------------------------------------------------------------------
 
@@ -162,28 +168,39 @@ class Ingress:
         # What the rank would refuse is refused here: an exception on the rank reads as a
         # group failure (503 for everyone), never as this client's mistake.
         try:
-            return SamplingParams(
+            sampling = SamplingParams(
                 max_tokens=max_tokens or room,
                 temperature=temperature,
                 top_p=top_p,
                 top_k=max(0, top_k),
                 seed=req.seed,
                 stop_token_ids=tuple(dict.fromkeys(stop_ids)),
+                min_p=req.min_p,
+                min_tokens=req.min_tokens,
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty,
+                repetition_penalty=req.repetition_penalty,
+                logit_bias=logit_bias_of(req.logit_bias),
+                logprobs=logprobs_of(req),
+                grammar=grammar_of(req),
             )
+            sampling.check_vocab(self.vocab_size)
         except ValueError as exc:
-            raise APIError(400, str(exc)) from None
+            param = next((f for f in _SAMPLING_FIELDS if str(exc).startswith(f)), None)
+            raise APIError(400, str(exc), param=param) from None
+        return sampling
 
     # ---- generation ----------------------------------------------------------------------
 
     async def _choice_stream(
-        self, choice: Choice, message: GenerateRequest, stops: list[str], own_id: bool
+        self, choices: list[Choice], message: GenerateRequest, stops: list[str], own_id: bool
     ) -> AsyncIterator[Delta]:
         if own_id:
             set_serve_request_id(message.request_id)
         gen = self.ranks.generate.remote(message)
         timer = self.metrics.timer()
         try:
-            async for delta in run_choice(gen, choice, self.tokenizer, stops):
+            async for delta in run_choices(gen, choices, self.tokenizer, stops):
                 timer.tokens(len(delta.token_ids))
                 yield delta
         except APIError:
@@ -202,9 +219,9 @@ class Ingress:
             ) from None
         finally:
             gen.cancel()
-            timer.finish(
-                choice.finish_reason, len(choice.prompt_token_ids), len(choice.output_token_ids)
-            )
+            first = choices[0]
+            outputs = sum(len(c.output_token_ids) for c in choices)
+            timer.finish(first.finish_reason, len(first.prompt_token_ids), outputs)
 
     async def generate(
         self,
@@ -220,27 +237,32 @@ class Ingress:
         ``-i`` appended when a completion has several prompts), so the id a client sees is
         the one in the rank's scheduler, metrics and logs.
         """
-        if req.n != 1:
-            raise APIError(400, "n > 1 is not supported; send separate requests", param="n")
         if req.dp_rank is not None and req.dp_rank >= self.engine_args.dp_size:
             raise APIError(
                 400, f"dp_rank must be < dp_size {self.engine_args.dp_size}", param="dp_rank"
             )
         several = len(prompts) > 1
-        plans = [
-            (
-                Choice(i, ids),
-                GenerateRequest(
-                    f"{request_id}-{i}" if several else request_id,
-                    tuple(ids),
-                    self.sampling_of(req, len(ids), param, max_tokens),
-                    req.dp_rank,
-                ),
+        n = req.n
+        cap = self.app_args.max_prompts_per_request
+        if len(prompts) * n > cap:
+            raise APIError(
+                400,
+                f"{len(prompts)} prompts x n={n} choices; at most {cap} (max_prompts_per_request)",
+                param="n",
             )
-            for i, ids in enumerate(prompts)
-        ]
+        plans = []
+        for i, ids in enumerate(prompts):
+            sampling = self.sampling_of(req, len(ids), param, max_tokens)
+            # The n choices of a prompt share one rank request (one prefill); only the first
+            # counts the prompt in usage.
+            choices = [Choice(i * n + j, ids, counts_prompt=j == 0) for j in range(n)]
+            rank_id = f"{request_id}-{i}" if several else request_id
+            message = GenerateRequest(
+                rank_id, tuple(ids), replace(sampling, n=n) if n > 1 else sampling, req.dp_rank
+            )
+            plans.append((choices, message))
         self.check_available()
-        choices = [c for c, _ in plans]
+        choices = [c for group, _ in plans for c in group]
         return choices, merge(
-            [self._choice_stream(c, m, req.stop_strings, several) for c, m in plans]
+            [self._choice_stream(g, m, req.stop_strings, several) for g, m in plans]
         )

@@ -1,9 +1,16 @@
-"""OpenAI-compatible request bodies and the error envelope."""
+"""OpenAI-compatible request bodies: every field is implemented, refused, or harmless.
+
+No field is silently dropped. Unknown fields are a 400 naming them (``extra="forbid"``); a
+field of OpenAI's schema that roundgate does not implement is declared, marked
+``x-roundgate-supported: false`` in the OpenAPI document, and refused with a 400 naming it
+unless its value asks for nothing (``REFUSED``); a few fields that change no output (``user``,
+``metadata``, ...) are accepted and documented as ignored (``IGNORED``).
+"""
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -12,9 +19,16 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
+from actors.control.request import MAX_N
+from deployment.api_errors import APIError, describe_error
+
+__all__ = ["APIError", "ChatRequest", "CompletionRequest", "describe_error", "parse"]
+
 MAX_INT32 = 2**31 - 1
+MAX_STOP_CHARS = 256  # the detokenizer holds back up to this many characters
 
 
 def _integral(value: Any) -> Any:
@@ -25,62 +39,60 @@ def _integral(value: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(_integral)]
-StopString = Annotated[str, Field(min_length=1)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
-class APIError(Exception):
-    """An error answered with an OpenAI-style body; never a 5xx for the client's mistake."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    @property
-    def type(self) -> str:
-        return {
-            400: "invalid_request_error",
-            401: "authentication_error",
-            404: "not_found_error",
-            413: "invalid_request_error",
-            503: "service_unavailable",
-        }.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+def refused(what: str) -> Any:
+    """A declared field roundgate does not implement (``what``: the values it accepts)."""
+    return Field(
+        None,
+        description=f"Not supported: refused with a 400 unless {what}.",
+        json_schema_extra={"x-roundgate-supported": False},
+    )
 
 
-# Strict types: ``"max_tokens": true`` or ``"stream": "yes"`` is the client's mistake (400),
-# not something to coerce; ints are still accepted where a float is expected, and integral
-# floats where an int is (``Int``). Constraints live in the fields, so the OpenAPI document
-# states them: a body that fits the schema is refused only for what depends on the model
-# (context length, vocabulary) or is unsupported (``n > 1``).
+def ignored(description: str) -> Any:
+    """A field accepted and ignored on purpose: it changes nothing in the output."""
+    return Field(
+        None,
+        description=f"Accepted and ignored: {description}.",
+        json_schema_extra={"x-roundgate-supported": "ignored"},
+    )
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
 
 
-class _Common(BaseModel):
-    """Fields shared by completions and chat. Unknown fields are ignored, as OpenAI does."""
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+
+class ResponseFormat(BaseModel):
+    """``text``, ``json_object`` (any JSON object) or ``json_schema`` (that schema)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class _Common(BaseModel):
+    """Fields shared by completions and chat. Unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    # Declared but not implemented: field -> whether a value asks for nothing (then it is
+    # accepted). Everything else in the models is implemented.
+    REFUSED: ClassVar[dict[str, Callable[[Any], bool]]] = {
+        "service_tier": lambda v: v in (None, "auto", "default"),
+        "store": lambda v: v in (None, False),
+    }
 
     model: str | None = None
     max_tokens: Int | None = Field(None, ge=1)
@@ -90,9 +102,30 @@ class _Common(BaseModel):
     top_k: Int = Field(0, ge=-1, le=MAX_INT32)
     seed: Int | None = None
     stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = None
-    stop_token_ids: list[Int] | None = None
+    stop_token_ids: Annotated[list[Int], Field(max_length=256)] | None = None
     ignore_eos: bool = False
-    n: Int = Field(1, ge=1, description="only 1 is supported")
+    n: Int = Field(1, ge=1, le=MAX_N, description="sequences per prompt (one shared prefill)")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, le=100.0, description="vendor field: transformers' repetition penalty"
+    )
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="vendor field")
+    min_tokens: Int = Field(0, ge=0, le=MAX_INT32, description="vendor field")
+    logit_bias: Annotated[dict[str, Bias], Field(max_length=1024)] | None = Field(
+        None, description="token id (as a string) -> bias added to its logit"
+    )
+    guided_json: dict[str, Any] | None = Field(None, description="vendor: output follows it")
+    guided_regex: str | None = Field(None, description="vendor: output matches the regex")
+    guided_choice: Annotated[list[str], Field(min_length=1, max_length=256)] | None = Field(
+        None, description="vendor: output is exactly one of these strings"
+    )
+    user: str | None = ignored("an end-user id for the caller's own records")
+    service_tier: str | None = refused("null, 'auto' or 'default'")
+    store: bool | None = refused("null or false")
+    metadata: dict[str, Any] | None = ignored("caller's key-value tags")
+    prompt_cache_key: str | None = ignored("prefix caching needs no key")
+    safety_identifier: str | None = ignored("an end-user id for the caller's own records")
     stream: bool = False
     stream_options: StreamOptions | None = None
     dp_rank: Int | None = Field(None, ge=0, description="vendor field: pin to one DP rank")
@@ -113,18 +146,34 @@ class CompletionRequest(_Common):
         description="text, texts, token ids (within the tokenizer's vocabulary) or lists of them"
     )
     echo: bool = False
-    logprobs: Int | None = None
-    best_of: Int | None = None
-    suffix: str | None = None
+    logprobs: Int | None = Field(None, ge=0, le=20)
+    best_of: Int | None = refused("null or 1")
+    suffix: str | None = refused("null or empty")
+
+    REFUSED: ClassVar[dict[str, Callable[[Any], bool]]] = {
+        **_Common.REFUSED,
+        "best_of": lambda v: v in (None, 1),
+        "suffix": lambda v: not v,
+    }
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    refusal: str | None = Field(None, description="accepted on assistant turns; not rendered")
+    audio: dict[str, Any] | None = refused("null")
+    function_call: dict[str, Any] | None = refused("null (deprecated; use tool_calls)")
+
+    @model_validator(mode="after")
+    def _refuse(self) -> ChatMessage:
+        for name in ("audio", "function_call"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} is not supported by roundgate")
+        return self
 
     def text(self) -> str:
         if self.content is None:
@@ -148,64 +197,89 @@ class ChatMessage(BaseModel):
         return out
 
 
+def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Each tool is ``{"type": "function", "function": {"name": str, ...}}`` (parameters, if
+    given, an object schema): templates and the tool grammar read exactly these keys."""
+    for i, tool in enumerate(tools or []):
+        fn = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(fn, dict):
+            raise ValueError(f"tool {i} must be {{'type': 'function', 'function': {{...}}}}")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ValueError(f"tool {i}: function.name must be a non-empty string")
+        if not isinstance(fn.get("parameters", {}), dict):
+            raise ValueError(f"tool {i}: function.parameters must be a JSON schema object")
+    return tools
+
+
+def _check_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    if choice is None or choice in ("none", "auto", "required"):
+        return choice
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if not (
+        isinstance(choice, dict)
+        and choice.get("type") == "function"
+        and isinstance(fn, dict)
+        and isinstance(fn.get("name"), str)
+    ):
+        raise ValueError(
+            "must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}"
+        )
+    return choice
+
+
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Int | None = Field(None, ge=1)
-    logprobs: bool | None = None
+    logprobs: bool = False
+    top_logprobs: Int | None = Field(None, ge=0, le=20, description="needs logprobs: true")
     tools: list[dict[str, Any]] | None = Field(
-        None, description="passed to the model's chat template (no tool-call parsing yet)"
+        None, description="rendered by the chat template; <tool_call> output is parsed"
     )
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description="'none', 'auto', 'required' (enforced) or a named function (enforced)"
+    )
+    parallel_tool_calls: bool | None = refused("null or true")
+    response_format: ResponseFormat | None = None
+    functions: list[dict[str, Any]] | None = refused("null (deprecated; use tools)")
+    function_call: str | dict[str, Any] | None = refused("null (deprecated; use tool_choice)")
+    audio: dict[str, Any] | None = refused("null")
+    modalities: list[str] | None = refused("null or ['text']")
+    prediction: dict[str, Any] | None = refused("null")
+    reasoning_effort: str | None = refused("null")
+    verbosity: str | None = refused("null")
+    web_search_options: dict[str, Any] | None = refused("null")
+    moderation: Any = refused("null")
+    prompt_cache_options: dict[str, Any] | None = ignored("prefix caching needs no options")
+    prompt_cache_retention: str | None = ignored("prefix caching keeps what fits")
+
+    _tools = field_validator("tools")(check_tools)
+    _tool_choice = field_validator("tool_choice")(_check_tool_choice)
+
+    REFUSED: ClassVar[dict[str, Callable[[Any], bool]]] = {
+        **_Common.REFUSED,
+        "parallel_tool_calls": lambda v: v in (None, True),
+        "functions": lambda v: v is None,
+        "function_call": lambda v: v is None,
+        "audio": lambda v: v is None,
+        "modalities": lambda v: v in (None, ["text"]),
+        "prediction": lambda v: v is None,
+        "reasoning_effort": lambda v: v is None,
+        "verbosity": lambda v: v is None,
+        "web_search_options": lambda v: v is None,
+        "moderation": lambda v: v is None,
+    }
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:
-    """``body`` (decoded JSON) as ``model``, or a 400 naming the first bad field."""
+    """``body`` (decoded JSON) as ``model``, or a 400 naming the first bad or refused field."""
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
     try:
-        return model.model_validate(body)
+        req = model.model_validate(body)
     except ValidationError as exc:
         param, message = describe_error(exc)
         raise APIError(400, message, param=param) from None
-
-
-def describe_error(exc: ValidationError) -> tuple[str | None, str]:
-    """``(param, message)`` for the first invalid field, e.g. ``("max_tokens", "max_tokens: ...")``.
-
-    A union field (``prompt``, ``stop``, a message's ``content``) fails once per accepted
-    form, each error tagged with the form (``prompt.list[int].0``). When the value has the
-    right type for exactly one form, that form's complaint is the message; otherwise the
-    message names the accepted forms.
-    """
-    errors = exc.errors()
-    first = errors[0]["loc"]
-    param = str(first[0]) if first else None
-    cut = next((i for i, p in enumerate(first) if _is_union_tag(p)), None)
-    if cut is None:
-        return param, f"{_dotted(first) or 'body'}: {errors[0]['msg']}"
-    forms = [
-        e
-        for e in errors
-        if len(e["loc"]) > cut and e["loc"][:cut] == first[:cut] and _is_union_tag(e["loc"][cut])
-    ]
-    near = [e for e in forms if not e["type"].endswith("_type")]
-    if len(near) == 1:
-        return param, f"{_dotted(near[0]['loc'])}: {near[0]['msg']}"
-    names = ", ".join(dict.fromkeys(_form_name(str(e["loc"][cut])) for e in forms))
-    return param, f"{_dotted(first)}: invalid type or value; expected one of {names}"
-
-
-def _is_union_tag(part: Any) -> bool:
-    """pydantic's name of a union member in an error location (``str``, ``list[int]``)."""
-    return isinstance(part, str) and (
-        part in {"str", "int", "float", "bool"} or "[" in part or "-" in part
-    )
-
-
-def _dotted(loc: tuple) -> str:
-    return ".".join(str(p) for p in loc if not _is_union_tag(p))
-
-
-def _form_name(tag: str) -> str:
-    """``list[function-before[_integral(), int]]`` -> ``list[int]``."""
-    tag = re.sub(r"function-[a-z]+\[[^\[\]]*?, ([^\[\]]+)\]", r"\1", tag)
-    return tag.replace("constrained-", "")
+    for name, accepts in getattr(model, "REFUSED", {}).items():
+        if name in req.model_fields_set and not accepts(getattr(req, name)):
+            raise APIError(400, f"{name} is not supported by roundgate", param=name)
+    return req

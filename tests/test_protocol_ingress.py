@@ -37,7 +37,8 @@ from deployment.protocol import CompletionRequest, parse
         ({"prompt": [1] * CONTEXT}, 400, "prompt", "context_length_exceeded"),
         ({"prompt": "a" * (CONTEXT + 5)}, 400, "prompt", "context_length_exceeded"),
         ({"prompt": "ab", "max_tokens": CONTEXT - 1}, 400, "max_tokens", "context_length_exceeded"),
-        ({"prompt": "a", "n": 2}, 400, "n", None),
+        ({"prompt": "a", "n": 65}, 400, "n", None),
+        ({"prompt": ["a"] * 65, "n": 4}, 400, "n", None),  # 260 choices > the 256 cap
         ({"prompt": "a", "dp_rank": 2}, 400, "dp_rank", None),
     ],
 )
@@ -190,7 +191,9 @@ def test_prompts_per_request_are_capped() -> None:
 def test_a_request_the_rank_failed_alone_gets_its_status_and_the_group_stays_up(status) -> None:
     def reply(message: GenerateRequest) -> list[Any]:
         if message.prompt_token_ids[0] == ord("x"):
-            error = GenerateChunk((), "error", Usage(1, 1), "sampling failed: nan", status)
+            error = GenerateChunk(
+                (), "error", Usage(1, 1), "sampling failed: nan", error_status=status
+            )
             return [tokens(65), error]
         return echo_reply(message)
 

@@ -123,12 +123,12 @@ POISON_SEED = 4242  # the injected sampler below fails any batch holding this se
 
 
 def poisoned(real):  # type: ignore[no-untyped-def]
-    def sample_tokens(logits, params, indices, generator=None):  # type: ignore[no-untyped-def]
-        if any(p.seed == POISON_SEED for p in params):
+    def sample_round(logits, requests, generator, grammars=None):  # type: ignore[no-untyped-def]
+        if any(r.sampling.seed == POISON_SEED for r in requests):
             raise FloatingPointError("injected: probability tensor contains nan")
-        return real(logits, params, indices, generator)
+        return real(logits, requests, generator, grammars)
 
-    return sample_tokens
+    return sample_round
 
 
 def tiny_engine() -> Engine:
@@ -141,7 +141,7 @@ PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
 def test_a_sampling_fault_fails_only_that_request(monkeypatch: pytest.MonkeyPatch) -> None:
     greedy = SamplingParams(max_tokens=6)
     expected = tiny_engine().generate(PROMPTS, greedy)
-    monkeypatch.setattr(runner_module, "sample_tokens", poisoned(runner_module.sample_tokens))
+    monkeypatch.setattr(runner_module, "sample_round", poisoned(runner_module.sample_round))
     engine = tiny_engine()
     bad = SamplingParams(max_tokens=6, temperature=1.0, seed=POISON_SEED)
     with pytest.raises(RequestsFailed) as failure:
@@ -168,3 +168,14 @@ def test_a_chunk_past_the_context_fails_that_request_in_the_runner() -> None:
     result = runner.execute(plan)
     assert set(result.sampled) == {"ok"}
     assert "exceeds the context length" in result.failed["past"]
+
+
+def test_logprobs_for_some_requests_of_a_batch_only() -> None:
+    """A batch where one request asks for logprobs and its neighbour does not: each gets
+    what it asked for (the scheduler used to look up logprobs for every request)."""
+    engine = tiny_engine()
+    asks = Request("asks", [5, 6, 7], SamplingParams(max_tokens=4, logprobs=2))
+    plain = Request("plain", [8, 9], SamplingParams(max_tokens=4))
+    engine.run([asks, plain])
+    assert asks.finish_reason == plain.finish_reason == "length"
+    assert len(asks.output_logprobs) == 4 and plain.output_logprobs == []

@@ -82,3 +82,23 @@ def test_sampling_matches_the_distribution() -> None:
 def test_mismatched_lengths_are_refused() -> None:
     with pytest.raises(ValueError, match="2 logit rows, 1 params"):
         sample_tokens(make_logits(rows=2), [SamplingParams()], [0])
+
+
+@pytest.mark.parametrize(
+    ("params", "kept"),
+    [
+        (SamplingParams(temperature=0.7), 6),  # no cut: the unsorted race
+        (SamplingParams(temperature=1.3, top_k=3), 3),  # a cut: the sorted race
+    ],
+    ids=["no-cut", "top-k"],
+)
+def test_draws_follow_the_tempered_distribution(params: SamplingParams, kept: int) -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -0.5, -1.0]])
+    rows = 20_000
+    tokens = sample(logits.expand(rows, -1), params, seed=5)
+    scaled = logits[0] / params.temperature
+    scaled[kept:] = float("-inf")
+    want = torch.softmax(scaled, -1)
+    got = torch.bincount(torch.tensor(tokens), minlength=6).float() / rows
+    # Four standard errors of a frequency of 20,000 draws (~0.014 at p = 0.5).
+    assert torch.all((got - want).abs() <= 4 * (want * (1 - want) / rows).sqrt() + 1e-9), got

@@ -51,6 +51,7 @@ class EngineCore:
         self.on_event = on_event
         # Executors that park retracted KV off-device (the model runner) free it on abort.
         self._drop_parked = getattr(executor, "drop_parked", None)
+        self._check_request = getattr(executor, "check_request", None)
         self._intake: deque[Request] = deque()
         self._lock = threading.Lock()
 
@@ -58,6 +59,8 @@ class EngineCore:
         """Queue a request for the next round (any thread); refuses, at once, a prompt that
         could never run on this rank (the ingress answers those with a 400 before)."""
         self.scheduler.check_fits(request)
+        if self._check_request is not None:
+            self._check_request(request)  # what only the executor knows (a grammar compiles)
         with self._lock:
             self._intake.append(request)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.control.request import Request, SamplingParams
+from actors.control.request import Request, SamplingParams, TokenLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,4 +58,7 @@ class GenerateChunk:
     finish_reason: str | None
     usage: Usage
     error: str | None = None
+    # One entry per token in ``token_ids`` when the request asked for logprobs.
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+    index: int = 0  # which of the request's ``sampling.n`` sequences the tokens belong to
     error_status: int = 400

@@ -42,7 +42,9 @@ class RoundPlanner:
     num_retractions: int
     _resume_status: dict[str, RequestStatus]
 
-    def fail(self, req: Request, error: str, plan: RoundPlan | None = None) -> None: ...
+    if TYPE_CHECKING:  # provided by ``RequestEnds`` (a stub here would shadow it)
+
+        def fail(self, req: Request, error: str, plan: RoundPlan | None = None) -> None: ...
 
     def _readmit(self, plan: RoundPlan) -> None:
         """Bring retracted requests back (a cache restore: no prefill tokens, gate or not)."""

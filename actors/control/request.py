@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 
 class RequestStatus(enum.IntEnum):
@@ -35,9 +36,37 @@ FINISH_REASONS = {
 }
 
 
+class TokenLogprobs(NamedTuple):
+    """The raw model log-probability of a sampled token and the ``k`` most likely tokens.
+
+    Taken from the model's distribution before any sampling transform (penalties, bias,
+    temperature, cuts, grammar), as vLLM does by default.
+    """
+
+    logprob: float
+    top_ids: tuple[int, ...]
+    top_logprobs: tuple[float, ...]
+
+
+MAX_LOGPROBS = 20
+MAX_N = 64  # sequences per prompt
+_SEQUENCE_SEED_MIX = 0xD1B54A32D192ED03  # spreads a seed's sequences apart
+
+
+def sequence_id(request_id: str, index: int) -> str:
+    """The scheduler id of sequence ``index`` (>= 1) forked from ``request_id``."""
+    return f"{request_id}#{index}"
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens and when to stop. ``temperature == 0`` is greedy."""
+    """How to pick tokens and when to stop. ``temperature == 0`` is greedy.
+
+    Transforms, in the order the sampler applies them: ``logit_bias`` (added), ``min_tokens``
+    (stop tokens masked until that many were generated), ``repetition_penalty`` (over prompt
+    and output, as transformers), ``frequency_penalty`` / ``presence_penalty`` (over the
+    output, as OpenAI), the grammar mask, then greedy, or temperature, top-k, top-p, min-p.
+    """
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -45,6 +74,20 @@ class SamplingParams:
     top_k: int = 0  # 0 = no top-k cut
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    min_p: float = 0.0
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), token ids distinct
+    logprobs: int | None = None  # None: none; k: the sampled token's and the top k
+    # (kind, spec) of a grammar the output must follow (actors.model.grammar); None: free.
+    grammar: tuple[str, str] | None = None
+    # Sequences sampled from one prompt: the prompt is prefilled once, then forked.
+    n: int = 1
+    # Whether any transform beyond temperature/top-k/top-p applies: the sampler's fast path
+    # reads this once per row instead of comparing every field.
+    needs_transforms: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -55,6 +98,60 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be in [0, max_tokens {self.max_tokens}], got {self.min_tokens}"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty <= 100:
+            raise ValueError(
+                f"repetition_penalty must be in (0, 100], got {self.repetition_penalty}"
+            )
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}")
+        if len({t for t, _ in self.logit_bias}) != len(self.logit_bias):
+            raise ValueError("logit_bias: a token id appears twice")
+        transforms = bool(
+            self.min_tokens
+            or self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1
+            or self.logit_bias
+            or self.grammar is not None
+            or (self.temperature > 0 and self.min_p > 0)
+        )
+        object.__setattr__(self, "needs_transforms", transforms)
+
+    def for_sequence(self, index: int) -> SamplingParams:
+        """The sampling of sequence ``index`` of ``n``: one sequence, its own seeded stream
+        (sequence 0 keeps the request's seed, so ``n=1`` and sequence 0 agree)."""
+        seed = self.seed
+        if seed is not None and index:
+            seed = (seed + index * _SEQUENCE_SEED_MIX) % (1 << 63)
+        return replace(self, n=1, seed=seed)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Refuse token ids (bias, stop ids) outside the model's vocabulary, naming one."""
+        for name, ids in (
+            ("logit_bias", [t for t, _ in self.logit_bias]),
+            ("stop_token_ids", self.stop_token_ids),
+        ):
+            bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise ValueError(
+                    f"{name}: token id {bad} is outside the vocabulary [0, {vocab_size})"
+                )
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether the sampler must see the request's tokens (penalties)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
 
 
 @dataclass(eq=False)
@@ -70,9 +167,19 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
+    # One entry per output token when ``sampling.logprobs`` is set (appended by the scheduler
+    # from the executor's result), else empty.
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_computed_tokens: int = 0
     page_ids: list[int] = field(default_factory=list)
     arrival_round: int = 0
+    # A forked sequence's index among its prompt's ``n``, and the id of the request whose
+    # stream carries its tokens (None: its own).
+    index: int = 0
+    stream_id: str | None = None
+    # The executor's grammar matcher for this request (structured output), built on first
+    # use; it lives and dies with the request. The control plane never reads it.
+    grammar_state: Any = field(default=None, repr=False)
     # Round of the first published want for this prompt (admission-wait accounting).
     first_want_round: int | None = None
     first_prefill_round: int | None = None

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from actors.control.request import Request
+from actors.control.request import Request, TokenLogprobs
 from gate.permission import HOLD_ALL, Permission
 
 
@@ -128,6 +128,12 @@ class RoundResult:
     # Wall or simulated seconds the forward took (the simulator's clock advances by the
     # group's max of these plus overheads).
     cost_s: float = 0.0
+    # request_id -> the sampled token's logprobs, for requests that asked for them.
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # request_id -> first tokens of sequences 1..n-1, sampled from the same logits as the
+    # request's own first token (``sampling.n > 1``); their logprobs are in ``logprobs``
+    # under ``sequence_id``. The executor has already saved the prompt's KV for each.
+    forks: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # request_id -> why, for requests the executor could not run this round (a bad input or a
     # sampling failure of that request alone): the scheduler fails just those requests.
     failed: dict[str, str] = field(default_factory=dict)

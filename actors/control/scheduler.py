@@ -16,6 +16,8 @@ from collections import deque
 from types import EllipsisType
 
 from actors.control.admission import AdmissionWaits
+from actors.control.endings import RequestEnds
+from actors.control.fork import fork_sequences
 from actors.control.kv_pool import KVPool
 from actors.control.planner import PREFILL_WATERMARK, RoundPlanner
 from actors.control.prefix_cache import PrefixCache
@@ -37,7 +39,7 @@ _DECODING = RequestStatus.DECODING
 _LOADING = RequestStatus.LOADING
 
 
-class Scheduler(RoundPlanner):
+class Scheduler(RoundPlanner, RequestEnds):
     """Plans one rank's rounds: readmission, decodes, and (if the gate allows) prefill."""
 
     def __init__(self, args: ServerArgs, max_model_len: int | EllipsisType | None = ...) -> None:
@@ -85,6 +87,7 @@ class Scheduler(RoundPlanner):
         bad = next((t for t in request.prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        request.sampling.check_vocab(vocab)
         need = request.num_prompt_tokens + 1
         if self.max_model_len is not None and need > self.max_model_len:
             raise ValueError(
@@ -201,42 +204,6 @@ class Scheduler(RoundPlanner):
             self._account_excused_wait()
         return plan
 
-    def _apply_aborts(self) -> None:
-        while self._pending_aborts:
-            req = self.requests.get(self._pending_aborts.popleft())
-            if req is None or req.is_finished:
-                continue
-            self.num_aborts += 1
-            self._drop(req, RequestStatus.FINISHED_ABORTED)
-
-    def fail(self, req: Request, error: str, plan: RoundPlan | None = None) -> None:
-        """Finish ``req`` alone with ``error`` (its planning or its forward raised); the
-        rank's other requests and the group carry on. Its chunks leave ``plan``."""
-        if req.is_finished:
-            return
-        if plan is not None and any(c.request is req for c in plan.chunks):
-            self._unplan(req, plan)
-        req.error = error
-        self.num_failures += 1
-        self._drop(req, RequestStatus.FINISHED_ERROR)
-
-    def _drop(self, req: Request, status: RequestStatus) -> None:
-        """Take ``req`` out of every queue and the pool, finished with ``status``; its
-        event goes out with the next update."""
-        if req in self.retracted:
-            # Its KV is parked off-device: the executor must let go of it too.
-            self.aborted_parked_ids.append(req.request_id)
-        for queue in (self.waiting, self.running, self.retracted):
-            if req in queue:
-                queue.remove(req)
-        self._partial.discard(req)
-        self.pool.free(req.request_id)
-        self._resume_status.pop(req.request_id, None)
-        self.waits.forget(req)
-        req.status = status
-        self._finish(req)
-        self._aborted_events.append(TokenEvent(req, None, True))
-
     def _account_excused_wait(self) -> None:
         if self.waiting and (
             self.pool.occupancy > PREFILL_WATERMARK or len(self.running) >= self.max_batch_size
@@ -258,6 +225,7 @@ class Scheduler(RoundPlanner):
         if self.prefix.enabled:
             self.prefix.keep_computed(plan)  # before finished requests let go of their pages
         sampled = result.sampled
+        logprobs = result.logprobs
         max_len = self.max_sequence_len
         append = events.append
         # TokenEvent(...) without its __new__: bench_control_plane, about 0.17 us per token
@@ -273,6 +241,8 @@ class Scheduler(RoundPlanner):
             if start + num_tokens < req.num_prompt_tokens + len(req.output_token_ids):
                 continue
             token = sampled[req.request_id]
+            if logprobs and req.request_id in logprobs:  # only the requests that asked
+                req.output_logprobs.append(logprobs[req.request_id])
             req.status = _DECODING
             finished = append_token(req, token, max_len)
             if finished:
@@ -281,8 +251,24 @@ class Scheduler(RoundPlanner):
                 self.pool.free(req.request_id)
                 self._finish(req)
             append(make_event(TokenEvent, (req, token, finished)))
+        if result.forks:
+            self._fork(plan, result, events)
         return events
 
-    def _finish(self, req: Request) -> None:
-        req.page_ids = []
-        self.requests.pop(req.request_id, None)
+    def _fork(self, plan: RoundPlan, result: RoundResult, events: list[TokenEvent]) -> None:
+        """Take in the sequences forked this round (``actors.control.fork``): as retracted
+        requests whose KV the executor saved, so readmission gives each its own pages."""
+        parents = {c.request.request_id: c.request for c in plan.chunks}
+        for request_id, firsts in result.forks.items():
+            forked = fork_sequences(
+                parents[request_id], firsts, result.logprobs, self.max_sequence_len
+            )
+            for child, token, finished in forked:
+                if finished:
+                    self.aborted_parked_ids.append(child.request_id)  # its KV copy is unused
+                else:
+                    self.requests[child.request_id] = child
+                    self._resume_status[child.request_id] = _DECODING
+                    child.status = _RETRACTED
+                    self.retracted.append(child)
+                events.append(TokenEvent(child, token, finished))

@@ -21,13 +21,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from actors.control.request import Request
+from actors.control.request import Request, TokenLogprobs, sequence_id
 from actors.control.round import RoundPlan, RoundResult, ScheduledChunk
 from actors.model.decoder import build_model
 from actors.model.gguf_blocks import pack_gguf
+from actors.model.grammar import Grammars
 from actors.model.kv_cache import allocate_cache, select_backend, size_for_gpu
 from actors.model.layers import ForwardContext
-from actors.model.sampling import sample_tokens
+from actors.model.round_sampling import sample_round
 from actors.model.weights import open_source
 from actors.server_args import ServerArgs
 from gate import RankRow, RoundView, read_rows
@@ -92,6 +93,7 @@ class ModelRunner:
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed + rank)
         # request id -> host copy of its KV pages while it is retracted.
         self.parked: dict[str, torch.Tensor] = {}
+        self.grammars = Grammars(args.model, args.chat_template, config.vocab_size)
 
     # -- Executor ---------------------------------------------------------------------------
 
@@ -109,6 +111,8 @@ class ModelRunner:
             view = read_rows(rows) if rows else None
         low_latency = view.low_latency if view is not None else plan.num_extends == 0
         sampled: dict[str, int] = {}
+        logprobs: dict[str, TokenLogprobs] = {}
+        forks: dict[str, tuple[int, ...]] = {}
         failed = self._unrunnable(plan.chunks)
         chunks = [c for c in plan.chunks if c.request.request_id not in failed]
         if chunks:
@@ -116,12 +120,14 @@ class ModelRunner:
             picks = [i for i, c in enumerate(chunks) if c.samples]
             if picks:
                 requests = [chunks[i].request for i in picks]
-                sampled = self._sample(logits[picks], requests, failed)
+                sampled, logprobs, forks = self._sample(logits[picks], requests, failed)
+                if forks:
+                    self.save_forks(requests, forks)
         else:
             self.idle_forward(low_latency)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return RoundResult(sampled=sampled, failed=failed, cost_s=time.perf_counter() - started)
+        return RoundResult(sampled, time.perf_counter() - started, logprobs, forks, failed)
 
     def _unrunnable(self, chunks: Sequence[ScheduledChunk]) -> dict[str, str]:
         """Requests this round cannot run, with why (the scheduler fails them alone)."""
@@ -134,29 +140,30 @@ class ModelRunner:
 
     def _sample(
         self, logits: torch.Tensor, requests: list[Request], failed: dict[str, str]
-    ) -> dict[str, int]:
-        """One token per request; a request whose sampling raises fails alone.
+    ) -> tuple[dict[str, int], dict[str, TokenLogprobs], dict[str, tuple[int, ...]]]:
+        """Tokens (logprobs, forks) for the requests; a request whose sampling raises fails
+        alone.
 
         The batch is sampled in one call; only when that raises are the rows sampled one by
         one, so the bad row is found and the others keep their tokens.
         """
-        params = [r.sampling for r in requests]
-        indices = [r.num_output_tokens for r in requests]
         try:
-            tokens = sample_tokens(logits, params, indices, self.generator)
-            return {r.request_id: t for r, t in zip(requests, tokens, strict=True)}
+            return sample_round(logits, requests, self.generator, self.grammars)
         except Exception:
             logger.exception("batched sampling failed; sampling row by row")
         sampled: dict[str, int] = {}
+        logprobs: dict[str, TokenLogprobs] = {}
+        forks: dict[str, tuple[int, ...]] = {}
         for i, req in enumerate(requests):
             try:
-                row = logits[i : i + 1]
-                sampled[req.request_id] = sample_tokens(
-                    row, params[i : i + 1], indices[i : i + 1], self.generator
-                )[0]
+                one = sample_round(logits[i : i + 1], [req], self.generator, self.grammars)
             except Exception as exc:
                 failed[req.request_id] = f"sampling failed: {exc}"
-        return sampled
+                continue
+            sampled.update(one[0])
+            logprobs.update(one[1])
+            forks.update(one[2])
+        return sampled, logprobs, forks
 
     # -- forward ----------------------------------------------------------------------------
 
@@ -214,6 +221,22 @@ class ModelRunner:
         for request, old_page_ids in retracted:
             if old_page_ids:
                 self.parked[request.request_id] = self.cache.read_pages(old_page_ids)
+
+    def check_request(self, request: Request) -> None:
+        """Refuse, at submit, what this executor could not run (a grammar that won't compile)."""
+        if request.sampling.grammar is not None:
+            self.grammars.compile(request.sampling.grammar)
+
+    def save_forks(self, requests: Sequence[Request], forks: dict[str, tuple[int, ...]]) -> None:
+        """Keep a copy of each forking request's prompt KV for its new sequences, which the
+        scheduler brings in as readmissions (``restore`` writes the copy into their pages)."""
+        for request in requests:
+            firsts = forks.get(request.request_id)
+            if firsts:
+                pages = -(-request.num_prompt_tokens // self.args.page_size)
+                saved = self.cache.read_pages(request.page_ids[:pages])
+                for j in range(1, len(firsts) + 1):
+                    self.parked[sequence_id(request.request_id, j)] = saved
 
     def restore(self, readmitted: Sequence[Request]) -> None:
         """Copy parked KV into each readmitted request's new pages."""

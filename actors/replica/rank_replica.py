@@ -19,6 +19,7 @@ from typing import Any
 from actors.control.engine_core import EngineCore
 from actors.control.messages import GenerateChunk, GenerateRequest, RankTarget, Usage
 from actors.control.round import TokenEvent
+from actors.replica.chunks import ChunkBuilder
 from actors.server_args import ServerArgs
 from actors.telemetry import gate_log
 from actors.telemetry.gate_log import log_gate_window
@@ -88,7 +89,7 @@ class RankReplica:
 
         runner = ModelRunner(self.args, rank=self.rank, group=dist.group.WORLD)
         return EngineCore(
-            runner.args,  # --gpu-memory-utilization: the page count the runner sized
+            self.args,
             runner,
             rank=self.rank,
             gather=TorchGather(device=device),
@@ -126,7 +127,8 @@ class RankReplica:
             self._loop.call_soon_threadsafe(self._fail_all, self._error)
 
     def _on_event(self, event: TokenEvent) -> None:
-        queue = self._streams.get(event.request.request_id)
+        request = event.request
+        queue = self._streams.get(request.stream_id or request.request_id)
         if queue is not None:
             self._loop.call_soon_threadsafe(queue.put_nowait, event)
 
@@ -145,6 +147,7 @@ class RankReplica:
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
         finished = False
+        builder: ChunkBuilder | None = None
         try:
             try:
                 self.core.submit(request)
@@ -153,34 +156,26 @@ class RankReplica:
                 yield GenerateChunk((), "error", Usage(request.num_prompt_tokens, 0), str(exc))
                 return
             self.metrics.note_arrival(request_id)
-            tokens: list[int] = []
-            while not finished:
+            builder = ChunkBuilder(request, self.args.stream_interval)
+            while not builder.done:
                 # Whatever queued up while we were away goes out in one chunk: under load
                 # that batches tokens; ``stream_interval`` sets the minimum chunk size.
                 items = [await queue.get()]
                 while not queue.empty():
                     items.append(queue.get_nowait())
-                reason = None
                 for item in items:
                     if isinstance(item, BaseException):
                         raise item
-                    if item.token_id is not None:
-                        tokens.append(item.token_id)
-                    if item.finished:
-                        finished, reason = True, item.request.finish_reason
-                if finished or len(tokens) >= self.args.stream_interval:
-                    usage = Usage(request.num_prompt_tokens, request.num_output_tokens)
-                    if request.error is not None:  # failed alone: the group is fine
-                        finished = True
-                        yield GenerateChunk(tuple(tokens), "error", usage, request.error, 500)
-                        return
-                    yield GenerateChunk(tuple(tokens), reason, usage)
-                    tokens = []
+                    builder.add(item)
+                for chunk in builder.take():
+                    yield chunk
+            finished = True
         finally:
             self._streams.pop(request_id, None)
             if not finished:
                 # The caller went away (or the group failed): free the request's pages.
-                self.core.abort(request_id)
+                for sequence in builder.unfinished_ids() if builder else [request_id]:
+                    self.core.abort(sequence)
 
     async def stats_snapshot(self, target: RankTarget | None = None) -> dict[str, Any]:
         """Queue, pool and gate counters; ``target`` only steers routing."""

@@ -18,6 +18,7 @@ class RankStats:
     decode_rounds: int = 0  # busy, and nobody extended (also the DeepEP low-latency rounds)
     votes: dict[str, int] = field(default_factory=dict)  # "all:open", "any:closed", …
     local_prefill_rounds: int = 0  # this rank extended
+    prefill_tokens: int = 0  # prompt tokens this rank computed (forked sequences add none)
     # (round index, point, open, this rank's extends) of recent rounds: every rank of a
     # group must agree on the first three.
     decisions: deque = field(default_factory=lambda: deque(maxlen=4096))
@@ -31,6 +32,7 @@ class RankStats:
             key = f"{vote.point}:{'open' if vote.open else 'closed'}"
             self.votes[key] = self.votes.get(key, 0) + 1
         self.last_rows = [row.pack() for row in outcome.rows]
+        self.prefill_tokens += outcome.plan.num_prefill_tokens
         view = outcome.view
         if view.all_idle:
             return
@@ -49,6 +51,7 @@ class RankStats:
             "prefill_rounds": self.prefill_rounds,
             "decode_rounds": self.decode_rounds,
             "local_prefill_rounds": self.local_prefill_rounds,
+            "prefill_tokens": self.prefill_tokens,
             "votes": dict(self.votes),
             "decisions": list(self.decisions),
             "last_rows": list(self.last_rows),

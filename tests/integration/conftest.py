@@ -94,6 +94,19 @@ def app(ray_cluster: None, local_config: dict[str, Any]) -> Deployment:
     return dep
 
 
+REAL_MODEL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def real_model(app: Deployment) -> Iterator[Deployment]:
+    """The shared deployment with local.yaml's own model, deployed once for every module that
+    needs it (``test_served_*``, which sort after the tiny-preset modules); the tiny preset
+    comes back at the end of the session."""
+    app.deploy(model=REAL_MODEL)
+    yield app
+    app.deploy()
+
+
 @pytest.fixture
 def redeploy(app: Deployment) -> Iterator[Deployment]:
     """Lets a test run the app with other args; the default config is restored after."""

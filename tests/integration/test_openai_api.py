@@ -223,7 +223,8 @@ def test_models_lists_the_served_model(client) -> None:
     ("kwargs", "error", "param"),
     [
         ({"model": "gpt-5", "prompt": "x"}, openai.NotFoundError, "model"),
-        ({"model": "tiny-moe", "prompt": "x", "n": 2}, openai.BadRequestError, "n"),
+        ({"model": "tiny-moe", "prompt": "x", "n": 65}, openai.BadRequestError, "n"),
+        ({"model": "tiny-moe", "prompt": "x", "suffix": "y"}, openai.BadRequestError, "suffix"),
         (
             {"model": "tiny-moe", "prompt": "x", "max_tokens": 5000},
             openai.BadRequestError,

@@ -9,7 +9,6 @@ and no replica restarts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -26,11 +25,9 @@ TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def real(app: Any) -> Iterator[Any]:
-    """The shared deployment with local.yaml's own model; the tiny preset comes back after."""
-    app.deploy(model=MODEL)
-    yield app
-    app.deploy()
+def real(real_model: Any) -> Any:
+    """The shared deployment with local.yaml's own model (conftest's ``real_model``)."""
+    return real_model
 
 
 @pytest.fixture(scope="module")

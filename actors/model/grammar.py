@@ -1,0 +1,146 @@
+"""Structured output: grammars compiled by xgrammar, their token masks for the sampler.
+
+A request's ``SamplingParams.grammar`` is ``(kind, spec)``: ``("json_object", "")``,
+``("json_schema", schema JSON)``, ``("regex", pattern)``, ``("choice", JSON list)``,
+``("ebnf", grammar)``, or ``("tool_call", schema JSON)`` (``tool_choice``: one Hermes-style
+``<tool_call>`` block whose JSON follows the schema). The rank compiles each distinct grammar
+once (``Grammars.compile``, called at submit, so a bad grammar is that request's error, never
+the engine thread's), and keeps one matcher per request on the request itself (executor
+state: it lives and dies with the request, survives retraction, and a forked sequence builds
+its own by replaying its tokens). xgrammar was chosen over llguidance by per-token mask time
+(``benchmarks/bench_grammar.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from actors.control.request import Request
+
+KINDS = ("json_object", "json_schema", "regex", "choice", "ebnf", "tool_call")
+_BITS = 32
+
+
+def choice_ebnf(choices: Sequence[str]) -> str:
+    """A grammar accepting exactly one of ``choices`` (as JSON-escaped string literals)."""
+    literals = " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+    return f"root ::= {literals}"
+
+
+def _tool_call_grammar(schema: str) -> Any:
+    """``<tool_call>\n`` + JSON following ``schema`` + ``\n</tool_call>``."""
+    import xgrammar as xgr
+
+    return xgr.Grammar.concat(
+        xgr.Grammar.from_ebnf('root ::= "<tool_call>\\n"'),
+        xgr.Grammar.from_json_schema(schema, any_whitespace=False),
+        xgr.Grammar.from_ebnf('root ::= "\\n</tool_call>"'),
+    )
+
+
+class Grammars:
+    """One rank's grammar compiler and compiled-grammar cache (built on first use: the
+    tokenizer is only loaded when a request asks for structured output)."""
+
+    def __init__(self, model: str, chat_template: str | None, vocab_size: int) -> None:
+        self.model = model
+        self.chat_template = chat_template
+        self.vocab_size = vocab_size
+        self._compiler: Any = None
+        self._compiled: dict[tuple[str, str], Any] = {}
+        self._lock = threading.Lock()  # compile runs on the replica's thread, masks on the engine's
+
+    def _build(self) -> Any:
+        import xgrammar as xgr
+
+        from actors.model.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(self.model, self.chat_template)
+        hf = getattr(tok, "_tok", None)
+        if hf is None:
+            raise ValueError("structured output needs the model's own tokenizer")
+        info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=self.vocab_size)
+        return xgr.GrammarCompiler(info, max_threads=1)
+
+    def compile(self, grammar: tuple[str, str]) -> Any:
+        """The compiled grammar (cached); a ValueError naming what is wrong with it."""
+        kind, spec = grammar
+        if kind not in KINDS:
+            raise ValueError(f"unknown grammar kind {kind!r}")
+        with self._lock:
+            compiled = self._compiled.get(grammar)
+            if compiled is not None:
+                return compiled
+            if self._compiler is None:
+                self._compiler = self._build()
+            compiler = self._compiler
+            try:
+                if kind == "json_object":
+                    compiled = compiler.compile_builtin_json_grammar()
+                elif kind == "json_schema":
+                    compiled = compiler.compile_json_schema(spec, any_whitespace=False)
+                elif kind == "regex":
+                    compiled = compiler.compile_regex(spec)
+                elif kind == "choice":
+                    compiled = compiler.compile_grammar(choice_ebnf(json.loads(spec)))
+                elif kind == "tool_call":
+                    compiled = compiler.compile_grammar(_tool_call_grammar(spec))
+                else:
+                    compiled = compiler.compile_grammar(spec)
+            except Exception as exc:  # xgrammar's own errors too: this request's, not the rank's
+                raise ValueError(f"{kind}: the grammar does not compile: {exc}") from None
+            self._compiled[grammar] = compiled
+            return compiled
+
+    def matcher(self, request: Request) -> Any:
+        """The request's matcher, built (and fed the tokens it already has) on first use."""
+        state = request.grammar_state
+        if state is None:
+            import xgrammar as xgr
+
+            # The grammar ends on the request's own stop tokens (EOS, stop_token_ids).
+            stops = list(request.sampling.stop_token_ids) or None
+            state = xgr.GrammarMatcher(
+                self.compile(request.sampling.grammar), override_stop_tokens=stops
+            )
+            for token in request.output_token_ids:
+                if not state.is_terminated():
+                    state.accept_token(token)
+            request.grammar_state = state
+        return state
+
+    def allowed(self, owners: Sequence[Request], device: torch.device) -> torch.Tensor | None:
+        """``[rows, vocab]`` booleans: each grammar row's allowed tokens (others all True)."""
+        rows = [i for i, r in enumerate(owners) if r.sampling.grammar is not None]
+        if not rows:
+            return None
+        words = -(-self.vocab_size // _BITS)
+        bitmask = torch.full((len(owners), words), -1, dtype=torch.int32)
+        masks: dict[int, int] = {}  # a request forking n rows fills its mask once
+        for i in rows:
+            key = id(owners[i])
+            if key in masks:
+                bitmask[i] = bitmask[masks[key]]
+                continue
+            matcher = self.matcher(owners[i])
+            # A finished grammar (its stop accepted, yet the request goes on: ignore_eos)
+            # constrains nothing more.
+            if not matcher.is_terminated():
+                matcher.fill_next_token_bitmask(bitmask, i)
+            masks[key] = i
+        shifts = torch.arange(_BITS, dtype=torch.int32)
+        bits = (bitmask[:, :, None] >> shifts) & 1
+        return bits.view(len(owners), -1)[:, : self.vocab_size].bool().to(device)
+
+    def accept(self, requests: Sequence[Request], tokens: Sequence[int]) -> None:
+        """Advance each grammar request's matcher by its sampled token."""
+        for request, token in zip(requests, tokens, strict=True):
+            if request.sampling.grammar is not None:
+                matcher = self.matcher(request)
+                if not matcher.is_terminated():
+                    matcher.accept_token(token)

@@ -1,0 +1,69 @@
+"""One round's sampling: the rows of the requests that sample, and the forks of ``n > 1``.
+
+A request with ``sampling.n > 1`` is prefilled once; at its first sample its logits row is
+repeated for sequences ``1..n-1``, each under its own sampling (``for_sequence``: its own
+seeded stream), so the n first tokens come from one prompt forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from actors.control.request import Request, TokenLogprobs, sequence_id
+from actors.model.grammar import Grammars
+from actors.model.sampling import sample
+
+
+class RoundSamples(NamedTuple):
+    sampled: dict[str, int]
+    logprobs: dict[str, TokenLogprobs]  # by request id, forked sequences' ids included
+    forks: dict[str, tuple[int, ...]]  # request id -> first tokens of sequences 1..n-1
+
+
+def sample_round(
+    logits: torch.Tensor,
+    requests: Sequence[Request],
+    generator: torch.Generator,
+    grammars: Grammars | None = None,
+) -> RoundSamples:
+    """Sample one token per row of ``logits`` (row ``i`` is ``requests[i]``'s), plus the
+    first token of every forked sequence; grammar rows are masked and their matchers fed."""
+    rows = list(range(len(requests)))
+    ids = [r.request_id for r in requests]
+    params = [r.sampling for r in requests]
+    indices = [len(r.output_token_ids) for r in requests]
+    owners = list(requests)
+    forking = [r for r in requests if r.sampling.n > 1 and not r.output_token_ids]
+    for row, r in enumerate(requests):
+        if r.sampling.n > 1 and not r.output_token_ids:
+            for j in range(1, r.sampling.n):
+                rows.append(row)
+                ids.append(sequence_id(r.request_id, j))
+                params.append(r.sampling.for_sequence(j))
+                indices.append(0)
+                owners.append(r)
+    if len(rows) > len(requests):
+        logits = logits[torch.tensor(rows, device=logits.device)]
+    # Penalties read the rows' tokens; the plain path builds no history at all.
+    histories = (
+        [(r.prompt_token_ids, r.output_token_ids) for r in owners]
+        if any(p.needs_history for p in params)
+        else None
+    )
+    allowed = None
+    if grammars is not None and any(p.grammar is not None for p in params):
+        allowed = grammars.allowed(owners, logits.device)
+    tokens, token_logprobs = sample(logits, params, indices, generator, histories, allowed)
+    if allowed is not None:
+        grammars.accept(requests, tokens[: len(requests)])
+    sampled = dict(zip(ids[: len(requests)], tokens, strict=False))
+    logprobs = {i: lp for i, lp in zip(ids, token_logprobs, strict=True) if lp is not None}
+    forks: dict[str, tuple[int, ...]] = {}
+    start = len(requests)
+    for r in forking:
+        forks[r.request_id] = tuple(tokens[start : start + r.sampling.n - 1])
+        start += r.sampling.n - 1
+    return RoundSamples(sampled, logprobs, forks)

@@ -1,0 +1,56 @@
+"""``/tokenize`` and ``/detokenize`` on the ingress (vLLM's shapes): the ids are the ones
+generation uses, for a prompt and for chat messages; bad input is a 400 naming the field."""
+
+from __future__ import annotations
+
+import pytest
+from ingress_fakes import error_of, make_ingress
+
+from deployment.protocol import CompletionRequest, parse
+from deployment.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+
+
+@pytest.fixture(scope="module")
+def core():
+    return make_ingress()[0]
+
+
+def test_a_prompt_tokenizes_as_completions_would(core) -> None:
+    out = tokenize(core, parse(TokenizeRequest, {"prompt": "héllo", "return_token_strs": True}))
+    ids = core.prompts_of(parse(CompletionRequest, {"prompt": "héllo"}))[0]
+    assert out["tokens"] == ids and out["count"] == len(ids)
+    assert out["max_model_len"] == core.max_model_len
+    assert "".join(out["token_strs"]).replace("\ufffd", "") == "hllo"  # é is two byte tokens
+    assert detokenize(core, parse(DetokenizeRequest, {"tokens": ids})) == {"prompt": "héllo"}
+
+
+def test_messages_tokenize_as_chat_would(core) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    out = tokenize(core, parse(TokenizeRequest, {"messages": messages}))
+    assert out["tokens"] == core.tokenizer.render_chat(messages)
+    assert out["token_strs"] is None
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "param"),
+    [
+        (TokenizeRequest, {}, "prompt"),
+        (
+            TokenizeRequest,
+            {"prompt": "a", "messages": [{"role": "user", "content": "a"}]},
+            "prompt",
+        ),
+        (
+            TokenizeRequest,
+            {"messages": [{"role": "user", "content": "a"}], "add_generation_prompt": False},
+            "add_generation_prompt",
+        ),
+        (TokenizeRequest, {"prompt": "a", "extra": 1}, "extra"),
+        (DetokenizeRequest, {"tokens": [600]}, "tokens"),
+        (DetokenizeRequest, {"tokens": ["a"]}, "tokens"),
+    ],
+)
+def test_bad_requests_name_the_field(core, model, body, param) -> None:
+    fn = tokenize if model is TokenizeRequest else detokenize
+    exc = error_of(lambda: fn(core, parse(model, body)))
+    assert (exc.status, exc.param) == (400, param)
