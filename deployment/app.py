@@ -207,9 +207,7 @@ def build_app(args: dict[str, Any]) -> Application:
     """Validate ``args`` and bind the ingress to ``num_groups`` gangs of ``dp_size`` ranks."""
     cfg = AppArgs.model_validate(args)
     engine = cfg.server_args()
-    router_kwargs: dict[str, Any] = {}
-    if cfg.router == "skewed":
-        router_kwargs = {"weights": cfg.route_weights, "seed": engine.seed}
+    router_kwargs = cfg.router_kwargs()
     ranks = serve.deployment(
         RankReplica,
         name="RankReplica",

@@ -235,6 +235,7 @@ class Ingress:
                     tuple(ids),
                     self.sampling_of(req, len(ids), param, max_tokens),
                     req.dp_rank,
+                    req.user,
                 ),
             )
             for i, ids in enumerate(prompts)

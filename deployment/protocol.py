@@ -97,6 +97,9 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     dp_rank: Int | None = Field(None, ge=0, description="vendor field: pin to one DP rank")
     return_token_ids: bool = Field(False, description="vendor field: add token ids to choices")
+    user: str | None = Field(
+        None, max_length=256, description="end-user id; the cache-aware router's session key"
+    )
 
     @field_validator("stop")
     @classmethod
