@@ -8,6 +8,7 @@ simulator measures is the code the engine runs.
 
 from __future__ import annotations
 
+import heapq
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class RequestRecord:
     finish_s: float | None = None
     num_output: int = 0
     admission_wait: int | None = None
+    turn: int = 0  # a session's turn (0: its first, or not a session)
 
 
 @dataclass
@@ -67,6 +69,9 @@ class SimResult:
     itl_ms: array
     timeline: Timeline | None
     unfinished: int
+    # Prompt tokens looked up in the ranks' prefix caches, and those found there.
+    prefix_queries: int = 0
+    prefix_hits: int = 0
 
 
 class GroupSimulator:
@@ -101,16 +106,22 @@ class GroupSimulator:
             )
             for rank in range(args.dp_size)
         ]
-        self._prompts: dict[int, list[int]] = {}
+        self._vocab = args.model_config.vocab_size
+        # Later turns of sessions, by arrival time: built when the previous turn finishes.
+        self._follow_ups: list[tuple[float, int, Arrival]] = []
+        self._arrivals: dict[str, Arrival] = {}
 
     def _now(self) -> float:
         return self.clock
 
-    def _prompt(self, length: int) -> list[int]:
-        # Shared read-only token lists: the cost executor never reads token values.
-        if length not in self._prompts:
-            self._prompts[length] = [1] * length
-        return self._prompts[length]
+    def _prompt(self, index: int, length: int) -> list[int]:
+        # Distinct filler per request (its index in base vocab-1, then ones), so that with
+        # prefix caching on, unrelated prompts never share a page.
+        head = []
+        while index or not head:
+            index, digit = divmod(index, self._vocab - 1)
+            head.append(digit + 1)
+        return (head + [1] * length)[:length]
 
     def run(
         self,
@@ -135,16 +146,24 @@ class GroupSimulator:
         clock = 0.0
         next_arrival = 0
         num_arrivals = len(arrivals)
-        next_time = arrivals[0].time_s if num_arrivals else float("inf")
+        follow_ups = self._follow_ups
+        next_time = self._next_time(arrivals, 0)
         rounds = busy = prefill_rounds = decode_rounds = 0
-        finished = 0
+        finished = admitted = 0
         while True:
             while next_time <= clock:
-                self._admit(arrivals[next_arrival], next_arrival, clock, records)
-                next_arrival += 1
-                next_time = arrivals[next_arrival].time_s if next_arrival < num_arrivals else INF
+                if follow_ups and (
+                    next_arrival >= num_arrivals or follow_ups[0][0] < arrivals[next_arrival].time_s
+                ):
+                    arrival = heapq.heappop(follow_ups)[2]
+                else:
+                    arrival = arrivals[next_arrival]
+                    next_arrival += 1
+                self._admit(arrival, admitted, clock, records)
+                admitted += 1
+                next_time = self._next_time(arrivals, next_arrival)
             if not any(s.has_unfinished for s in schedulers):
-                if next_arrival >= num_arrivals:
+                if next_arrival >= num_arrivals and not follow_ups:
                     break
                 # A live group would step idle rounds until the next arrival; one idle
                 # observation leaves each policy in the state those rounds would.
@@ -185,6 +204,8 @@ class GroupSimulator:
                     if done:
                         rec.finish_s = clock
                         finished += 1
+                        if self._follow(request, clock):
+                            next_time = self._next_time(arrivals, next_arrival)
             if timeline is not None:
                 timeline.start_s.append(start)
                 timeline.duration_ms.append(round_ms)
@@ -206,20 +227,45 @@ class GroupSimulator:
             itl_ms=itl,
             timeline=timeline,
             unfinished=len(records) - finished,
+            prefix_queries=sum(s.prefix.num_queries for s in schedulers),
+            prefix_hits=sum(s.prefix.num_hits for s in schedulers),
         )
+
+    def _next_time(self, arrivals: Sequence[Arrival], next_arrival: int) -> float:
+        listed = arrivals[next_arrival].time_s if next_arrival < len(arrivals) else INF
+        return min(listed, self._follow_ups[0][0]) if self._follow_ups else listed
+
+    def _follow(self, request: Request, clock: float) -> bool:
+        """Queue a finished session turn's next turn; whether one was queued."""
+        arrival = self._arrivals.pop(request.request_id, None)
+        if arrival is None or arrival.session is None:
+            return False
+        nxt = arrival.session.next_turn(arrival, clock, request.output_token_ids)
+        if nxt is None:
+            return False
+        heapq.heappush(self._follow_ups, (nxt.time_s, id(nxt), nxt))
+        return True
 
     def _admit(
         self, arrival: Arrival, index: int, clock: float, records: dict[str, RequestRecord]
     ) -> None:
         loads = [len(loop.scheduler.requests) for loop in self.loops]
-        rank = arrival.rank if arrival.rank is not None else self.router.route(loads)
+        prompt = (
+            list(arrival.token_ids)
+            if arrival.token_ids is not None
+            else self._prompt(index, arrival.prompt_tokens)
+        )
+        session = None if arrival.session is None else str(arrival.session.session_id)
+        rank = arrival.rank
+        if rank is None:
+            rank = self.router.route(loads, prompt, session)
         if not 0 <= rank < self.args.dp_size:
             raise ValueError(f"trace pins request {index} to rank {rank}, outside dp_size")
         request_id = f"req-{index}"
-        request = Request(
-            request_id,
-            self._prompt(arrival.prompt_tokens),
-            SamplingParams(max_tokens=arrival.output_tokens),
-        )
+        request = Request(request_id, prompt, SamplingParams(max_tokens=arrival.output_tokens))
         self.loops[rank].scheduler.add_request(request)
-        records[request_id] = RequestRecord(rank, arrival.time_s, arrival.prompt_tokens)
+        if arrival.session is not None:
+            self._arrivals[request_id] = arrival
+        records[request_id] = RequestRecord(
+            rank, arrival.time_s, arrival.prompt_tokens, turn=arrival.turn
+        )

@@ -5,12 +5,18 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deployment.cache_aware import CacheAwareConfig, CacheAwarePolicy
+
+if TYPE_CHECKING:
+    from deployment.sim.sessions import Session
 
 ARRIVALS = ("poisson", "bursty", "trace")
 LENGTH_DISTS = ("fixed", "uniform", "exponential")
-ROUTERS = ("round-robin", "least-loaded", "skewed")
+ROUTERS = ("round-robin", "least-loaded", "skewed", "cache-aware")
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,11 @@ class Arrival:
     prompt_tokens: int
     output_tokens: int
     rank: int | None = None  # a pinned rank (traces may pin); None lets the router choose
+    # A session's turn carries its prompt (a shared prefix and the conversation so far);
+    # otherwise every prompt is distinct filler of ``prompt_tokens`` tokens.
+    token_ids: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
+    session: Session | None = field(default=None, repr=False, compare=False)
+    turn: int = 0
 
 
 @dataclass(frozen=True)
@@ -142,7 +153,12 @@ class Router:
     """Chooses a rank for each arrival: round-robin, least-loaded, or fixed skewed weights."""
 
     def __init__(
-        self, policy: str, dp_size: int, weights: Sequence[int] | None = None, seed: int = 0
+        self,
+        policy: str,
+        dp_size: int,
+        weights: Sequence[int] | None = None,
+        seed: int = 0,
+        cache_aware: CacheAwareConfig | None = None,
     ) -> None:
         if policy not in ROUTERS:
             raise ValueError(f"--router must be one of {', '.join(ROUTERS)}, got {policy!r}")
@@ -161,9 +177,18 @@ class Router:
         self.weights = list(weights or [])
         self._next = 0
         self._rng = random.Random(seed)
+        self.cache_aware = (
+            CacheAwarePolicy(cache_aware or CacheAwareConfig()) if policy == "cache-aware" else None
+        )
 
-    def route(self, loads: Sequence[int]) -> int:
-        """``loads`` is each rank's unfinished request count."""
+    def route(
+        self, loads: Sequence[int], token_ids: Sequence[int] = (), session: str | None = None
+    ) -> int:
+        """``loads`` is each rank's unfinished request count; the cache-aware router also
+        reads the prompt (and the session key, with affinity on)."""
+        if self.cache_aware is not None:
+            ranks = range(self.dp_size)
+            return int(self.cache_aware.choose(ranks, loads, token_ids, session).rank)
         if self.policy == "round-robin":
             rank = self._next
             self._next = (self._next + 1) % self.dp_size
