@@ -8,7 +8,7 @@ from actors.control.engine_core import EngineCore
 from actors.control.request import Request, SamplingParams
 from actors.server_args import ServerArgs
 
-__all__ = ["Engine", "SamplingParams"]
+__all__ = ["Engine", "RequestsFailed", "SamplingParams"]
 
 
 class Engine:
@@ -53,4 +53,19 @@ class Engine:
             self.core.step()
         else:
             raise RuntimeError(f"generate did not finish within {max_rounds} rounds")
-        return [list(req.output_token_ids) for req in requests]
+        outputs = [list(req.output_token_ids) for req in requests]
+        failed = {i: req.error for i, req in enumerate(requests) if req.error is not None}
+        if failed:
+            raise RequestsFailed(failed, outputs)
+        return outputs
+
+
+class RequestsFailed(RuntimeError):
+    """Some prompts of a ``generate`` call failed alone; ``outputs`` still holds every
+    prompt's tokens (the others ran to the end), ``errors`` maps prompt index to why."""
+
+    def __init__(self, errors: dict[int, str], outputs: list[list[int]]) -> None:
+        first = next(iter(errors))
+        super().__init__(f"{len(errors)} prompt(s) failed; prompt {first}: {errors[first]}")
+        self.errors = errors
+        self.outputs = outputs

@@ -38,7 +38,11 @@ class Delta:
 
 
 class RequestFailed(Exception):
-    """The rank refused or failed this one request (the group is fine): a 400 to the client."""
+    """The rank refused (``status`` 400) or failed (500) this one request; the group is fine."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 async def run_choice(
@@ -58,7 +62,7 @@ async def run_choice(
     pending = ""  # decoded, not yet sent
     async for chunk in stream:
         if chunk.error is not None:
-            raise RequestFailed(chunk.error)
+            raise RequestFailed(chunk.error, chunk.error_status)
         choice.output_token_ids.extend(chunk.token_ids)
         choice.usage = chunk.usage
         reason = chunk.finish_reason

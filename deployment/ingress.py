@@ -189,7 +189,7 @@ class Ingress:
         except APIError:
             raise
         except RequestFailed as exc:  # this request alone: the group keeps serving
-            raise APIError(400, f"the request could not run: {exc}") from None
+            raise APIError(exc.status, f"the request could not run: {exc}") from None
         except Exception as exc:
             # The details (Ray's task repr) go to the log; the client gets a plain sentence.
             logger.warning("request %s: DP group failed: %r", message.request_id, exc)

@@ -5,7 +5,16 @@ the round's single metadata gather as extra columns, so the decision reads the r
 *last* round (what every rank could prefill next, published after its plan), as our gate does.
 That shifts the reaction by one round and costs no collective.
 
-State (``st``, ``skip_first``) is updated only from gathered rows, so every rank agrees.
+Faithful to the fresh negotiation: a rank admits new prompts only if its own row in those
+rows said ``prefillable``. A prompt that arrived after the rank published is first published
+(the rank says ``prefillable = 1`` this round) and decided on next round, as SGLang decides
+on it with every rank's fresh flag. Without this, a lone fresh prompt meets "no rank
+prefillable → ALLOW" and goes through at once: the policy would be ``none`` on any workload
+with scattered arrivals.
+
+State (``st``, ``skip_first``) is updated only from gathered rows, so every rank agrees on
+the group's decision (``reason``); which ranks may then admit is read from their own rows,
+which every rank also holds.
 """
 
 from __future__ import annotations
@@ -81,6 +90,9 @@ class SGLangDelayerConfig:
 REASONS = ("none", "token_watermark", "wait_success", "no_wait", "wait_timeout")
 _DELAY = GateVote(False, None, chunks=True, reason="delay")
 _ALLOW = {reason: GateVote(True, None, reason=reason) for reason in REASONS}
+# The group allows, but this rank published nothing prefillable: its fresh prompts wait one
+# round to be published first (its resident chunks, if any, still run).
+_UNPUBLISHED = {reason: GateVote(False, None, chunks=True, reason=reason) for reason in REASONS}
 
 
 class SGLangDelayer:
@@ -92,8 +104,11 @@ class SGLangDelayer:
 
     extra_columns: tuple[str, ...] = COLUMNS
 
-    def __init__(self, config: SGLangDelayerConfig, max_running_requests: int) -> None:
+    def __init__(
+        self, config: SGLangDelayerConfig, max_running_requests: int, rank: int = 0
+    ) -> None:
         self.config = config
+        self.rank = rank
         self.max_running_requests = max_running_requests  # SGLang's per-rank MRR
         self.state: tuple[int, float] | None = None  # (delayed passes, start ms)
         self.skip_first = True
@@ -104,7 +119,15 @@ class SGLangDelayer:
         self._pending: tuple[str, bool, str] | None = None
 
     def vote(self, rows: Sequence[RankRow], local: Any = None) -> GateVote:
-        """``decide(rows, now)`` of PEER_POLICIES.md, on last round's rows."""
+        """The group's decision, then whether this rank's prompts were published for it."""
+        vote = self.decide(rows)
+        if vote.open and not rows[self.rank].extras[_PF]:
+            return _UNPUBLISHED[vote.reason or "none"]
+        return vote
+
+    def decide(self, rows: Sequence[RankRow]) -> GateVote:
+        """``decide(rows, now)`` of PEER_POLICIES.md, on last round's rows (the same on
+        every rank)."""
         prev = self.state
         cfg = self.config
         extras = [row.extras for row in rows]
@@ -163,7 +186,7 @@ class SGLangDelayer:
 
 
 def _build(config: SGLangDelayerConfig, ctx: PolicyContext) -> SGLangDelayer:
-    return SGLangDelayer(config, ctx.max_batch_size)
+    return SGLangDelayer(config, ctx.max_batch_size, ctx.rank)
 
 
 POLICY = PolicySpec(

@@ -1,8 +1,11 @@
 """Expert-parallel forward over 2 gloo ranks equals the single-process forward.
 
-Two processes each hold half of tiny-moe's experts and their own requests; every MoE layer
-is an all-to-all between them. Rounds where one rank has nothing to run check the idle
-forward: that rank joins the collectives with zero tokens and the group does not hang.
+Models: the tiny-moe preset, and tiny random Qwen3-MoE (a sparse layer between dense ones)
+and DeepSeek-V3 (MLA, a dense first layer, grouped sigmoid routing, a shared expert kept on
+every rank) directories built with transformers. Two processes each hold half of the
+experts and their own requests; every MoE layer is an all-to-all between them.
+Rounds where one rank has nothing to run check the idle forward: that rank joins the
+collectives with zero tokens and the group does not hang.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from family_models import build_family
 from model_driver import grow_pages, next_chunk
 
 from actors.control.kv_pool import KVPool
@@ -47,10 +51,10 @@ def gathered_rows(round_index: int) -> list[RankRow]:
     return rows
 
 
-def moe_args(dp_size: int) -> ServerArgs:
+def moe_args(model: str, dp_size: int) -> ServerArgs:
     backend = "torch" if dp_size > 1 else "local"
     return ServerArgs(
-        model="tiny-moe", dp_size=dp_size, moe_backend=backend, page_size=4, num_kv_pages=64
+        model=model, dp_size=dp_size, moe_backend=backend, page_size=4, num_kv_pages=64
     )
 
 
@@ -78,13 +82,14 @@ def run_rounds(runner: ModelRunner, rank: int | None) -> dict[str, list[torch.Te
     return logits
 
 
-def _rank_main(rank: int, port: int, out_dir: str) -> None:
+def _rank_main(rank: int, model: str, port: int, out_dir: str) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep every socket on 127.0.0.1
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        runner = ModelRunner(moe_args(2), rank=rank)
-        assert list(runner.placement.local_experts) == ([0, 1] if rank == 0 else [2, 3])
+        runner = ModelRunner(moe_args(model, 2), rank=rank)
+        half = runner.config.num_experts // 2
+        assert list(runner.placement.local_experts) == list(range(rank * half, (rank + 1) * half))
         torch.save(run_rounds(runner, rank), Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -97,9 +102,18 @@ def free_port() -> int:
 
 
 @pytest.mark.integration
-def test_two_gloo_ranks_equal_one_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", ["tiny-moe", "qwen3_moe", "deepseek_v3"])
+def test_two_gloo_ranks_equal_one_process(tmp_path: Path, model: str) -> None:
+    if model != "tiny-moe":
+        pytest.importorskip("transformers")
+        build_family(model).save_pretrained(tmp_path / model)
+        model = str(tmp_path / model)
     context = mp.start_processes(
-        _rank_main, args=(free_port(), str(tmp_path)), nprocs=2, join=False, start_method="spawn"
+        _rank_main,
+        args=(model, free_port(), str(tmp_path)),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
     )
     deadline = time.monotonic() + TIMEOUT_S
     while not context.join(timeout=1):
@@ -108,7 +122,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path: Path) -> None:
                 process.kill()
             pytest.fail(f"expert-parallel ranks did not finish in {TIMEOUT_S}s (deadlock?)")
 
-    expected = run_rounds(ModelRunner(moe_args(1)), rank=None)
+    expected = run_rounds(ModelRunner(moe_args(model, 1)), rank=None)
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         for name, home in HOME.items():

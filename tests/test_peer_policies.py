@@ -31,10 +31,11 @@ def delayer(skip_first_consumed: bool = True, **config) -> SGLangDelayer:
 
 
 def decisions(policy, rounds: list[list[RankRow]]) -> list[str]:
-    """Each round's vote as ALLOW:<reason> or DELAY/HOLD."""
+    """Each round's group decision as ALLOW:<reason> or DELAY/HOLD (SGLang's ``decide``, the
+    part every rank shares; other policies' votes)."""
     out = []
     for rows in rounds:
-        vote = policy.vote(rows)
+        vote = getattr(policy, "decide", policy.vote)(rows)
         observe(policy, rows)
         out.append(f"ALLOW:{vote.reason}" if vote.open else (vote.reason or "closed").upper())
     return out
@@ -103,6 +104,41 @@ def test_sglang_queue_condition_and_its_time_limit() -> None:
 def test_sglang_delay_lets_resident_chunks_run_but_admits_nothing_new() -> None:
     vote = delayer().vote([sglang_row(1), sglang_row(0)])
     assert not vote.open and vote.permission == CHUNKS_ONLY
+
+
+@pytest.mark.parametrize(
+    ("pf", "rank", "admits"),
+    [
+        pytest.param((0, 0), 0, False, id="fresh-prompt-is-published-first"),
+        pytest.param((1, 1), 1, True, id="published-and-all-prefillable"),
+        pytest.param((1, 1), 0, True, id="published-rank-0"),
+    ],
+)
+def test_sglang_rank_admits_only_what_it_published(pf: tuple, rank: int, admits: bool) -> None:
+    """The group allows ("none" or "no_wait"); a rank whose own row said nothing prefillable
+    does not admit its fresh prompt yet: it publishes it and the group decides next round."""
+    policy = SGLangDelayer(SGLangDelayerConfig(), max_running_requests=8, rank=rank)
+    policy.skip_first = False
+    vote = policy.vote([sglang_row(p) for p in pf])
+    assert vote.reason in ("none", "no_wait")
+    assert vote.open is admits
+    assert vote.permission.allow_chunks
+
+
+def test_sglang_lone_fresh_prompt_is_delayed_as_upstream() -> None:
+    """Rank 0 gets a prompt while the group idles: round 1 it is published (not admitted);
+    from round 2 pf=[1,0] is "mixed" and the delayer holds it up to P passes."""
+    policy = SGLangDelayer(SGLangDelayerConfig(max_delay_passes=3), max_running_requests=8)
+    policy.skip_first = False
+    quiet = [sglang_row(0), sglang_row(0)]
+    published = [sglang_row(1), sglang_row(0)]
+    votes = [policy.vote(rows) for rows in (quiet, published, published, published)]
+    assert [(v.open, v.reason) for v in votes] == [
+        (False, "none"),
+        (False, "delay"),
+        (False, "delay"),
+        (True, "wait_timeout"),
+    ]
 
 
 def test_sglang_outcome_counters_carry_actual_execution() -> None:

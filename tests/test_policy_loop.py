@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from builders import make_args, make_loops, make_request, make_scheduler
+from builders import drive_round, make_args, make_loops, make_request, make_scheduler
 
 from actors.control.request import Request, RequestStatus
 from actors.control.scheduler import Scheduler
@@ -76,6 +76,10 @@ def test_sglang_columns_read_the_scheduler_after_the_plan() -> None:
     (loop,) = make_loops(make_args(1, "sglang-delayer"))
     loop.scheduler.add_request(make_request("a", 6))
     loop.scheduler.add_request(make_request("b", 30))
+    # Round 1 publishes the fresh prompts (prefillable, nothing admitted yet); round 2 plans.
+    (outcome,) = drive_round([loop])
+    first = dict(zip(loop.policy.extra_columns, outcome.rows[0].extras, strict=True))
+    assert first["prefillable"] == 1 and first["running"] == 0 and first["waiting"] == 2
     columns = dict(zip(loop.policy.extra_columns, loop.begin().extras, strict=True))
     # a (6 tokens) and 10 of b's 30 fit the budget of 16: b is resident mid-chunk.
     assert columns["prefillable"] == 1 and columns["running"] == 2 and columns["waiting"] == 0
@@ -113,9 +117,12 @@ def test_group_policies_decide_identically_on_every_rank(policy: str) -> None:
     assert result.unfinished == 0
     per_round = [votes[i : i + 4] for i in range(0, len(votes), 4)]
     assert per_round and len(votes) % 4 == 0
-    # Each group of four is one round: every rank voted once, and all four votes agree.
+    # Each group of four is one round: every rank voted once, and all four votes agree (for
+    # SGLang the group's decision, its reason: a rank that published nothing prefillable
+    # does not admit on an ALLOW, read from its own gathered row).
     assert all(len({who for who, _ in group}) == 4 for group in per_round)
-    assert all(len({v for _, v in group}) == 1 for group in per_round)
+    key = (lambda v: v.reason) if policy == "sglang-delayer" else (lambda v: v)
+    assert all(len({key(v) for _, v in group}) == 1 for group in per_round)
 
 
 @pytest.mark.parametrize("policy", registry.names())

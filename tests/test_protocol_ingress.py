@@ -15,7 +15,7 @@ from ingress_fakes import (
     tokens,
 )
 
-from actors.control.messages import GenerateRequest, Usage
+from actors.control.messages import GenerateChunk, GenerateRequest, Usage
 from actors.control.request import SamplingParams
 from deployment import ingress
 from deployment.choices import usage
@@ -184,3 +184,19 @@ def test_prompts_per_request_are_capped() -> None:
     exc = error_of(lambda: complete(core, prompt=["a", "b", "c", "d"]))
     assert (exc.status, exc.param) == (400, "prompt") and "at most 3" in exc.message
     assert ranks.payloads == []
+
+
+@pytest.mark.parametrize("status", [400, 500])
+def test_a_request_the_rank_failed_alone_gets_its_status_and_the_group_stays_up(status) -> None:
+    def reply(message: GenerateRequest) -> list[Any]:
+        if message.prompt_token_ids[0] == ord("x"):
+            error = GenerateChunk((), "error", Usage(1, 1), "sampling failed: nan", status)
+            return [tokens(65), error]
+        return echo_reply(message)
+
+    core, _ = make_ingress(reply)
+    exc = error_of(lambda: complete(core, prompt="x", max_tokens=3))
+    assert exc.status == status and "sampling failed: nan" in exc.message
+    assert exc.type == ("server_error" if status == 500 else "invalid_request_error")
+    choices, _ = complete(core, prompt="a", max_tokens=3)  # no 503 window: the group is fine
+    assert choices[0].finish_reason == "length"

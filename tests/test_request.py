@@ -20,6 +20,7 @@ def test_status_order_follows_the_lifecycle() -> None:
         RequestStatus.FINISHED_STOPPED,
         RequestStatus.FINISHED_LENGTH,
         RequestStatus.FINISHED_ABORTED,
+        RequestStatus.FINISHED_ERROR,
     ]
     assert list(RequestStatus) == order
     assert sorted(order) == order

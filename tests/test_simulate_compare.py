@@ -93,6 +93,9 @@ def test_a_cost_file_may_set_every_field(tmp_path: Path) -> None:
         "prefill_per_token_ms": 0.02,
         "extend_overhead_ms": 7.0,
         "gather_ms": 0.25,
+        "decode_per_kv_token_ms": 1e-5,
+        "schedule_lag_ms": 40.0,
+        "plan_ahead_rounds": 1,
     }
     path = tmp_path / "costs.json"
     path.write_text(json.dumps(costs))

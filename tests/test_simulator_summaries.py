@@ -76,9 +76,18 @@ def test_summary_counts_add_up(policy: str) -> None:
         summary["output_tokens"] / summary["duration_s"], 3
     )
     assert summary["duration_s"] >= sum(timeline.duration_ms) / 1000 - 1e-9
-    for key in ("ttft_ms", "itl_ms", "e2e_ms"):
-        assert set(summary[key]) == {"p50", "p90", "p99"}
+    for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+        assert set(summary[key]) == {"mean", "p50", "p90", "p99"}
         assert 0 < summary[key]["p50"] <= summary[key]["p90"] <= summary[key]["p99"]
+    # The means are the plain means of what the records hold.
+    e2e = [(r.finish_s - r.arrival_s) * 1000 for r in result.records]
+    assert summary["e2e_ms"]["mean"] == pytest.approx(sum(e2e) / len(e2e), abs=1e-3)
+    assert summary["itl_ms"]["mean"] == pytest.approx(
+        sum(result.itl_ms) / len(result.itl_ms), abs=1e-3
+    )
+    assert summary["requests_per_s"] == pytest.approx(
+        len(arrivals) / summary["duration_s"], abs=1e-3
+    )
     # The admission-wait metric is the largest of the requests' waits.
     waits = [r.admission_wait for r in result.records if r.admission_wait is not None]
     assert summary["max_admission_wait_rounds"] == max(waits, default=None)

@@ -51,10 +51,12 @@ class GenerateChunk:
     """New token ids since the last chunk; ``finish_reason`` is set on the last one.
 
     ``error`` is set (with ``finish_reason`` ``"error"``) when the rank refused or failed this
-    request alone: the client gets a 400 with it, and the group goes on serving.
+    request alone: the client gets ``error_status`` with it (400: the request cannot run
+    here; 500: it failed while running), and the group goes on serving.
     """
 
     token_ids: tuple[int, ...]
     finish_reason: str | None
     usage: Usage
     error: str | None = None
+    error_status: int = 400

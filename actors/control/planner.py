@@ -7,6 +7,7 @@ scheduler's queues and pool, and stamps each prompt's first prefill round.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,8 @@ from gate.permission import ALLOW_ALL, Permission
 if TYPE_CHECKING:
     from actors.control.admission import AdmissionWaits
     from actors.control.prefix_cache import PrefixCache
+
+logger = logging.getLogger("roundgate.scheduler")
 
 # Above this KV occupancy a rank admits no new prompt (and its probe wants no prefill for one).
 PREFILL_WATERMARK = 0.9
@@ -39,13 +42,19 @@ class RoundPlanner:
     num_retractions: int
     _resume_status: dict[str, RequestStatus]
 
+    def fail(self, req: Request, error: str, plan: RoundPlan | None = None) -> None: ...
+
     def _readmit(self, plan: RoundPlan) -> None:
         """Bring retracted requests back (a cache restore: no prefill tokens, gate or not)."""
         while self.retracted and len(self.running) < self.max_batch_size:
             req = self.retracted[0]
             # Room for its cached tokens plus the next one it will write.
-            if self.pool.allocate(req.request_id, req.num_computed_tokens + 1) is None:
-                break
+            try:
+                if self.pool.allocate(req.request_id, req.num_computed_tokens + 1) is None:
+                    break
+            except Exception as exc:
+                self._planning_failed(req, plan, exc)
+                continue
             self.retracted.popleft()
             req.page_ids = self.pool.pages_of(req.request_id)
             req.status = self._resume_status.pop(req.request_id)
@@ -81,11 +90,16 @@ class RoundPlanner:
             # at admission and readmission), so most rounds need no pool call at all.
             need = prompt + len(req.output_token_ids)
             if need > len(req.page_ids) * page_size:
-                while not grow(req.request_id, need):
-                    victim = running[-1]
-                    self._retract(victim, plan)
-                    if victim is req:
-                        break
+                try:
+                    while not grow(req.request_id, need):
+                        victim = running[-1]
+                        self._retract(victim, plan)
+                        if victim is req:
+                            break
+                except Exception as exc:  # it left ``running``: the next one is at ``i``
+                    self._planning_failed(req, plan, exc)
+                    num_running = len(running)
+                    continue
                 num_running = len(running)
                 if req.status is _RETRACTED:
                     break
@@ -114,13 +128,22 @@ class RoundPlanner:
             self.retracted.append(req)
             plan.retracted.append((req, old_pages))
         # A chunk of it already planned this round would now write into freed pages.
+        self._unplan(req, plan)
+        self.num_retractions += 1
+
+    def _unplan(self, req: Request, plan: RoundPlan) -> None:
+        """Take ``req``'s chunks back out of ``plan`` (its computed count with them)."""
         kept = [c for c in plan.chunks if c.request is not req]
         for chunk in plan.chunks:
             if chunk.request is req:
                 req.num_computed_tokens -= chunk.num_tokens
         plan.chunks[:] = kept
         plan._counts = None
-        self.num_retractions += 1
+
+    def _planning_failed(self, req: Request, plan: RoundPlan, exc: Exception) -> None:
+        """A request whose planning raised fails alone; the round goes on without it."""
+        logger.exception("request %s: planning failed; failing it alone", req.request_id)
+        self.fail(req, f"internal error while scheduling the request: {exc}", plan)
 
     def _plan_prefill(self, plan: RoundPlan, budget: int, permission: Permission) -> None:
         """Resident chunks first, then new prompts, within the token budget and the pool."""
@@ -129,7 +152,11 @@ class RoundPlanner:
                 if budget <= 0:
                     return
                 if req.num_computed_tokens < req.num_prompt_tokens:
-                    budget -= self._schedule_chunk(plan, req, budget, may_retract=True)
+                    try:
+                        budget -= self._schedule_chunk(plan, req, budget, may_retract=True)
+                    except Exception as exc:
+                        # It leaves ``running``: the next request waits for the next round.
+                        self._planning_failed(req, plan, exc)
         elif budget <= 0 and self.running:
             return
         if not permission.allow_new:
@@ -140,17 +167,21 @@ class RoundPlanner:
             req = self.waiting[0]
             if req.status is RequestStatus.LOADING:
                 return
-            # Admission starts the prompt on its cached prefix (when prefix caching is on).
-            hit = self.prefix.admit(req)
-            if hit is None:
-                return
-            self.waiting.popleft()
-            req.num_computed_tokens = hit.num_cached_tokens
-            req.page_ids = self.pool.pages_of(req.request_id)
-            req.status = RequestStatus.PREFILLING
-            self.running.append(req)
-            self._partial.add(req)
-            scheduled = self._schedule_chunk(plan, req, budget, may_retract=False)
+            try:
+                # Admission starts the prompt on its cached prefix (when prefix caching is on).
+                hit = self.prefix.admit(req)
+                if hit is None:
+                    return
+                self.waiting.popleft()
+                req.num_computed_tokens = hit.num_cached_tokens
+                req.page_ids = self.pool.pages_of(req.request_id)
+                req.status = RequestStatus.PREFILLING
+                self.running.append(req)
+                self._partial.add(req)
+                scheduled = self._schedule_chunk(plan, req, budget, may_retract=False)
+            except Exception as exc:
+                self._planning_failed(req, plan, exc)
+                continue
             if scheduled == 0:
                 # Admitted but no page to start on: back to the head of the queue.
                 self.running.pop()

@@ -16,7 +16,8 @@ class RequestStatus(enum.IntEnum):
     RETRACTED = 4  # pages taken back under KV pressure; KV parked off-device until readmitted
     FINISHED_STOPPED = 5  # hit a stop token
     FINISHED_LENGTH = 6  # hit max_tokens or the context length
-    FINISHED_ABORTED = 7  # cancelled by the client or an error
+    FINISHED_ABORTED = 7  # cancelled by the client
+    FINISHED_ERROR = 8  # failed alone: its planning or its forward/sampling raised (``error``)
 
     @property
     def is_finished(self) -> bool:
@@ -30,6 +31,7 @@ FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -76,6 +78,8 @@ class Request:
     first_prefill_round: int | None = None
     # Rounds the prompt was held for reasons the gate does not own (pressure or a full batch).
     excused_wait_rounds: int = 0
+    # Why the request failed (status FINISHED_ERROR): a plain sentence for the client.
+    error: str | None = None
     # Content keys of the sequence's full pages, computed as far as needed (prefix caching).
     page_keys: list[bytes] = field(default_factory=list)
     # The prompt never changes after construction, so its length is stored, not recounted:

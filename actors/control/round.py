@@ -128,6 +128,9 @@ class RoundResult:
     # Wall or simulated seconds the forward took (the simulator's clock advances by the
     # group's max of these plus overheads).
     cost_s: float = 0.0
+    # request_id -> why, for requests the executor could not run this round (a bad input or a
+    # sampling failure of that request alone): the scheduler fails just those requests.
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

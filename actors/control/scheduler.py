@@ -66,6 +66,7 @@ class Scheduler(RoundPlanner):
         self.round = 0
         self.num_retractions = 0
         self.num_aborts = 0
+        self.num_failures = 0  # requests failed alone (``fail``)
         # Rounds each prompt waited for the gate (the admission-wait metric).
         self.waits = AdmissionWaits()
         self._pending_aborts: deque[str] = deque()
@@ -205,20 +206,36 @@ class Scheduler(RoundPlanner):
             req = self.requests.get(self._pending_aborts.popleft())
             if req is None or req.is_finished:
                 continue
-            if req in self.retracted:
-                # Its KV is parked off-device: the executor must let go of it too.
-                self.aborted_parked_ids.append(req.request_id)
-            for queue in (self.waiting, self.running, self.retracted):
-                if req in queue:
-                    queue.remove(req)
-            self._partial.discard(req)
-            self.pool.free(req.request_id)
-            self._resume_status.pop(req.request_id, None)
-            self.waits.forget(req)
-            req.status = RequestStatus.FINISHED_ABORTED
             self.num_aborts += 1
-            self._finish(req)
-            self._aborted_events.append(TokenEvent(req, None, True))
+            self._drop(req, RequestStatus.FINISHED_ABORTED)
+
+    def fail(self, req: Request, error: str, plan: RoundPlan | None = None) -> None:
+        """Finish ``req`` alone with ``error`` (its planning or its forward raised); the
+        rank's other requests and the group carry on. Its chunks leave ``plan``."""
+        if req.is_finished:
+            return
+        if plan is not None and any(c.request is req for c in plan.chunks):
+            self._unplan(req, plan)
+        req.error = error
+        self.num_failures += 1
+        self._drop(req, RequestStatus.FINISHED_ERROR)
+
+    def _drop(self, req: Request, status: RequestStatus) -> None:
+        """Take ``req`` out of every queue and the pool, finished with ``status``; its
+        event goes out with the next update."""
+        if req in self.retracted:
+            # Its KV is parked off-device: the executor must let go of it too.
+            self.aborted_parked_ids.append(req.request_id)
+        for queue in (self.waiting, self.running, self.retracted):
+            if req in queue:
+                queue.remove(req)
+        self._partial.discard(req)
+        self.pool.free(req.request_id)
+        self._resume_status.pop(req.request_id, None)
+        self.waits.forget(req)
+        req.status = status
+        self._finish(req)
+        self._aborted_events.append(TokenEvent(req, None, True))
 
     def _account_excused_wait(self) -> None:
         if self.waiting and (
@@ -232,6 +249,11 @@ class Scheduler(RoundPlanner):
         """Append sampled tokens, finish requests and free their pages."""
         if not plan.chunks and not self._aborted_events:
             return []
+        if result.failed:
+            for request_id, error in result.failed.items():
+                req = self.requests.get(request_id)
+                if req is not None:
+                    self.fail(req, error)
         events, self._aborted_events = self._aborted_events, []
         if self.prefix.enabled:
             self.prefix.keep_computed(plan)  # before finished requests let go of their pages

@@ -1,27 +1,34 @@
-"""The shape of a model: one frozen dataclass, presets, and the HF ``config.json`` reader."""
+"""The shape of a model: one frozen dataclass, presets, and the HF ``config.json`` entry point.
+
+The per-architecture readers live in ``actors/model/families/`` (one module per family); this
+module holds only what every family shares, so the runner, the KV pool sizing and the loader
+read one dataclass whatever the checkpoint.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from actors.model.config_parts import MLAConfig, RopeScaling, RouterConfig
 
 # Byte-level tokenizer ids used by the presets (see actors/model/tokenizer.py): 0..255 are bytes.
 BYTE_BOS_ID = 256
 BYTE_EOS_ID = 257
-
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MixtralForCausalLM": "mixtral"}
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Everything the model, the KV cache and the loader need to know about a model.
 
-    ``num_experts == 0`` is a dense Llama; otherwise every layer's MLP is a Mixtral-style
-    sparse block of ``num_experts`` experts of width ``moe_intermediate_size``, ``top_k``
-    routed per token.
+    ``num_experts == 0`` is dense; otherwise every layer not in ``dense_layers`` has a sparse
+    block of ``num_experts`` experts of width ``moe_intermediate_size`` (``top_k`` routed per
+    token by ``router``), plus an always-on shared expert of width
+    ``shared_expert_intermediate_size`` when that is set (scaled by a sigmoid gate when
+    ``shared_expert_gate``). ``mla`` set means DeepSeek latent attention instead of GQA.
     """
 
     vocab_size: int
@@ -42,8 +49,23 @@ class ModelConfig:
     mlp_bias: bool = False
     bos_token_id: int | None = BYTE_BOS_ID
     eos_token_ids: tuple[int, ...] = (BYTE_EOS_ID,)
+    # "" = derived: LlamaForCausalLM, or MixtralForCausalLM with experts.
+    architecture: str = ""
+    qkv_bias: bool = False  # q/k/v biases without an o_proj bias (Qwen2)
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    dense_layers: tuple[int, ...] = ()
+    mla: MLAConfig | None = None
+    # FP8 block-scaled checkpoint (quant_method fp8): the [rows, cols] block of one scale.
+    weight_block_size: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
+        if not self.architecture:
+            name = "MixtralForCausalLM" if self.num_experts else "LlamaForCausalLM"
+            object.__setattr__(self, "architecture", name)
         for name in (
             "vocab_size",
             "hidden_size",
@@ -60,8 +82,8 @@ class ModelConfig:
                 f"model config: num_heads ({self.num_heads}) must be a multiple of "
                 f"num_kv_heads ({self.num_kv_heads})"
             )
-        if self.head_dim % 2:
-            raise ValueError(f"model config: head_dim must be even for RoPE, got {self.head_dim}")
+        if self.rope_dim % 2:
+            raise ValueError(f"model config: the RoPE dimension must be even, got {self.rope_dim}")
         if self.num_experts:
             if not 1 <= self.top_k <= self.num_experts:
                 raise ValueError(
@@ -70,17 +92,32 @@ class ModelConfig:
                 )
             if self.moe_intermediate_size < 1:
                 raise ValueError("model config: moe_intermediate_size must be >= 1 for MoE")
-        elif self.intermediate_size < 1:
-            raise ValueError("model config: intermediate_size must be >= 1 for a dense model")
+            if self.num_experts % self.router.n_group:
+                raise ValueError(
+                    f"model config: n_group ({self.router.n_group}) must divide the "
+                    f"{self.num_experts} experts"
+                )
+            if self.top_k > self.router.topk_group * (self.num_experts // self.router.n_group):
+                raise ValueError("model config: top_k exceeds the experts of topk_group groups")
+        bad = [i for i in self.dense_layers if not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(f"model config: dense layer {bad[0]} is not a layer index")
+        has_dense = any(not self.is_moe_layer(i) for i in range(self.num_layers))
+        if has_dense and self.intermediate_size < 1:
+            raise ValueError("model config: intermediate_size must be >= 1 for a dense MLP")
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is the sparse block (else the dense SwiGLU)."""
+        return self.is_moe and layer not in self.dense_layers
+
     @property
-    def architecture(self) -> str:
-        """The HF architecture name this config reads from and writes to."""
-        return "MixtralForCausalLM" if self.is_moe else "LlamaForCausalLM"
+    def rope_dim(self) -> int:
+        """The rotated width of a head: all of it, or MLA's RoPE part."""
+        return self.mla.qk_rope_head_dim if self.mla else self.head_dim
 
     @property
     def q_size(self) -> int:
@@ -90,8 +127,20 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def kv_bytes_per_token(self, element_size: int) -> int:
+        """KV-cache bytes one token costs on one rank, every layer together.
+
+        MLA caches its latent and RoPE key (``kv_lora_rank + qk_rope_head_dim`` values a
+        layer); GQA caches K and V of every KV head (``2 * num_kv_heads * head_dim``).
+        """
+        width = self.mla.latent_width if self.mla else 2 * self.kv_size
+        return width * self.num_layers * element_size
+
     def to_hf_dict(self) -> dict[str, Any]:
-        """A ``config.json`` body that transformers (and ``from_hf_dict``) read back equal."""
+        """A Llama/Mixtral ``config.json`` body that transformers (and ``from_hf_dict``) read
+        back equal (the presets are written this way)."""
+        if self.architecture not in ("LlamaForCausalLM", "MixtralForCausalLM"):
+            raise ValueError(f"to_hf_dict writes Llama/Mixtral configs, not {self.architecture}")
         body: dict[str, Any] = {
             "architectures": [self.architecture],
             "model_type": "mixtral" if self.is_moe else "llama",
@@ -124,51 +173,11 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, body: dict[str, Any], source: str = "config.json") -> ModelConfig:
-        """Read a transformers ``config.json`` body; ``ValueError`` names ``source`` and field."""
-        reader = _FieldReader(body, source)
-        archs = reader.get("architectures", list)
-        known = [a for a in archs if a in ARCHITECTURES]
-        if not known:
-            raise ValueError(
-                f"{source}: architectures {archs} has none of the supported {sorted(ARCHITECTURES)}"
-            )
-        is_moe = ARCHITECTURES[known[0]] == "mixtral"
-        act = reader.get("hidden_act", str, default="silu")
-        if act != "silu":
-            raise ValueError(f"{source}: hidden_act {act!r} is not supported (only 'silu')")
-        if reader.get("sliding_window", object, default=None) is not None:
-            raise ValueError(f"{source}: sliding_window attention is not supported")
-        hidden = reader.get("hidden_size", int)
-        heads = reader.get("num_attention_heads", int)
-        head_dim = reader.get("head_dim", int, default=None) or hidden // heads
-        intermediate = reader.get("intermediate_size", int)
-        eos = reader.get("eos_token_id", object, default=None)
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        kwargs: dict[str, Any] = {
-            "vocab_size": reader.get("vocab_size", int),
-            "hidden_size": hidden,
-            "num_layers": reader.get("num_hidden_layers", int),
-            "num_heads": heads,
-            "num_kv_heads": reader.get("num_key_value_heads", int, default=heads),
-            "head_dim": head_dim,
-            "intermediate_size": 0 if is_moe else intermediate,
-            "rope_theta": _rope_theta(reader, source),
-            "rms_norm_eps": reader.get("rms_norm_eps", float, default=1e-6),
-            "max_position": reader.get("max_position_embeddings", int, default=4096),
-            "tie_word_embeddings": reader.get("tie_word_embeddings", bool, default=False),
-            "attention_bias": reader.get("attention_bias", bool, default=False),
-            "mlp_bias": reader.get("mlp_bias", bool, default=False),
-            "bos_token_id": reader.get("bos_token_id", int, default=None),
-            "eos_token_ids": eos_ids,
-        }
-        if is_moe:
-            kwargs["num_experts"] = reader.get("num_local_experts", int)
-            kwargs["top_k"] = reader.get("num_experts_per_tok", int)
-            kwargs["moe_intermediate_size"] = intermediate
-        try:
-            return cls(**kwargs)
-        except ValueError as exc:
-            raise ValueError(f"{source}: {exc}") from exc
+        """Read a transformers ``config.json`` body; ``ValueError`` names ``source`` and field
+        (an unsupported architecture or config value included)."""
+        from actors.model.families import read_hf_config
+
+        return read_hf_config(body, source)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -190,47 +199,6 @@ def read_json_object(path: Path) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(body).__name__}")
     return body
-
-
-class _FieldReader:
-    """Typed access to a config body, with errors naming the file and the field."""
-
-    _MISSING = object()
-
-    def __init__(self, body: dict[str, Any], source: str) -> None:
-        self.body = body
-        self.source = source
-
-    def get(self, name: str, kind: type, default: Any = _MISSING) -> Any:
-        if name not in self.body or self.body[name] is None:
-            if default is self._MISSING:
-                raise ValueError(f"{self.source}: required field {name!r} is missing")
-            return default
-        value = self.body[name]
-        if kind is object:
-            return value
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if (kind is not bool and isinstance(value, bool)) or not isinstance(value, kind):
-            raise ValueError(
-                f"{self.source}: field {name!r} must be {kind.__name__}, got {value!r}"
-            )
-        return value
-
-
-def _rope_theta(reader: _FieldReader, source: str) -> float:
-    """transformers 5 nests RoPE under ``rope_parameters``; 4.x used ``rope_theta``/scaling."""
-    params = reader.get("rope_parameters", dict, default=None)
-    scaling = reader.get("rope_scaling", dict, default=None)
-    for block, name in ((params, "rope_parameters"), (scaling, "rope_scaling")):
-        if block is None:
-            continue
-        kind = block.get("rope_type", block.get("type", "default"))
-        if kind != "default":
-            raise ValueError(f"{source}: {name} type {kind!r} is not supported (only 'default')")
-    if params is not None and "rope_theta" in params:
-        return float(params["rope_theta"])
-    return reader.get("rope_theta", float, default=10000.0)
 
 
 PRESETS: dict[str, ModelConfig] = {

@@ -1,8 +1,10 @@
-"""The building blocks of the decoder: RMSNorm, RoPE, paged GQA attention, SwiGLU, sparse MoE.
+"""The building blocks of the decoder: RMSNorm, paged GQA attention, SwiGLU, and the
+``ForwardContext`` every layer reads. Latent attention lives in ``mla.py``, MoE in ``moe.py``.
 
 Parameters are allocated uninitialised (``torch.empty``): weights always come from a
 loader, so paying for a default init would only slow start-up. Q/K/V and gate/up are
-stored fused (one GEMM each) and split back out of HF checkpoints by the loader.
+stored fused (one GEMM each) and split back out of HF checkpoints by each module's ``load``,
+which reads HF names under a prefix through a ``TensorSource``.
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from actors.model.config import ModelConfig
+from actors.model.rope import RotaryTable, apply_rope
+from actors.model.weights import TensorSource
 from kernels.attention import AttentionBackend, AttentionBatch, PagedKVCache
-from kernels.moe import MoEBackend, run_experts
+from kernels.moe import MoEBackend
+
+__all__ = ["Attention", "DenseMLP", "ForwardContext", "RMSNorm", "RotaryTable", "apply_rope"]
 
 
 @dataclass
@@ -35,14 +41,27 @@ class ForwardContext:
     sin: torch.Tensor
 
 
-def _param(*shape: int) -> nn.Parameter:
+def param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
 
-def _linear(in_features: int, out_features: int, bias: bool) -> nn.Linear:
+def linear(in_features: int, out_features: int, bias: bool) -> nn.Linear:
     """An ``nn.Linear`` without its default init (the loader overwrites every weight)."""
     layer = torch.nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias)
     return layer.requires_grad_(False)
+
+
+def fill(
+    target: torch.Tensor, source: TensorSource, *names: str, rows: tuple[int, ...] = ()
+) -> None:
+    """Copy the HF tensors ``names``, concatenated along dim 0, into ``target``.
+
+    Each part has ``target``'s trailing shape and ``rows`` rows (default: an equal split), so
+    ``source.get`` checks every tensor's shape and a mismatched file names the one at fault.
+    """
+    counts = rows or (target.shape[0] // len(names),) * len(names)
+    parts = [source.get(n, (r, *target.shape[1:])) for n, r in zip(names, counts, strict=True)]
+    target.copy_(parts[0] if len(parts) == 1 else torch.cat(parts))
 
 
 class RMSNorm(nn.Module):
@@ -50,7 +69,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
-        self.weight = _param(size)
+        self.weight = param(size)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -58,35 +77,12 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
 
-class RotaryTable(nn.Module):
-    """Precomputed cos/sin for every position up to ``max_position`` (non-interleaved RoPE)."""
-
-    def __init__(self, head_dim: int, max_position: int, theta: float) -> None:
-        super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        angles = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
-
-    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """``[T, 1, D]`` tables for ``apply_rope`` at ``positions``: ``cat(cos, cos)`` and
-        the sign-folded ``cat(-sin, sin)``, built once per forward for every layer."""
-        cos, sin = self.cos[positions], self.sin[positions]
-        return (
-            torch.cat((cos, cos), dim=-1).unsqueeze(1).to(dtype),
-            torch.cat((-sin, sin), dim=-1).unsqueeze(1).to(dtype),
-        )
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate halves: ``x * cos + cat(x2, x1) * cat(-sin, sin)``, which is bit-for-bit
-    transformers' ``x * cos + rotate_half(x) * sin`` (negating a factor is exact)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((x2, x1), dim=-1) * signed_sin
-
-
 class Attention(nn.Module):
-    """GQA self-attention over the paged KV cache (the backend does the paged part)."""
+    """GQA self-attention over the paged KV cache (the backend does the paged part).
+
+    Optional per family: biases on q/k/v (Qwen2) or on all four projections (Llama's
+    ``attention_bias``), and Qwen3's per-head RMSNorm of q and k ahead of RoPE.
+    """
 
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -95,64 +91,55 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
         qkv = config.q_size + 2 * config.kv_size
-        self.qkv_proj = _linear(config.hidden_size, qkv, config.attention_bias)
-        self.o_proj = _linear(config.q_size, config.hidden_size, config.attention_bias)
+        self.qkv_proj = linear(config.hidden_size, qkv, config.attention_bias or config.qkv_bias)
+        self.o_proj = linear(config.q_size, config.hidden_size, config.attention_bias)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         tokens = x.shape[0]
         heads, kv_heads = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(tokens, heads + 2 * kv_heads, self.head_dim)
+        qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
+        if self.q_norm is not None and self.k_norm is not None:
+            qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
         # RoPE once over q and k together; v passes through untouched.
-        qk = apply_rope(qkv[:, : heads + kv_heads], ctx.cos, ctx.sin)
-        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
+        qk = apply_rope(qk, ctx.cos, ctx.sin)
+        q, k = qk[:, :heads], qk[:, heads:]
         out = ctx.attention.forward(
             self.layer, q, k, v, ctx.cache, ctx.batch, ctx.attention_state, self.scale
         )
         return self.o_proj(out.reshape(tokens, heads * self.head_dim))
 
+    def load(self, source: TensorSource, prefix: str) -> None:
+        names = [f"{prefix}{n}_proj." for n in ("q", "k", "v")]
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        fill(self.qkv_proj.weight, source, *(n + "weight" for n in names), rows=(q, kv, kv))
+        if self.qkv_proj.bias is not None:
+            fill(self.qkv_proj.bias, source, *(n + "bias" for n in names), rows=(q, kv, kv))
+        fill(self.o_proj.weight, source, prefix + "o_proj.weight")
+        if self.o_proj.bias is not None:
+            fill(self.o_proj.bias, source, prefix + "o_proj.bias")
+        if self.q_norm is not None and self.k_norm is not None:
+            fill(self.q_norm.weight, source, prefix + "q_norm.weight")
+            fill(self.k_norm.weight, source, prefix + "k_norm.weight")
+
 
 class DenseMLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, hidden: int, inter: int, bias: bool = False) -> None:
         super().__init__()
-        inter = config.intermediate_size
-        self.gate_up_proj = _linear(config.hidden_size, 2 * inter, config.mlp_bias)
-        self.down_proj = _linear(inter, config.hidden_size, config.mlp_bias)
+        self.gate_up_proj = linear(hidden, 2 * inter, bias)
+        self.down_proj = linear(inter, hidden, bias)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext | None = None) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
-
-class SparseMoE(nn.Module):
-    """Mixtral's block: softmax router, top-k, renormalised weights, SwiGLU experts.
-
-    Holds only this rank's experts (``w13``/``w2`` stacked by local expert); the backend in
-    the context moves tokens to whichever rank holds their experts and back.
-    """
-
-    def __init__(self, config: ModelConfig, num_local_experts: int) -> None:
-        super().__init__()
-        hidden, inter = config.hidden_size, config.moe_intermediate_size
-        self.top_k = config.top_k
-        self.gate = _linear(hidden, config.num_experts, bias=False)
-        self.w13 = _param(num_local_experts, 2 * inter, hidden)  # gate (w1) then up (w3)
-        self.w2 = _param(num_local_experts, hidden, inter)
-
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(topk_weights, topk_ids)``: softmax in float32, top-k, renormalised to sum 1."""
-        probs = torch.softmax(self.gate(x).float(), dim=-1)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        return weights / weights.sum(dim=-1, keepdim=True), ids
-
-    def forward(self, x: torch.Tensor, ctx: ForwardContext | None = None) -> torch.Tensor:
-        return self.run(x, ctx.moe if ctx else None, ctx.low_latency if ctx else False)
-
-    def run(self, x: torch.Tensor, moe: MoEBackend | None, low_latency: bool) -> torch.Tensor:
-        if moe is None:
-            raise ValueError("a MoE layer needs an MoE backend in the forward context")
-        weights, ids = self.route(x)
-        dispatched = moe.dispatch(x, ids, weights, low_latency=low_latency)
-        out = run_experts(dispatched.hidden, dispatched.counts, self.w13, self.w2)
-        return moe.combine(out, dispatched)
+    def load(self, source: TensorSource, prefix: str) -> None:
+        kinds = ("weight", "bias") if self.down_proj.bias is not None else ("weight",)
+        for kind in kinds:
+            gate_up = getattr(self.gate_up_proj, kind)
+            fill(gate_up, source, f"{prefix}gate_proj.{kind}", f"{prefix}up_proj.{kind}")
+            fill(getattr(self.down_proj, kind), source, f"{prefix}down_proj.{kind}")

@@ -13,6 +13,7 @@ The runner never mutates requests: the scheduler applies the ``RoundResult``.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -21,15 +22,18 @@ import torch
 import torch.distributed as dist
 
 from actors.control.request import Request
-from actors.control.round import RoundPlan, RoundResult
+from actors.control.round import RoundPlan, RoundResult, ScheduledChunk
+from actors.model.decoder import build_model
+from actors.model.kv_cache import allocate_cache, select_backend
 from actors.model.layers import ForwardContext
-from actors.model.llama import build_model
 from actors.model.sampling import sample_tokens
 from actors.model.weights import open_source
 from actors.server_args import ServerArgs
 from gate import RankRow, RoundView, read_rows
-from kernels.attention import PagedKVCache, build_attention_batch, select_attention_backend
+from kernels.attention import build_attention_batch
 from kernels.moe import ExpertPlacement, select_moe_backend
+
+logger = logging.getLogger("roundgate.runner")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -68,14 +72,7 @@ class ModelRunner:
             self.dtype,
             self.device,
         )
-        self.attention = select_attention_backend(
-            args.attention_backend,
-            self.device,
-            num_heads=config.num_heads,
-            num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim,
-            dtype=self.dtype,
-        )
+        self.attention = select_backend(args, config, self.device, self.dtype)
         self.moe = (
             select_moe_backend(
                 args.moe_backend,
@@ -88,15 +85,7 @@ class ModelRunner:
             if config.is_moe
             else None
         )
-        self.cache = PagedKVCache.allocate(
-            config.num_layers,
-            args.num_kv_pages,
-            args.page_size,
-            config.num_kv_heads,
-            config.head_dim,
-            self.dtype,
-            self.device,
-        )
+        self.cache = allocate_cache(args, config, self.dtype, self.device)
         # Unseeded sampling: one stream per rank, reproducible from --seed.
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed + rank)
         # request id -> host copy of its KV pages while it is retracted.
@@ -118,33 +107,66 @@ class ModelRunner:
             view = read_rows(rows) if rows else None
         low_latency = view.low_latency if view is not None else plan.num_extends == 0
         sampled: dict[str, int] = {}
-        if plan.chunks:
-            logits = self.forward(plan, low_latency)
-            picks = [i for i, c in enumerate(plan.chunks) if c.samples]
+        failed = self._unrunnable(plan.chunks)
+        chunks = [c for c in plan.chunks if c.request.request_id not in failed]
+        if chunks:
+            logits = self.forward(chunks, low_latency)
+            picks = [i for i, c in enumerate(chunks) if c.samples]
             if picks:
-                requests = [plan.chunks[i].request for i in picks]
-                tokens = sample_tokens(
-                    logits[picks],
-                    [r.sampling for r in requests],
-                    [r.num_output_tokens for r in requests],
-                    self.generator,
-                )
-                sampled = {r.request_id: t for r, t in zip(requests, tokens, strict=True)}
+                requests = [chunks[i].request for i in picks]
+                sampled = self._sample(logits[picks], requests, failed)
         else:
             self.idle_forward(low_latency)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return RoundResult(sampled=sampled, cost_s=time.perf_counter() - started)
+        return RoundResult(sampled=sampled, failed=failed, cost_s=time.perf_counter() - started)
+
+    def _unrunnable(self, chunks: Sequence[ScheduledChunk]) -> dict[str, str]:
+        """Requests this round cannot run, with why (the scheduler fails them alone)."""
+        limit = self.max_model_len
+        return {
+            c.request.request_id: f"position {c.end} exceeds the context length {limit}"
+            for c in chunks
+            if c.end > limit
+        }
+
+    def _sample(
+        self, logits: torch.Tensor, requests: list[Request], failed: dict[str, str]
+    ) -> dict[str, int]:
+        """One token per request; a request whose sampling raises fails alone.
+
+        The batch is sampled in one call; only when that raises are the rows sampled one by
+        one, so the bad row is found and the others keep their tokens.
+        """
+        params = [r.sampling for r in requests]
+        indices = [r.num_output_tokens for r in requests]
+        try:
+            tokens = sample_tokens(logits, params, indices, self.generator)
+            return {r.request_id: t for r, t in zip(requests, tokens, strict=True)}
+        except Exception:
+            logger.exception("batched sampling failed; sampling row by row")
+        sampled: dict[str, int] = {}
+        for i, req in enumerate(requests):
+            try:
+                row = logits[i : i + 1]
+                sampled[req.request_id] = sample_tokens(
+                    row, params[i : i + 1], indices[i : i + 1], self.generator
+                )[0]
+            except Exception as exc:
+                failed[req.request_id] = f"sampling failed: {exc}"
+        return sampled
 
     # -- forward ----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def forward(self, plan: RoundPlan, low_latency: bool | None = None) -> torch.Tensor:
-        """Float32 logits at the last position of every chunk, ``[len(plan.chunks), vocab]``.
+    def forward(
+        self, work: RoundPlan | Sequence[ScheduledChunk], low_latency: bool | None = None
+    ) -> torch.Tensor:
+        """Float32 logits at the last position of every chunk, ``[len(chunks), vocab]``.
 
         Writes the chunks' K/V into the cache, exactly as ``execute`` does.
         """
-        chunks = plan.chunks
+        chunks = work.chunks if isinstance(work, RoundPlan) else work
         too_long = [c for c in chunks if c.end > self.max_model_len]
         if too_long:
             c = too_long[0]
@@ -152,6 +174,7 @@ class ModelRunner:
                 f"request {c.request.request_id}: position {c.end} exceeds the context "
                 f"length {self.max_model_len}"
             )
+        num_extends = sum(1 for c in chunks if c.is_prefill)
         token_ids: list[int] = []
         for c in chunks:
             token_ids += c.token_ids
@@ -169,7 +192,7 @@ class ModelRunner:
             batch=batch,
             cache=self.cache,
             moe=self.moe,
-            low_latency=plan.num_extends == 0 if low_latency is None else low_latency,
+            low_latency=num_extends == 0 if low_latency is None else low_latency,
             cos=cos,
             sin=sin,
         )

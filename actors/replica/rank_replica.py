@@ -170,6 +170,10 @@ class RankReplica:
                         finished, reason = True, item.request.finish_reason
                 if finished or len(tokens) >= self.args.stream_interval:
                     usage = Usage(request.num_prompt_tokens, request.num_output_tokens)
+                    if request.error is not None:  # failed alone: the group is fine
+                        finished = True
+                        yield GenerateChunk(tuple(tokens), "error", usage, request.error, 500)
+                        return
                     yield GenerateChunk(tuple(tokens), reason, usage)
                     tokens = []
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from deployment.sim.options import (
@@ -14,9 +15,11 @@ from deployment.sim.options import (
     check_arrivals,
     make_router,
     prepare,
+    resolve_costs,
 )
 from deployment.sim.report import format_table, ratios_to, summarize, write_plots
 from deployment.sim.round_costs import PRESETS, RoundCosts
+from deployment.sim.scenarios import SCENARIOS, format_rows, replay
 from deployment.sim.sessions import SESSION_WORKLOADS
 from deployment.sim.simulator import GroupSimulator, SimResult
 from deployment.sim.workload import ARRIVALS, LENGTH_DISTS, ROUTERS, WORKLOADS
@@ -103,6 +106,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_common_args(p)
     add_policy_args(p)
+    p.add_argument(
+        "--scenario",
+        default=None,
+        help="replay a published measurement on its own setup and print published vs "
+        f"simulated ({', '.join(SCENARIOS)}); --costs overrides its preset",
+    )
     g = p.add_argument_group("output")
     g.add_argument("--max-rounds", type=int, default=None, help="stop after this many rounds")
     g.add_argument("--json", type=Path, default=None, help="write the metrics here")
@@ -145,7 +154,37 @@ def simulate_policy(
     return result
 
 
+def run_scenario(ns: argparse.Namespace) -> int:
+    """``--scenario NAME``: every arm of a published measurement, with each figure's error."""
+    if ns.scenario not in SCENARIOS:
+        ns.parser.error(f"--scenario must be one of {', '.join(SCENARIOS)}, got {ns.scenario!r}")
+    scenario = SCENARIOS[ns.scenario]
+    costs = None
+    if ns.costs != "toy" or any(getattr(ns, n, None) is not None for n in COST_FLAGS):
+        try:
+            costs = resolve_costs(ns)
+        except ValueError as exc:
+            ns.parser.error(str(exc))
+    rows, summaries = replay(ns.scenario, costs, seed=ns.seed)
+    print(f"{ns.scenario}: {scenario.source}; costs {ns.costs if costs else scenario.costs}")
+    print(format_rows(rows))
+    if ns.json is not None:
+        report = {
+            "scenario": ns.scenario,
+            "source": scenario.source,
+            "figures": [
+                {**asdict(r), "error": r.error, "within_tolerance": r.within} for r in rows
+            ],
+            "results": summaries,
+        }
+        ns.json.parent.mkdir(parents=True, exist_ok=True)
+        ns.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
 def run(ns: argparse.Namespace) -> int:
+    if getattr(ns, "scenario", None) is not None:
+        return run_scenario(ns)
     try:
         setup = prepare(ns)
         arrivals = arrivals_of(ns, setup)

@@ -29,5 +29,10 @@ class CostExecutor:
             if start + num_tokens >= req.num_prompt_tokens + len(req.output_token_ids)
         }
         size, extends, prefill_tokens, _ = plan.counts()
-        cost_ms = self.costs.rank_ms(size - extends, prefill_tokens)
+        costs = self.costs
+        kv_tokens = 0
+        if costs.decode_per_kv_token_ms:
+            # A decode at position ``start`` attends over ``start`` cached tokens.
+            kv_tokens = sum(c[1] for c in plan.chunks if not c[3])
+        cost_ms = costs.rank_ms(size - extends, prefill_tokens, kv_tokens)
         return RoundResult(sampled, cost_ms / 1000.0)

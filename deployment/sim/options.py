@@ -13,18 +13,12 @@ from typing import Any
 
 from actors.server_args import ServerArgs
 from deployment.cache_aware import CacheAwareConfig
-from deployment.sim.round_costs import RoundCosts, load_costs
+from deployment.sim.round_costs import COST_FIELDS, RoundCosts, load_costs
 from deployment.sim.sessions import SESSION_WORKLOADS, SessionSpec, first_turns, max_prompt_tokens
 from deployment.sim.workload import WORKLOADS, Arrival, Router, WorkloadSpec, generate
 from gate import registry
 
-COST_FLAGS = (
-    "decode_base_ms",
-    "decode_per_seq_ms",
-    "prefill_per_token_ms",
-    "extend_overhead_ms",
-    "gather_ms",
-)
+COST_FLAGS = COST_FIELDS
 # Without --workload (or where it leaves them open), the lengths the simulator always used.
 BASE_LENGTHS = {"input_len": 1000, "output_len": 200, "length_dist": "fixed"}
 
@@ -62,7 +56,10 @@ def resolve_costs(ns: argparse.Namespace) -> RoundCosts:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
     if overrides:
         values = {n: getattr(costs, n) for n in COST_FLAGS} | overrides
-        costs = RoundCosts(**values)
+        try:
+            costs = RoundCosts(**values)
+        except ValueError as exc:
+            raise ValueError(f"--{str(exc).split()[1].replace('_', '-')}: {exc}") from exc
     return costs
 
 

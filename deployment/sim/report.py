@@ -22,6 +22,22 @@ def percentiles(values: Sequence[float] | np.ndarray) -> dict[str, float | None]
     return {f"p{p}": round(float(np.percentile(data, p)), 4) for p in PERCENTILES}
 
 
+def distribution(values: Sequence[float] | np.ndarray) -> dict[str, float | None]:
+    """mean, p50, p90 and p99 (what serving benchmarks publish), ``None`` when empty."""
+    data = np.asarray(values, dtype=float)
+    mean = round(float(data.mean()), 4) if data.size else None
+    return {"mean": mean, **percentiles(data)}
+
+
+def tpots_ms(result: SimResult) -> list[float]:
+    """Each request's time per output token after the first (vLLM's TPOT; needs >= 2)."""
+    return [
+        (r.last_token_s - r.first_token_s) * 1000 / (r.num_output - 1)
+        for r in result.records
+        if r.num_output > 1 and r.first_token_s is not None and r.last_token_s is not None
+    ]
+
+
 def summarize(result: SimResult) -> dict[str, Any]:
     """The metrics of one run, JSON-ready and deterministic for a seeded workload."""
     recs = result.records
@@ -49,9 +65,11 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "output_tokens_per_s": round(output_tokens / result.duration_s, 3)
         if result.duration_s
         else 0.0,
-        "ttft_ms": percentiles(ttft),
-        "itl_ms": percentiles(result.itl_ms),
-        "e2e_ms": percentiles(e2e),
+        "requests_per_s": round(len(e2e) / result.duration_s, 4) if result.duration_s else 0.0,
+        "ttft_ms": distribution(ttft),
+        "itl_ms": distribution(result.itl_ms),
+        "tpot_ms": distribution(tpots_ms(result)),
+        "e2e_ms": distribution(e2e),
         "max_admission_wait_rounds": max(waits, default=None),
         # Prompt tokens whose K/V came from a rank's prefix cache, over all prompt tokens.
         "prefix_hit_rate": round(result.prefix_hits / result.prefix_queries, 4)

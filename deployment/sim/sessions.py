@@ -13,10 +13,13 @@ tokens per request, most of the prompt being context carried over from earlier t
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from actors.control.request import Request
+from deployment.sim.arrivals import INF, ClosedLoop, OpenLoop
 from deployment.sim.workload import Arrival
 
 
@@ -144,3 +147,50 @@ def max_prompt_tokens(session: Session) -> int:
 def first_turns(spec: SessionSpec) -> list[Arrival]:
     """The arrivals a run starts from: each session's first turn (the rest follow)."""
     return [session.first_turn() for session in make_sessions(spec)]
+
+
+class SessionLoop:
+    """Sessions as an arrival source: the first turns as listed, each later turn sent
+    ``think_s`` after its previous turn finished (the simulator's ``finished`` call)."""
+
+    def __init__(self, first_turns: Sequence[Arrival]) -> None:
+        self._ready = [(a.time_s, i, a) for i, a in enumerate(first_turns)]
+        heapq.heapify(self._ready)
+        self._order = len(self._ready)  # tie-breaker for the heap
+        self._sent = 0
+        self._in_flight: dict[str, Arrival] = {}  # request id -> its turn
+
+    @property
+    def next_send_s(self) -> float:
+        return self._ready[0][0] if self._ready else INF
+
+    @property
+    def exhausted(self) -> bool:
+        return not self._ready and not self._in_flight
+
+    def pop(self) -> tuple[int, Arrival]:
+        _, _, arrival = heapq.heappop(self._ready)
+        index = self._sent
+        self._sent += 1
+        self._in_flight[f"req-{index}"] = arrival  # the simulator's request id
+        return index, arrival
+
+    def finished(self, now_s: float, request: Request | None = None) -> None:
+        arrival = self._in_flight.pop(request.request_id, None) if request else None
+        if arrival is None or arrival.session is None:
+            return
+        follow = arrival.session.next_turn(arrival, now_s, request.output_token_ids)
+        if follow is not None:
+            heapq.heappush(self._ready, (follow.time_s, self._order, follow))
+            self._order += 1
+
+
+def arrival_source(
+    arrivals: Sequence[Arrival], concurrency: int | None
+) -> OpenLoop | ClosedLoop | SessionLoop:
+    """Closed-loop clients (``concurrency``), sessions (turns carry one), or the list."""
+    if concurrency is not None:
+        return ClosedLoop(arrivals, concurrency)
+    if any(a.session is not None for a in arrivals):
+        return SessionLoop(arrivals)
+    return OpenLoop(arrivals)

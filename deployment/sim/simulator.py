@@ -8,8 +8,8 @@ simulator measures is the code the engine runs.
 
 from __future__ import annotations
 
-import heapq
 from array import array
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -18,8 +18,10 @@ from actors.control.request import Request, SamplingParams
 from actors.control.round import RoundKind
 from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
+from deployment.sim.arrivals import OpenLoop
 from deployment.sim.cost_executor import CostExecutor
 from deployment.sim.round_costs import RoundCosts
+from deployment.sim.sessions import arrival_source
 from deployment.sim.workload import Arrival, Router
 from gate import read_rows
 
@@ -107,29 +109,36 @@ class GroupSimulator:
             for rank in range(args.dp_size)
         ]
         self._vocab = args.model_config.vocab_size
-        # Later turns of sessions, by arrival time: built when the previous turn finishes.
-        self._follow_ups: list[tuple[float, int, Arrival]] = []
-        self._arrivals: dict[str, Arrival] = {}
+        self._in_flight = [0] * args.dp_size
+        self._pending: deque[tuple[float, int, int, Arrival]] = deque()
 
     def _now(self) -> float:
         return self.clock
 
-    def _prompt(self, index: int, length: int) -> list[int]:
-        # Distinct filler per request (its index in base vocab-1, then ones), so that with
-        # prefix caching on, unrelated prompts never share a page.
+    def _prompt(self, index: int, arrival: Arrival) -> list[int]:
+        """A session turn's own tokens, else filler distinct per request (its index in base
+        vocab-1, then ones), so that unrelated prompts never share a cached page."""
+        if arrival.token_ids is not None:
+            return list(arrival.token_ids)
         head = []
         while index or not head:
             index, digit = divmod(index, self._vocab - 1)
             head.append(digit + 1)
-        return (head + [1] * length)[:length]
+        return (head + [1] * arrival.prompt_tokens)[: arrival.prompt_tokens]
 
     def run(
         self,
         arrivals: Sequence[Arrival],
         max_rounds: int | None = None,
         on_round: Callable[[int, int], None] | None = None,
+        concurrency: int | None = None,
     ) -> SimResult:
         """Simulate until every request finishes (or ``max_rounds``).
+
+        ``concurrency`` N turns the arrival list into N closed-loop clients (its lengths, in
+        order; send times come from finishes). A request reaches its rank's scheduler
+        ``schedule_lag_ms`` after it is sent, and with ``plan_ahead_rounds`` k it is first
+        planned in the round that starts k round starts after it became visible.
 
         The loop body runs once per group round: keep per-round work out of it where it can
         be hoisted (it is the simulator's hot path, next to the ranks' own round).
@@ -144,32 +153,48 @@ class GroupSimulator:
         timeline = Timeline() if self.keep_timeline else None
         group_ms = costs.group_ms
         clock = 0.0
-        next_arrival = 0
-        num_arrivals = len(arrivals)
-        follow_ups = self._follow_ups
-        next_time = self._next_time(arrivals, 0)
+        lag_s = costs.schedule_lag_ms / 1000.0
+        source = arrival_source(arrivals, concurrency)
+        closed = not isinstance(source, OpenLoop)
+        # Sent and routed, not yet handed to the rank's scheduler: (visible_s, rank, index,
+        # arrival), in send order (the lag is one constant, so also in visible order).
+        pending: deque[tuple[float, int, int, Arrival]] = deque()
+        self._pending = pending
+        # Start times of the last rounds: a round plans what was visible when the round
+        # ``plan_ahead`` starts earlier began (async scheduling), else at its own start.
+        plan_ahead = int(costs.plan_ahead_rounds)
+        starts = deque([0.0] * (plan_ahead + 1), maxlen=plan_ahead + 1)
+        next_send = source.next_send_s
         rounds = busy = prefill_rounds = decode_rounds = 0
-        finished = admitted = 0
+        finished = 0
+        in_flight = self._in_flight = [0] * dp  # routed, not yet admitted, per rank
         while True:
-            while next_time <= clock:
-                if follow_ups and (
-                    next_arrival >= num_arrivals or follow_ups[0][0] < arrivals[next_arrival].time_s
-                ):
-                    arrival = heapq.heappop(follow_ups)[2]
-                else:
-                    arrival = arrivals[next_arrival]
-                    next_arrival += 1
-                self._admit(arrival, admitted, clock, records)
-                admitted += 1
-                next_time = self._next_time(arrivals, next_arrival)
+            admit_until = starts[0]
+            while True:
+                # Sends and admissions interleave in time order, so a router reading the
+                # ranks' queues sees every request admitted before it was sent.
+                while pending and pending[0][0] <= admit_until:
+                    _, rank, index, arrival = pending.popleft()
+                    in_flight[rank] -= 1
+                    self._admit(arrival, rank, index, records)
+                if next_send > clock:
+                    break
+                index, arrival = source.pop()
+                rank = self._route(arrival, index, arrival.time_s)
+                in_flight[rank] += 1
+                pending.append((arrival.time_s + lag_s, rank, index, arrival))
+                next_send = source.next_send_s
             if not any(s.has_unfinished for s in schedulers):
-                if next_arrival >= num_arrivals and not follow_ups:
+                next_time = min(next_send, pending[0][0] if pending else INF)
+                if next_time == INF:
                     break
                 # A live group would step idle rounds until the next arrival; one idle
-                # observation leaves each policy in the state those rounds would.
+                # observation leaves each policy in the state those rounds would. An idle
+                # engine plans the moment a request arrives: nothing is in flight.
                 for loop in loops:
                     loop.observe_idle()
-                clock = self.clock = next_time
+                clock = self.clock = max(clock, next_time)
+                starts.extend([clock] * (plan_ahead + 1))
                 continue
             if max_rounds is not None and rounds >= max_rounds:
                 break
@@ -189,6 +214,7 @@ class GroupSimulator:
             start = clock
             clock += round_ms / 1000.0
             self.clock = clock
+            starts.append(clock)
             rounds += 1
             for rank, outcome in enumerate(outcomes):
                 for request, token_id, done in outcome.events:
@@ -204,8 +230,9 @@ class GroupSimulator:
                     if done:
                         rec.finish_s = clock
                         finished += 1
-                        if self._follow(request, clock):
-                            next_time = self._next_time(arrivals, next_arrival)
+                        if closed:
+                            source.finished(clock, request)
+                            next_send = source.next_send_s
             if timeline is not None:
                 timeline.start_s.append(start)
                 timeline.duration_ms.append(round_ms)
@@ -231,41 +258,38 @@ class GroupSimulator:
             prefix_hits=sum(s.prefix.num_hits for s in schedulers),
         )
 
-    def _next_time(self, arrivals: Sequence[Arrival], next_arrival: int) -> float:
-        listed = arrivals[next_arrival].time_s if next_arrival < len(arrivals) else INF
-        return min(listed, self._follow_ups[0][0]) if self._follow_ups else listed
-
-    def _follow(self, request: Request, clock: float) -> bool:
-        """Queue a finished session turn's next turn; whether one was queued."""
-        arrival = self._arrivals.pop(request.request_id, None)
-        if arrival is None or arrival.session is None:
-            return False
-        nxt = arrival.session.next_turn(arrival, clock, request.output_token_ids)
-        if nxt is None:
-            return False
-        heapq.heappush(self._follow_ups, (nxt.time_s, id(nxt), nxt))
-        return True
+    def _route(self, arrival: Arrival, index: int, now_s: float) -> int:
+        """The rank a request goes to when it is sent (a trace may pin it)."""
+        if arrival.rank is not None:
+            rank = arrival.rank
+            if not 0 <= rank < self.args.dp_size:
+                raise ValueError(f"trace pins request {index} to rank {rank}, outside dp_size")
+            return rank
+        schedulers = [loop.scheduler for loop in self.loops]
+        if self.router.policy == "vllm-lb":
+            # What the engines report: their queues, plus requests that reached the engine
+            # but wait for the next plan (async scheduling).
+            waiting = [len(s.waiting) for s in schedulers]
+            for visible_s, rank, _, _ in self._pending:
+                if visible_s <= now_s:
+                    waiting[rank] += 1
+            running = [len(s.running) for s in schedulers]
+            return self.router.route_stale(now_s, waiting, running)
+        # The router knows what it sent: a rank's load counts its requests still in flight.
+        in_flight = self._in_flight
+        loads = [len(s.requests) + in_flight[r] for r, s in enumerate(schedulers)]
+        if self.router.policy == "cache-aware":
+            session = None if arrival.session is None else str(arrival.session.session_id)
+            return self.router.route(loads, self._prompt(index, arrival), session)
+        return self.router.route(loads)
 
     def _admit(
-        self, arrival: Arrival, index: int, clock: float, records: dict[str, RequestRecord]
+        self, arrival: Arrival, rank: int, index: int, records: dict[str, RequestRecord]
     ) -> None:
-        loads = [len(loop.scheduler.requests) for loop in self.loops]
-        prompt = (
-            list(arrival.token_ids)
-            if arrival.token_ids is not None
-            else self._prompt(index, arrival.prompt_tokens)
-        )
-        session = None if arrival.session is None else str(arrival.session.session_id)
-        rank = arrival.rank
-        if rank is None:
-            rank = self.router.route(loads, prompt, session)
-        if not 0 <= rank < self.args.dp_size:
-            raise ValueError(f"trace pins request {index} to rank {rank}, outside dp_size")
         request_id = f"req-{index}"
-        request = Request(request_id, prompt, SamplingParams(max_tokens=arrival.output_tokens))
+        sampling = SamplingParams(max_tokens=arrival.output_tokens)
+        request = Request(request_id, self._prompt(index, arrival), sampling)
         self.loops[rank].scheduler.add_request(request)
-        if arrival.session is not None:
-            self._arrivals[request_id] = arrival
         records[request_id] = RequestRecord(
             rank, arrival.time_s, arrival.prompt_tokens, turn=arrival.turn
         )

@@ -16,7 +16,11 @@ if TYPE_CHECKING:
 
 ARRIVALS = ("poisson", "bursty", "trace")
 LENGTH_DISTS = ("fixed", "uniform", "exponential")
-ROUTERS = ("round-robin", "least-loaded", "skewed", "cache-aware")
+ROUTERS = ("round-robin", "least-loaded", "skewed", "vllm-lb", "cache-aware")
+# vLLM's front end refreshes its per-engine (waiting, running) counts from the DP coordinator
+# this often (vllm/v1/engine/core_client.py: "stats updates from the coordinator (which
+# happen every 100ms)"); between refreshes it only adds its own sends to the waiting count.
+VLLM_LB_REFRESH_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -150,7 +154,10 @@ def load_trace(path: Path) -> list[Arrival]:
 
 
 class Router:
-    """Chooses a rank for each arrival: round-robin, least-loaded, or fixed skewed weights."""
+    """Chooses a rank for each arrival: round-robin, least-loaded, fixed skewed weights, or
+    vLLM's internal load balancer (``vllm-lb``: least ``4 x waiting + running`` on counts
+    refreshed every 100 ms, so requests sent since the engines last reported are invisible
+    to it after a refresh), or cache-aware (``deployment.cache_aware``)."""
 
     def __init__(
         self,
@@ -177,6 +184,8 @@ class Router:
         self.weights = list(weights or [])
         self._next = 0
         self._rng = random.Random(seed)
+        self._view: list[list[int]] = [[0, 0] for _ in range(dp_size)]
+        self._next_refresh_s = 0.0
         self.cache_aware = (
             CacheAwarePolicy(cache_aware or CacheAwareConfig()) if policy == "cache-aware" else None
         )
@@ -196,3 +205,15 @@ class Router:
         if self.policy == "least-loaded":
             return min(range(self.dp_size), key=lambda r: (loads[r], r))
         return self._rng.choices(range(self.dp_size), weights=self.weights)[0]
+
+    def route_stale(self, now_s: float, waiting: Sequence[int], running: Sequence[int]) -> int:
+        """``vllm-lb``: route on the last refreshed counts (the engines' ``waiting`` and
+        ``running`` now, read only at a refresh), then count the send locally."""
+        if now_s >= self._next_refresh_s:
+            self._view = [[w, r] for w, r in zip(waiting, running, strict=True)]
+            ticks = int(now_s / VLLM_LB_REFRESH_S) + 1
+            self._next_refresh_s = ticks * VLLM_LB_REFRESH_S
+        view = self._view
+        rank = min(range(self.dp_size), key=lambda r: (4 * view[r][0] + view[r][1], r))
+        view[rank][0] += 1
+        return rank

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from kernels.attention.batch import AttentionBatch, PagedKVCache, build_attention_batch
+from kernels.attention.mla_torch import TorchMLAAttention
 from kernels.attention.torch_ref import TorchAttention
 
 __all__ = [
@@ -21,9 +22,11 @@ __all__ = [
     "AttentionBatch",
     "PagedKVCache",
     "TorchAttention",
+    "TorchMLAAttention",
     "build_attention_batch",
     "resolve_attention_backend",
     "select_attention_backend",
+    "select_latent_attention_backend",
 ]
 
 GPU_BACKENDS = ("flashinfer", "triton")  # "auto" preference order on CUDA
@@ -105,3 +108,17 @@ def select_attention_backend(
 
         return TritonDecodeAttention()
     return TorchAttention()
+
+
+def select_latent_attention_backend(name: str, device: torch.device | str) -> TorchMLAAttention:
+    """The latent-attention (MLA) backend: the torch reference on every device.
+
+    ``auto`` picks it; an explicit GPU backend is refused naming the flag, since only the
+    GQA layout has GPU kernels here (FlashInfer's MLA kernel is not wired in yet).
+    """
+    chosen = resolve_attention_backend(name, device)
+    if name != "auto" and chosen != "torch":
+        raise ValueError(
+            f"--attention-backend {name} has no latent-attention (MLA) kernel here; use torch"
+        )
+    return TorchMLAAttention()

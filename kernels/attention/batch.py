@@ -5,6 +5,10 @@ Cache layout (one pair of tensors per layer, the layout FlashInfer calls NHD)::
     k[layer]: [num_pages, page_size, num_kv_heads, head_dim]    (v[layer] the same)
     slot s = page_id * page_size + offset  ->  k[layer].view(-1, H_kv, D)[s]
 
+Latent layout (MLA): ``k[layer]`` is ``[num_pages, page_size, 1, width]`` (the compressed KV
+and the RoPE key of each token, ``width = kv_lora_rank + qk_rope_head_dim``) and ``v`` is
+empty: per-head K/V are never stored.
+
 Token ``j`` of sequence ``b`` lives in page ``page_table[b][j // page_size]`` at offset
 ``j % page_size``. Page ids come from the rank's ``KVPool``; this module never allocates
 pages, it only addresses them.
@@ -46,9 +50,41 @@ class PagedKVCache:
             page_size=page_size,
         )
 
+    @classmethod
+    def allocate_latent(
+        cls,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        width: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> PagedKVCache:
+        """One ``width``-wide entry per token and layer, no V tensors (MLA's latent)."""
+        shape = (num_pages, page_size, 1, width)
+        return cls(
+            k=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+            v=[],
+            page_size=page_size,
+        )
+
     @property
     def num_pages(self) -> int:
         return self.k[0].shape[0]
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one cached token occupies, every layer and tensor together."""
+        tensors = [*self.k, *self.v]
+        return sum(t[0, 0].numel() * t.element_size() for t in tensors)
+
+    def write_latent(self, layer: int, slots: torch.Tensor, entries: torch.Tensor) -> None:
+        """Store the new tokens' latent entries (``[T, width]``) at their slots."""
+        self.k[layer].view(-1, entries.shape[-1]).index_copy_(0, slots, entries)
+
+    @property
+    def _parts(self) -> list[list[torch.Tensor]]:
+        return [self.k, self.v] if self.v else [self.k]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the new tokens' K/V (``[T, H_kv, D]``) at their slots."""
@@ -57,20 +93,20 @@ class PagedKVCache:
         self.v[layer].view(-1, kv_heads, head_dim).index_copy_(0, slots, v)
 
     def read_pages(self, page_ids: Sequence[int]) -> torch.Tensor:
-        """A host copy of some pages of every layer: ``[2, layers, pages, page_size, H, D]``."""
+        """A host copy of some pages of every layer: ``[parts, layers, pages, page_size, H, D]``
+        (parts: K and V, or the latent alone)."""
         index = torch.tensor(list(page_ids), dtype=torch.long, device=self.k[0].device)
-        k = torch.stack([t.index_select(0, index) for t in self.k])
-        v = torch.stack([t.index_select(0, index) for t in self.v])
-        return torch.stack([k, v]).to("cpu")
+        parts = [torch.stack([t.index_select(0, index) for t in part]) for part in self._parts]
+        return torch.stack(parts).to("cpu")
 
     def write_pages(self, page_ids: Sequence[int], saved: torch.Tensor) -> None:
         """Inverse of ``read_pages``: put a host copy back into (possibly other) pages."""
         device = self.k[0].device
         index = torch.tensor(list(page_ids), dtype=torch.long, device=device)
         saved = saved.to(device)
-        for layer, (k, v) in enumerate(zip(self.k, self.v, strict=True)):
-            k.index_copy_(0, index, saved[0, layer])
-            v.index_copy_(0, index, saved[1, layer])
+        for p, part in enumerate(self._parts):
+            for layer, tensor in enumerate(part):
+                tensor.index_copy_(0, index, saved[p, layer])
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,124 @@
+"""The decoder every family shares: embeddings, pre-norm blocks, final norm, LM head.
+
+A block's attention is GQA (``layers.Attention``) or latent (``mla.MLAttention``); its MLP is
+SwiGLU (``layers.DenseMLP``) or sparse (``moe.SparseMoE``), per layer as the config says.
+Each module loads its own HF-named tensors, so a family differs only in its config reader.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from actors.model.config import ModelConfig
+from actors.model.layers import Attention, DenseMLP, ForwardContext, RMSNorm, fill
+from actors.model.mla import MLAttention
+from actors.model.moe import SparseMoE
+from actors.model.rope import RotaryTable
+from actors.model.weights import TensorSource
+from kernels.moe import ExpertPlacement, MoEBackend
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: ``x + attn(norm(x))`` then ``h + mlp(norm(h))``."""
+
+    def __init__(self, config: ModelConfig, layer: int, num_local_experts: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn: Attention | MLAttention = (
+            MLAttention(config, layer) if config.mla else Attention(config, layer)
+        )
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp: DenseMLP | SparseMoE = (
+            SparseMoE(config, num_local_experts)
+            if config.is_moe_layer(layer)
+            else DenseMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
+        )
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), ctx)
+        return h + self.mlp(self.post_attention_layernorm(h), ctx)
+
+
+class CausalLM(nn.Module):
+    """Token ids in, next-token logits out, for the rows the caller asks for."""
+
+    def __init__(self, config: ModelConfig, placement: ExpertPlacement | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.placement = placement or ExpertPlacement(max(config.num_experts, 1))
+        local = self.placement.num_local_experts if config.is_moe else 0
+        self.embed_tokens = torch.nn.utils.skip_init(
+            nn.Embedding, config.vocab_size, config.hidden_size
+        ).requires_grad_(False)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, local) for i in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = torch.nn.utils.skip_init(
+            nn.Linear, config.hidden_size, config.vocab_size, bias=False
+        ).requires_grad_(False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rotary = rotary_table(config)
+
+    def forward(
+        self, input_ids: torch.Tensor, ctx: ForwardContext, logit_rows: torch.Tensor
+    ) -> torch.Tensor:
+        """Hidden states for every token; logits only at ``logit_rows`` (``[B, vocab]``)."""
+        h = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            h = layer(h, ctx)
+        return self.lm_head(self.norm(h.index_select(0, logit_rows)))
+
+    def idle_forward(self, moe: MoEBackend | None, low_latency: bool) -> None:
+        """Join every MoE layer's collectives with zero tokens (a rank with nothing to run).
+
+        Sparse layers are visited in the same order as a real forward, so the collectives
+        pair up with the busy ranks' ones; dense layers have none.
+        """
+        if not self.config.is_moe or moe is None or not moe.needs_collectives:
+            return
+        empty = self.embed_tokens.weight.new_zeros(0, self.config.hidden_size)
+        for layer in self.layers:
+            if isinstance(layer.mlp, SparseMoE):
+                layer.mlp.run(empty, moe, low_latency)
+
+
+def rotary_table(config: ModelConfig) -> RotaryTable:
+    return RotaryTable(config.rope_dim, config.max_position, config.rope_theta, config.rope_scaling)
+
+
+@torch.no_grad()
+def load_weights(model: CausalLM, source: TensorSource) -> None:
+    """Copy HF-named tensors into the fused layout; only this rank's experts are read."""
+    config = model.config
+    fill(model.embed_tokens.weight, source, "model.embed_tokens.weight")
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        layer.self_attn.load(source, p + "self_attn.")
+        fill(layer.input_layernorm.weight, source, p + "input_layernorm.weight")
+        fill(layer.post_attention_layernorm.weight, source, p + "post_attention_layernorm.weight")
+        if isinstance(layer.mlp, SparseMoE):
+            layer.mlp.load(source, p, model.placement)
+        else:
+            layer.mlp.load(source, p + "mlp.")
+    fill(model.norm.weight, source, "model.norm.weight")
+    if not config.tie_word_embeddings:
+        fill(model.lm_head.weight, source, "lm_head.weight")
+
+
+def build_model(
+    config: ModelConfig,
+    source: TensorSource,
+    placement: ExpertPlacement | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> CausalLM:
+    """Construct on CPU, load, then move once; the RoPE tables are rebuilt in float32 on
+    the device (casting them through bf16 would round the angles)."""
+    model = CausalLM(config, placement)
+    load_weights(model, source)
+    model.to(device=device, dtype=dtype)
+    model.rotary = rotary_table(config).to(device)
+    return model.eval()

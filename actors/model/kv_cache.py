@@ -1,0 +1,78 @@
+"""The rank's KV cache and its attention backend, chosen from the architecture.
+
+GQA models cache K and V per KV head; MLA models cache only their latent (see
+``kernels/attention/batch.py``). ``ModelConfig.kv_bytes_per_token`` is the one formula for
+both, used by ``--kv-cache-memory-gb`` sizing (``ServerArgs``) and checked against the
+allocated tensors here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from actors.model.config import ModelConfig
+from actors.server_args import ServerArgs
+from kernels.attention import (
+    PagedKVCache,
+    select_attention_backend,
+    select_latent_attention_backend,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def select_backend(
+    args: ServerArgs, config: ModelConfig, device: torch.device, dtype: torch.dtype
+) -> Any:
+    """The paged-attention backend for this architecture (latent for MLA)."""
+    if config.mla is not None:
+        return select_latent_attention_backend(args.attention_backend, device)
+    return select_attention_backend(
+        args.attention_backend,
+        device,
+        num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        dtype=dtype,
+    )
+
+
+def allocate_cache(
+    args: ServerArgs, config: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> PagedKVCache:
+    """``args.num_kv_pages`` pages in the architecture's layout; logs what it holds."""
+    if config.mla is not None:
+        cache = PagedKVCache.allocate_latent(
+            config.num_layers,
+            args.num_kv_pages,
+            args.page_size,
+            config.mla.latent_width,
+            dtype,
+            device,
+        )
+    else:
+        cache = PagedKVCache.allocate(
+            config.num_layers,
+            args.num_kv_pages,
+            args.page_size,
+            config.num_kv_heads,
+            config.head_dim,
+            dtype,
+            device,
+        )
+    per_token = config.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
+    if cache.bytes_per_token != per_token:  # the formula ServerArgs sizes the pool with
+        raise RuntimeError(f"KV cache holds {cache.bytes_per_token} B/token, expected {per_token}")
+    tokens = args.num_kv_pages * args.page_size
+    logger.info(
+        "KV cache: %d pages x %d tokens = %d max concurrent tokens, %d B/token, %.3f GiB",
+        args.num_kv_pages,
+        args.page_size,
+        tokens,
+        per_token,
+        tokens * per_token / 2**30,
+    )
+    return cache

@@ -1,0 +1,138 @@
+"""Sparse MoE blocks: the router (softmax or sigmoid scores, greedy or grouped choice) and the
+expert layer with its optional shared expert, over any ``MoEBackend``.
+
+One block, on one rank::
+
+    weights, ids = router(x)                    # [T, k] float32, [T, k] global expert ids
+    rows = backend.dispatch(x, ids, weights)    # the (token, expert) pairs for MY experts
+    out = backend.combine(run_experts(rows))    # one GEMM pair per local expert with rows
+    out += sigmoid(gate(x)) * shared(x)         # Qwen2-MoE; DeepSeek's shared expert ungated
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from actors.model.config import ModelConfig
+from actors.model.layers import DenseMLP, ForwardContext, fill, linear, param
+from actors.model.weights import TensorSource
+from kernels.moe import ExpertPlacement, MoEBackend, run_experts
+
+
+class Router(nn.Module):
+    """Top-k expert choice, exactly as each family's transformers router computes it.
+
+    Logits in float32. Softmax families take the top-k probabilities (renormalised when
+    ``norm_topk_prob``); V2's ``group_limited_greedy`` first keeps the ``topk_group`` groups
+    with the best single expert; V3 chooses on ``sigmoid + e_score_correction_bias`` within the
+    groups whose two best biased scores sum highest, then weighs by the unbiased sigmoid.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config.router
+        self.num_experts, self.top_k = config.num_experts, config.top_k
+        self.weight = param(config.num_experts, config.hidden_size)
+        sigmoid = config.router.scoring == "sigmoid"
+        self.e_score_correction_bias = param(config.num_experts) if sigmoid else None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        logits = F.linear(x.float(), self.weight.float())
+        if self.e_score_correction_bias is not None:
+            scores = logits.sigmoid()
+            choice = scores + self.e_score_correction_bias.float()
+        else:
+            scores = torch.softmax(logits, dim=-1)
+            choice = scores
+        if cfg.is_grouped:
+            groups = choice.view(-1, cfg.n_group, self.num_experts // cfg.n_group)
+            if cfg.topk_method == "noaux_tc":
+                group_scores = groups.topk(2, dim=-1)[0].sum(dim=-1)
+            else:
+                group_scores = groups.max(dim=-1).values
+            best = torch.topk(group_scores, k=cfg.topk_group, dim=-1, sorted=False)[1]
+            keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+            keep = keep.unsqueeze(-1).expand_as(groups).reshape(-1, self.num_experts)
+            masked = float("-inf") if cfg.topk_method == "noaux_tc" else 0.0
+            choice = choice.masked_fill(~keep, masked)
+        if cfg.is_grouped or self.e_score_correction_bias is not None:
+            ids = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]
+            weights = scores.gather(1, ids)
+        else:
+            weights, ids = torch.topk(scores, self.top_k, dim=-1)
+        if cfg.norm_topk_prob:
+            # DeepSeek guards the sum with 1e-20; the softmax families divide plainly.
+            tiny = 1e-20 if cfg.scoring == "sigmoid" or cfg.is_grouped else 0.0
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + tiny)
+        if cfg.routed_scaling_factor != 1.0:
+            weights = weights * cfg.routed_scaling_factor
+        return weights, ids
+
+
+class SparseMoE(nn.Module):
+    """Routed experts (only this rank's, ``w13``/``w2`` stacked by local expert) plus an
+    optional shared expert; the backend moves tokens to whichever rank holds their experts."""
+
+    def __init__(self, config: ModelConfig, num_local_experts: int) -> None:
+        super().__init__()
+        hidden, inter = config.hidden_size, config.moe_intermediate_size
+        self.gate = Router(config)
+        self.w13 = param(num_local_experts, 2 * inter, hidden)  # gate (w1) then up (w3)
+        self.w2 = param(num_local_experts, hidden, inter)
+        shared = config.shared_expert_intermediate_size
+        self.shared = DenseMLP(hidden, shared) if shared else None
+        self.shared_gate = linear(hidden, 1, bias=False) if config.shared_expert_gate else None
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext | None = None) -> torch.Tensor:
+        return self.run(x, ctx.moe if ctx else None, ctx.low_latency if ctx else False)
+
+    def run(self, x: torch.Tensor, moe: MoEBackend | None, low_latency: bool) -> torch.Tensor:
+        if moe is None:
+            raise ValueError("a MoE layer needs an MoE backend in the forward context")
+        weights, ids = self.gate(x)
+        dispatched = moe.dispatch(x, ids, weights, low_latency=low_latency)
+        out = moe.combine(
+            run_experts(dispatched.hidden, dispatched.counts, self.w13, self.w2), dispatched
+        )
+        if self.shared is not None:
+            shared = self.shared(x)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(x)) * shared
+            out = out + shared
+        return out
+
+    def load(self, source: TensorSource, prefix: str, placement: ExpertPlacement) -> None:
+        """Read the router, this rank's experts and the shared expert under ``prefix``.
+
+        Names: Mixtral on disk (``block_sparse_moe.experts.{e}.w1/w3/w2``); Qwen/DeepSeek on
+        disk (``mlp.experts.{e}.gate_proj/up_proj/down_proj``); transformers 5's fused
+        in-memory names (``mlp.experts.gate_up_proj``/``down_proj``).
+        """
+        block = prefix + "mlp."
+        if source.has(prefix + "block_sparse_moe.gate.weight"):
+            block = prefix + "block_sparse_moe."
+        fill(self.gate.weight, source, block + "gate.weight")
+        if self.gate.e_score_correction_bias is not None:
+            fill(self.gate.e_score_correction_bias, source, block + "gate.e_score_correction_bias")
+        experts = list(placement.local_experts)
+        fused = block + "experts.gate_up_proj"
+        if source.has(fused):
+            total = (placement.num_experts, *self.w13.shape[1:])
+            self.w13.copy_(source.get(fused, total)[experts])
+            total = (placement.num_experts, *self.w2.shape[1:])
+            self.w2.copy_(source.get(block + "experts.down_proj", total)[experts])
+        else:
+            legacy = source.has(f"{block}experts.{experts[0]}.w1.weight")
+            gate, up, down = ("w1", "w3", "w2") if legacy else ("gate_proj", "up_proj", "down_proj")
+            for local, expert in enumerate(experts):
+                e = f"{block}experts.{expert}."
+                fill(self.w13[local], source, f"{e}{gate}.weight", f"{e}{up}.weight")
+                fill(self.w2[local], source, f"{e}{down}.weight")
+        if self.shared is not None:
+            gated = self.shared_gate is not None
+            self.shared.load(source, block + ("shared_expert." if gated else "shared_experts."))
+        if self.shared_gate is not None:
+            fill(self.shared_gate.weight, source, block + "shared_expert_gate.weight")

@@ -1,0 +1,79 @@
+"""What bounds CPU decode: one linear layer of the default model at decode batch sizes, in
+float32 and in the reduced-precision kernels PyTorch ships for x86.
+
+    .venv/bin/python benchmarks/bench_cpu_gemm.py [--threads 1] [--batch-sizes 1 8 32]
+
+Shapes are SmolLM2-135M's: the fused gate/up projection (576 -> 3072), down (1536 -> 576)
+and the tied LM head (576 -> 49152, a fifth of the model's bytes). Kernels:
+
+- ``fp32``: ``F.linear`` on float32 weights (what the engine runs);
+- ``bf16``: bfloat16 weights and activations (this CPU has no native bf16: converted);
+- ``int8-weight-only``: ``aten._weight_int8pack_mm`` (int8 weights, float activations);
+- ``int8-dynamic``: fbgemm's ``quantized.linear_dynamic`` (int8 weights per channel,
+  activations quantized per call).
+
+Each weight is a fresh tensor larger than the last-level cache would hold for the LM head;
+the smaller ones stay cache-resident across repeats, so their float32 figures are a best case.
+Prints microseconds per call (median of ``--repeats``) and the ratio to float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {"gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, 49152)}
+
+
+def median_us(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e6
+
+
+def kernels(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    int8 = (weight / scale[:, None]).round().to(torch.int8)
+    zero = torch.zeros(weight.shape[0], dtype=torch.long)
+    qweight = torch.quantize_per_channel(weight, scale.double(), zero, 0, torch.qint8)
+    packed = torch.ops.quantized.linear_prepack(qweight, None)
+    bf16 = weight.to(torch.bfloat16)
+    return {
+        "fp32": lambda x: F.linear(x, weight),
+        "bf16": lambda x: F.linear(x.to(torch.bfloat16), bf16),
+        "int8-weight-only": lambda x: torch.ops.aten._weight_int8pack_mm(x, int8, scale),
+        "int8-dynamic": lambda x: torch.ops.quantized.linear_dynamic(x, packed, True),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if "x86" in torch.backends.quantized.supported_engines:
+        torch.backends.quantized.engine = "x86"
+    print(f"{'layer':8} {'batch':>5} " + " ".join(f"{k:>22}" for k in kernels(torch.ones(2, 2))))
+    for name, (fan_in, fan_out) in SHAPES.items():
+        weight = torch.randn(fan_out, fan_in) * fan_in**-0.5
+        table = kernels(weight)
+        for batch in args.batch_sizes:
+            x = torch.randn(batch, fan_in)
+            times = [median_us(lambda x=x, k=k: k(x), args.repeats) for k in table.values()]
+            cells = [f"{us:>10.0f} us ({us / times[0]:4.2f}x)" for us in times]
+            print(f"{name:8} {batch:>5} " + " ".join(f"{c:>22}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()

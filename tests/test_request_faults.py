@@ -1,0 +1,170 @@
+"""A request whose planning or forward raises fails alone: its stream gets the error, the
+rank's other requests finish exactly as they would have without it, and the loop goes on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from builders import make_args, make_request
+
+import actors.model.runner as runner_module
+from actors.control.engine_core import EngineCore
+from actors.control.kv_pool import KVPool
+from actors.control.request import Request, RequestStatus, SamplingParams
+from actors.control.round import RoundPlan, RoundResult, TokenEvent
+from actors.engine import Engine, RequestsFailed
+from actors.server_args import ServerArgs
+from deployment.sim.cost_executor import CostExecutor
+from deployment.sim.round_costs import TOY
+from gate import RankRow, RoundView
+
+
+def inject_fault(pool: KVPool, owner: str, methods: tuple[str, ...]) -> None:
+    """Make the pool's ``methods`` raise for one owner (a bookkeeping bug in one request);
+    the instance is patched, so the scheduler's prefix cache sees the same faulty pool."""
+    for method in methods:
+        real = getattr(pool, method)
+
+        def faulty(who, *args, real=real, method=method):  # type: ignore[no-untyped-def]
+            if who == owner:
+                raise RuntimeError(f"injected {method} fault")
+            return real(who, *args)
+
+        setattr(pool, method, faulty)
+
+
+# The pool calls that plan a request's pages: admission (plain or on a cached prefix), a
+# prefill chunk's pages, and a decode's next page.
+PLANNING_CALLS = {
+    "admit": ("allocate", "allocate_cached"),
+    "extend": ("extend",),
+    "grow": ("grow",),
+}
+
+
+class EchoExecutor(CostExecutor):
+    """Samples each request's own output count (so outputs show any cross-talk), and fails
+    the requests named in ``fail``."""
+
+    def __init__(self, fail: Sequence[str] = ()) -> None:
+        super().__init__(TOY)
+        self.fail = set(fail)
+
+    def execute(self, plan: RoundPlan, rows: Sequence[RankRow], view: RoundView) -> RoundResult:
+        result = super().execute(plan, rows, view)
+        for chunk in plan.chunks:
+            rid = chunk.request.request_id
+            if rid in self.fail:
+                result.sampled.pop(rid, None)
+                result.failed[rid] = "injected forward fault"
+            elif chunk.samples:
+                result.sampled[rid] = 10 + chunk.request.num_output_tokens
+        return result
+
+
+def run(core: EngineCore, requests: list[Request], rounds: int = 80) -> list[TokenEvent]:
+    events: list[TokenEvent] = []
+    core.on_event = events.append
+    for req in requests:
+        core.submit(req)
+    for _ in range(rounds):
+        if not core.has_local_work:
+            break
+        core.step()
+        core.scheduler.pool.check_integrity()
+    assert not core.has_local_work
+    return events
+
+
+def batch(prefix: str = "") -> list[Request]:
+    return [make_request(f"{prefix}{i}", prompt_len=5 + i, max_tokens=6) for i in range(3)]
+
+
+def outputs_without_fault() -> dict[str, list[int]]:
+    core = EngineCore(make_args(1, "none", num_kv_pages=12), EchoExecutor())
+    reqs = batch()
+    run(core, reqs)
+    return {r.request_id: r.output_token_ids for r in reqs}
+
+
+@pytest.mark.parametrize("step", list(PLANNING_CALLS))
+def test_a_planning_fault_fails_only_that_request(step: str) -> None:
+    expected = outputs_without_fault()
+    core = EngineCore(make_args(1, "none", num_kv_pages=12), EchoExecutor())
+    methods = [m for m in PLANNING_CALLS[step] if hasattr(core.scheduler.pool, m)]
+    inject_fault(core.scheduler.pool, "bad", tuple(methods))
+    reqs = batch()
+    bad = make_request("bad", prompt_len=3, max_tokens=6)
+    events = run(core, [*reqs, bad])
+    assert bad.status is RequestStatus.FINISHED_ERROR
+    assert bad.finish_reason == "error"
+    assert "scheduling" in bad.error and "fault" in bad.error
+    assert [e for e in events if e.request is bad][-1].finished
+    assert {r.request_id: r.output_token_ids for r in reqs} == expected
+    assert core.scheduler.num_failures == 1
+    assert core.scheduler.pool.num_used_pages == 0
+
+
+def test_a_forward_fault_fails_only_that_request() -> None:
+    expected = outputs_without_fault()
+    core = EngineCore(make_args(1, "none", num_kv_pages=12), EchoExecutor(fail=["bad"]))
+    reqs = batch()
+    bad = make_request("bad", prompt_len=3, max_tokens=6)
+    run(core, [*reqs, bad])
+    assert bad.status is RequestStatus.FINISHED_ERROR and bad.error == "injected forward fault"
+    assert {r.request_id: r.output_token_ids for r in reqs} == expected
+    assert core.scheduler.pool.num_used_pages == 0
+
+
+# ---- the real model runner ----------------------------------------------------------------
+
+POISON_SEED = 4242  # the injected sampler below fails any batch holding this seed
+
+
+def poisoned(real):  # type: ignore[no-untyped-def]
+    def sample_tokens(logits, params, indices, generator=None):  # type: ignore[no-untyped-def]
+        if any(p.seed == POISON_SEED for p in params):
+            raise FloatingPointError("injected: probability tensor contains nan")
+        return real(logits, params, indices, generator)
+
+    return sample_tokens
+
+
+def tiny_engine() -> Engine:
+    return Engine(ServerArgs(model="tiny-llama", page_size=4, num_kv_pages=64))
+
+
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
+
+
+def test_a_sampling_fault_fails_only_that_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    greedy = SamplingParams(max_tokens=6)
+    expected = tiny_engine().generate(PROMPTS, greedy)
+    monkeypatch.setattr(runner_module, "sample_tokens", poisoned(runner_module.sample_tokens))
+    engine = tiny_engine()
+    bad = SamplingParams(max_tokens=6, temperature=1.0, seed=POISON_SEED)
+    with pytest.raises(RequestsFailed) as failure:
+        engine.generate([*PROMPTS, [3, 4]], [greedy, greedy, greedy, bad])
+    assert list(failure.value.errors) == [3]
+    assert "sampling failed" in failure.value.errors[3]
+    assert failure.value.outputs[:3] == expected
+    assert failure.value.outputs[3] == []
+    # The engine goes on serving after the failure.
+    assert engine.generate(PROMPTS, greedy) == expected
+
+
+def test_a_chunk_past_the_context_fails_that_request_in_the_runner() -> None:
+    engine = tiny_engine()
+    runner = engine.runner
+    ok = Request("ok", [5, 6, 7], SamplingParams(max_tokens=2))
+    ok.page_ids = [0]
+    past = Request("past", [1] * 4, SamplingParams(max_tokens=2))
+    past.page_ids = [1]
+    from actors.control.round import ScheduledChunk
+
+    far = runner.max_model_len  # a chunk ending beyond the context (the scheduler never plans one)
+    plan = RoundPlan(chunks=[ScheduledChunk(ok, 0, 3, True), ScheduledChunk(past, far, 4, True)])
+    result = runner.execute(plan)
+    assert set(result.sampled) == {"ok"}
+    assert "exceeds the context length" in result.failed["past"]
