@@ -113,17 +113,15 @@ class OpenAIServer:
         if req.stream:
 
             def chunk(d: Any) -> dict[str, Any]:
-                return {
-                    **head,
-                    "choices": [
-                        {
-                            "index": d.index,
-                            "text": d.text,
-                            "logprobs": None,
-                            "finish_reason": d.finish_reason,
-                        }
-                    ],
+                delta = {
+                    "index": d.index,
+                    "text": d.text,
+                    "logprobs": None,
+                    "finish_reason": d.finish_reason,
                 }
+                if req.return_token_ids:  # each chunk's new ids (a session client resends them)
+                    delta["token_ids"] = d.token_ids
+                return {**head, "choices": [delta]}
 
             return _stream(deltas, chunk, head, choices, req)
         await _drain(deltas)
