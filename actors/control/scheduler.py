@@ -207,6 +207,8 @@ class Scheduler(RoundPlanner):
             if req is None or req.is_finished:
                 continue
             self.num_aborts += 1
+            if self.prefix.enabled and req.page_ids:
+                self.prefix.keep_last_page(req)  # what it computed stays reusable
             self._drop(req, RequestStatus.FINISHED_ABORTED)
 
     def fail(self, req: Request, error: str, plan: RoundPlan | None = None) -> None:
@@ -255,8 +257,9 @@ class Scheduler(RoundPlanner):
                 if req is not None:
                     self.fail(req, error)
         events, self._aborted_events = self._aborted_events, []
-        if self.prefix.enabled:
-            self.prefix.keep_computed(plan)  # before finished requests let go of their pages
+        keep = self.prefix.enabled
+        if keep and plan.num_extends:
+            self.prefix.keep_prefilled(plan)
         sampled = result.sampled
         max_len = self.max_sequence_len
         append = events.append
@@ -276,6 +279,8 @@ class Scheduler(RoundPlanner):
             req.status = _DECODING
             finished = append_token(req, token, max_len)
             if finished:
+                if keep:
+                    self.prefix.keep_last_page(req)  # a finished answer's last full page
                 self.running.remove(req)
                 self._partial.discard(req)
                 self.pool.free(req.request_id)
