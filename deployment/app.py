@@ -117,17 +117,15 @@ class OpenAIServer:
                 if echoes is not None and d.index not in echoed:
                     echoed.add(d.index)
                     text = echoes[d.index // req.n] + text  # n choices per prompt
-                return {
-                    **head,
-                    "choices": [
-                        {
-                            "index": d.index,
-                            "text": text,
-                            "logprobs": logprobs(d.token_ids, d.logprobs, d.text_offsets),
-                            "finish_reason": d.finish_reason,
-                        }
-                    ],
+                delta = {
+                    "index": d.index,
+                    "text": text,
+                    "logprobs": logprobs(d.token_ids, d.logprobs, d.text_offsets),
+                    "finish_reason": d.finish_reason,
                 }
+                if req.return_token_ids:  # each chunk's new ids (a session client resends them)
+                    delta["token_ids"] = d.token_ids
+                return {**head, "choices": [delta]}
 
             return stream(deltas, chunk, head, choices, req)
         await drain(deltas)
@@ -182,9 +180,7 @@ def build_app(args: dict[str, Any]) -> Application:
     """Validate ``args`` and bind the ingress to ``num_groups`` gangs of ``dp_size`` ranks."""
     cfg = AppArgs.model_validate(args)
     engine = cfg.server_args()
-    router_kwargs: dict[str, Any] = {}
-    if cfg.router == "skewed":
-        router_kwargs = {"weights": cfg.route_weights, "seed": engine.seed}
+    router_kwargs = cfg.router_kwargs()
     ranks = serve.deployment(
         RankReplica,
         name="RankReplica",

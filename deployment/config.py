@@ -22,8 +22,12 @@ class AppArgs(BaseModel):
 
     engine: dict[str, Any] = Field(default_factory=dict, description="ServerArgs fields")
     num_groups: int = Field(1, ge=1, description="DP groups; replicas = num_groups * dp_size")
-    router: Literal["round-robin", "least-loaded", "skewed"] = "round-robin"
+    router: Literal["round-robin", "least-loaded", "skewed", "cache-aware"] = "round-robin"
     route_weights: list[int] | None = None
+    # The cache-aware router's load limits (SGLang's defaults) and session affinity.
+    balance_abs_threshold: int = Field(32, ge=0)
+    balance_rel_threshold: float = Field(1.0001, ge=1.0)
+    session_affinity: bool = Field(False, description="cache-aware: a user's turns stick")
     model_name: str | None = Field(None, description="name served in /v1/models")
     api_key: str | None = Field(None, description="bearer key; default $ROUNDGATE_API_KEY")
     max_request_bytes: int = Field(1 << 20, ge=1024)
@@ -70,6 +74,10 @@ class AppArgs(BaseModel):
                 raise ValueError("route_weights must be >= 0 with a positive sum")
         elif self.route_weights is not None:
             raise ValueError(f"route_weights applies to router 'skewed' only, not {self.router}")
+        if self.session_affinity and self.router != "cache-aware":
+            raise ValueError(
+                f"session_affinity applies to router 'cache-aware' only, not {self.router}"
+            )
         return self
 
     def server_args(self) -> ServerArgs:
@@ -84,3 +92,18 @@ class AppArgs(BaseModel):
     @property
     def served_model_name(self) -> str:
         return self.model_name or os.path.basename(str(self.engine.get("model", "tiny-moe")))
+
+    def router_kwargs(self) -> dict[str, Any]:
+        """The request router's own arguments (weights, or the cache-aware policy's)."""
+        engine = self.server_args()
+        if self.router == "skewed":
+            return {"weights": self.route_weights, "seed": engine.seed}
+        if self.router == "cache-aware":
+            return {
+                "page_size": engine.page_size,
+                "max_pages_per_rank": engine.num_kv_pages,
+                "balance_abs_threshold": self.balance_abs_threshold,
+                "balance_rel_threshold": self.balance_rel_threshold,
+                "session_affinity": self.session_affinity,
+            }
+        return {}

@@ -258,7 +258,11 @@ class Ingress:
             choices = [Choice(i * n + j, ids, counts_prompt=j == 0) for j in range(n)]
             rank_id = f"{request_id}-{i}" if several else request_id
             message = GenerateRequest(
-                rank_id, tuple(ids), replace(sampling, n=n) if n > 1 else sampling, req.dp_rank
+                rank_id,
+                tuple(ids),
+                replace(sampling, n=n) if n > 1 else sampling,
+                req.dp_rank,
+                req.user,
             )
             plans.append((choices, message))
         self.check_available()

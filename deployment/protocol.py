@@ -3,8 +3,9 @@
 No field is silently dropped. Unknown fields are a 400 naming them (``extra="forbid"``); a
 field of OpenAI's schema that roundgate does not implement is declared, marked
 ``x-roundgate-supported: false`` in the OpenAPI document, and refused with a 400 naming it
-unless its value asks for nothing (``REFUSED``); a few fields that change no output (``user``,
-``metadata``, ...) are accepted and documented as ignored (``IGNORED``).
+unless its value asks for nothing (``REFUSED``); a few fields that change no output
+(``metadata``, ``safety_identifier``, ...) are accepted and documented as ignored. ``user`` is
+implemented: the cache-aware router's session key.
 """
 
 from __future__ import annotations
@@ -120,7 +121,6 @@ class _Common(BaseModel):
     guided_choice: Annotated[list[str], Field(min_length=1, max_length=256)] | None = Field(
         None, description="vendor: output is exactly one of these strings"
     )
-    user: str | None = ignored("an end-user id for the caller's own records")
     service_tier: str | None = refused("null, 'auto' or 'default'")
     store: bool | None = refused("null or false")
     metadata: dict[str, Any] | None = ignored("caller's key-value tags")
@@ -130,6 +130,9 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     dp_rank: Int | None = Field(None, ge=0, description="vendor field: pin to one DP rank")
     return_token_ids: bool = Field(False, description="vendor field: add token ids to choices")
+    user: str | None = Field(
+        None, max_length=256, description="end-user id; the cache-aware router's session key"
+    )
 
     @field_validator("stop")
     @classmethod

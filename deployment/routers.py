@@ -15,10 +15,13 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
+from deployment.cache_aware import CacheAwareConfig, CacheAwarePolicy
+
 ROUTER_CLASSES = {
     "round-robin": "deployment.routers:RoundRobinRouter",
     "least-loaded": "deployment.routers:LeastLoadedRouter",
     "skewed": "deployment.routers:SkewedRouter",
+    "cache-aware": "deployment.routers:CacheAwareRouter",
 }
 
 
@@ -53,9 +56,11 @@ class _RankRouter(RequestRouter):
             return [matches[:1]] if matches else []
         if not ranked:
             return []
-        return [[self.pick(ranked)]]
+        return [[self.pick(ranked, pending_request)]]
 
-    def pick(self, replicas: Sequence[RunningReplica]) -> RunningReplica:
+    def pick(
+        self, replicas: Sequence[RunningReplica], pending: PendingRequest | None = None
+    ) -> RunningReplica:
         raise NotImplementedError
 
 
@@ -65,7 +70,9 @@ class RoundRobinRouter(_RankRouter):
     def initialize_state(self, **kwargs: Any) -> None:
         self._next = 0
 
-    def pick(self, replicas: Sequence[RunningReplica]) -> RunningReplica:
+    def pick(
+        self, replicas: Sequence[RunningReplica], pending: PendingRequest | None = None
+    ) -> RunningReplica:
         replica = replicas[self._next % len(replicas)]
         self._next += 1
         return replica
@@ -82,7 +89,9 @@ def load_key(replica: RunningReplica, in_flight: int | None) -> tuple[float, flo
 class LeastLoadedRouter(_RankRouter):
     """The replica with the fewest unfinished requests (then the emptiest KV pool)."""
 
-    def pick(self, replicas: Sequence[RunningReplica]) -> RunningReplica:
+    def pick(
+        self, replicas: Sequence[RunningReplica], pending: PendingRequest | None = None
+    ) -> RunningReplica:
         cache = self.replica_queue_len_cache
         return min(replicas, key=lambda r: load_key(r, cache.get(r.replica_id)))
 
@@ -94,7 +103,9 @@ class SkewedRouter(_RankRouter):
         self.weights = [int(w) for w in weights]
         self._rng = random.Random(seed)
 
-    def pick(self, replicas: Sequence[RunningReplica]) -> RunningReplica:
+    def pick(
+        self, replicas: Sequence[RunningReplica], pending: PendingRequest | None = None
+    ) -> RunningReplica:
         def weight(r: RunningReplica) -> int:
             rank = _rank_of(r)
             return self.weights[rank] if rank is not None and rank < len(self.weights) else 0
@@ -103,3 +114,25 @@ class SkewedRouter(_RankRouter):
         if sum(weights) == 0:  # ranks have not reported yet
             return replicas[0]
         return self._rng.choices(list(replicas), weights=weights)[0]
+
+
+class CacheAwareRouter(_RankRouter):
+    """The replica whose rank holds the prompt's longest cached prefix, within load limits
+    (``deployment.cache_aware``); replicas are indexed by replica id, so a replaced replica
+    starts empty. Calls that carry no prompt go to the least-loaded replica."""
+
+    def initialize_state(self, **config: Any) -> None:
+        self.policy = CacheAwarePolicy(CacheAwareConfig(**config))
+
+    def pick(
+        self, replicas: Sequence[RunningReplica], pending: PendingRequest | None = None
+    ) -> RunningReplica:
+        cache = self.replica_queue_len_cache
+        loads = [load_key(r, cache.get(r.replica_id))[0] for r in replicas]
+        message = pending.args[0] if pending is not None and pending.args else None
+        prompt = getattr(message, "prompt_token_ids", None)
+        if not prompt:
+            return replicas[min(range(len(replicas)), key=lambda i: loads[i])]
+        ids = [str(r.replica_id) for r in replicas]
+        choice = self.policy.choose(ids, loads, prompt, getattr(message, "session_id", None))
+        return replicas[ids.index(choice.rank)]

@@ -45,8 +45,14 @@ def run_both(**flags) -> tuple[list[list[int]], list[list[int]], Engine]:
     return results[0], results[1], engines[0]
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-moe"])
-def test_tiny_presets_answer_the_same_with_and_without_caching(model: str) -> None:
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-moe", "deepseek_v3"])
+def test_tiny_models_answer_the_same_with_and_without_caching(model: str, tmp_path) -> None:
+    """The presets, and a tiny DeepSeek-V3 whose pages hold MLA's latent entries."""
+    if model == "deepseek_v3":
+        from family_models import build_family
+
+        build_family(model).save_pretrained(tmp_path)
+        model = str(tmp_path)
     cached, plain, engine = run_both(model=model, num_kv_pages=64)
     assert cached == plain
     prefix = engine.core.scheduler.prefix

@@ -103,4 +103,5 @@ def test_the_openapi_document_says_which_fields_are_supported(model: type) -> No
     assert schema["additionalProperties"] is False
     marks = {k: v.get("x-roundgate-supported") for k, v in schema["properties"].items()}
     assert {k for k, v in marks.items() if v is False} == set(model.REFUSED)
-    assert {k for k, v in marks.items() if v == "ignored"} >= {"user", "metadata"} & set(marks)
+    assert {k for k, v in marks.items() if v == "ignored"} >= {"metadata"} & set(marks)
+    assert marks["user"] is not False and marks["user"] != "ignored"  # the router's session key

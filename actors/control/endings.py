@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from actors.control.admission import AdmissionWaits
 from actors.control.kv_pool import KVPool
+from actors.control.prefix_cache import PrefixCache
 from actors.control.request import Request, RequestStatus
 from actors.control.round import RoundPlan, TokenEvent
 
@@ -20,6 +21,7 @@ class RequestEnds:
     """Aborts and per-request failures (the scheduler's bookkeeping for both)."""
 
     pool: KVPool
+    prefix: PrefixCache
     waiting: deque[Request]
     running: list[Request]
     retracted: deque[Request]
@@ -43,6 +45,8 @@ class RequestEnds:
             if req is None or req.is_finished:
                 continue
             self.num_aborts += 1
+            if self.prefix.enabled and req.page_ids:
+                self.prefix.keep_last_page(req)  # what it computed stays reusable
             self._drop(req, RequestStatus.FINISHED_ABORTED)
 
     def fail(self, req: Request, error: str, plan: RoundPlan | None = None) -> None:

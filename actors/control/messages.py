@@ -28,6 +28,7 @@ class GenerateRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams
     dp_rank: int | None = None  # pin to one rank of the group (the routers read it)
+    session_id: str | None = None  # the client's ``user``: the cache-aware router's affinity key
 
     def to_request(self) -> Request:
         return Request(self.request_id, list(self.prompt_token_ids), self.sampling)

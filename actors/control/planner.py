@@ -93,6 +93,10 @@ class RoundPlanner:
             need = prompt + len(req.output_token_ids)
             if need > len(req.page_ids) * page_size:
                 try:
+                    if self.prefix.enabled:
+                        # Its last page filled up in earlier rounds: key it (the decode path's
+                        # one prefix-cache step, taken once a page, never in the common case).
+                        self.prefix.keep_last_page(req)
                     while not grow(req.request_id, need):
                         victim = running[-1]
                         self._retract(victim, plan)

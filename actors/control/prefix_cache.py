@@ -99,16 +99,28 @@ class PrefixCache:
                 kept.append((source, target))
         plan.page_copies[:] = kept
 
-    def keep_computed(self, plan: RoundPlan) -> None:
-        """After the forward: key every page a chunk of ``plan`` completed, so later prompts
-        (and later turns of the same conversation) can reuse it."""
+    def keep_prefilled(self, plan: RoundPlan) -> None:
+        """After the forward: key every page a prefill chunk of ``plan`` completed, so later
+        prompts can reuse it (decoded pages are keyed by ``keep_last_page``)."""
         page_size = self.pool.page_size
         register = self.pool.register
-        for req, start, num_tokens, _ in plan.chunks:
+        for req, start, num_tokens, is_prefill in plan.chunks:
             first, last = start // page_size, (start + num_tokens) // page_size
-            if first == last or req.status >= _RETRACTED:
+            if not is_prefill or first == last or req.status >= _RETRACTED:
                 continue
             keys = extend_keys(req.page_keys, req.token_ids, last * page_size, page_size)
             pages = req.page_ids
             for i in range(first, last):
                 register(pages[i], keys[i])
+
+    def keep_last_page(self, req: Request) -> None:
+        """Key the page a request's decodes just filled, if its computed tokens end on a
+        page boundary. Called when it needs its next page, finishes or is aborted: each
+        decoded page is keyed once, and the decode loop does nothing on other rounds (the
+        next turn of a conversation then reuses the answer too)."""
+        page_size = self.pool.page_size
+        full, rest = divmod(req.num_computed_tokens, page_size)
+        if rest or not full or len(req.page_ids) < full:
+            return
+        keys = extend_keys(req.page_keys, req.token_ids, full * page_size, page_size)
+        self.pool.register(req.page_ids[full - 1], keys[full - 1])

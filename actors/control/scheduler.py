@@ -222,8 +222,9 @@ class Scheduler(RoundPlanner, RequestEnds):
                 if req is not None:
                     self.fail(req, error)
         events, self._aborted_events = self._aborted_events, []
-        if self.prefix.enabled:
-            self.prefix.keep_computed(plan)  # before finished requests let go of their pages
+        keep = self.prefix.enabled
+        if keep and plan.num_extends:
+            self.prefix.keep_prefilled(plan)
         sampled = result.sampled
         logprobs = result.logprobs
         max_len = self.max_sequence_len
@@ -246,6 +247,8 @@ class Scheduler(RoundPlanner, RequestEnds):
             req.status = _DECODING
             finished = append_token(req, token, max_len)
             if finished:
+                if keep:
+                    self.prefix.keep_last_page(req)  # a finished answer's last full page
                 self.running.remove(req)
                 self._partial.discard(req)
                 self.pool.free(req.request_id)

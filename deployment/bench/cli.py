@@ -12,11 +12,14 @@ import asyncio
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from deployment.bench.client import RequestResult, run_load
 from deployment.bench.report import format_table, summarize, write_plots
+from deployment.bench.sessions import hit_rate, read_hit_counters, run_sessions
+from deployment.sim.sessions import SESSION_WORKLOADS, Session, SessionSpec, make_sessions
 from deployment.sim.workload import ARRIVALS, LENGTH_DISTS, Arrival, WorkloadSpec, generate
 from gate import registry
 
@@ -55,6 +58,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="pin requests to dp ranks with these weights, e.g. 8,1 (skewed routing)",
     )
+    g = p.add_argument_group("sessions (multi-turn, shared prefixes)")
+    g.add_argument("--sessions", default=None, choices=sorted(SESSION_WORKLOADS))
+    g.add_argument("--num-sessions", type=int, default=8, help="--rate: new sessions/s")
+    for name in ("system_len", "first_user_len", "user_len", "turns"):
+        g.add_argument("--" + name.replace("_", "-"), type=int, default=None, help="override")
+    g.add_argument("--think-s", type=float, default=None, help="override the mean think time")
+    p.add_argument(
+        "--compare-prefix-caching",
+        action="store_true",
+        help="restart the local deployment with prefix caching on, then off",
+    )
+    p.add_argument("--deploy-router", default=None, help="router of the local deployment")
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     p.add_argument("--slo-itl-ms", type=float, default=200.0)
     p.add_argument("--seed", type=int, default=0)
@@ -68,6 +83,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run, parser=p)
+
+
+def session_workload(ns: argparse.Namespace) -> list[Session]:
+    """``--sessions``: the preset with its overrides (``--output-len`` sets the answers)."""
+    fields = ("system_len", "first_user_len", "user_len", "turns", "think_s")
+    changes = {f: getattr(ns, f) for f in fields if getattr(ns, f) is not None}
+    if ns.output_len is not None:
+        changes["output_len"] = ns.output_len
+    for name, value in changes.items():
+        if not value > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    preset = replace(SESSION_WORKLOADS[ns.sessions], **changes)
+    spec = SessionSpec(preset, ns.num_sessions, ns.rate, vocab_size=256, seed=ns.seed)
+    return make_sessions(spec)
 
 
 def workload(ns: argparse.Namespace) -> list[Arrival]:
@@ -126,41 +155,50 @@ def _load(
     if not ns.no_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(arrivals), desc=label, unit="req", file=sys.stderr)
-    results, duration = asyncio.run(
-        run_load(
-            url,
-            model,
-            arrivals,
-            ns.concurrency,
-            ns.seed,
-            ns.api_key,
-            on_done=(lambda _r: bar.update(1)) if bar else None,
-        )
-    )
+        total = sum(s.num_turns for s in arrivals) if ns.sessions else len(arrivals)
+        bar = tqdm(total=total, desc=label, unit="req", file=sys.stderr)
+    on_done = (lambda _r: bar.update(1)) if bar else None
+    before = read_hit_counters(url, ns.api_key)
+    if ns.sessions:
+        load = run_sessions(url, model, arrivals, ns.api_key, on_done)
+    else:
+        load = run_load(url, model, arrivals, ns.concurrency, ns.seed, ns.api_key, on_done)
+    results, duration = asyncio.run(load)
     if bar:
         bar.close()
+    ns.hit_rates[label] = hit_rate(before, read_hit_counters(url, ns.api_key))
     return results, duration
 
 
+def _summary(ns: argparse.Namespace, label: str, results: list, duration: float) -> dict:
+    summary = summarize(results, duration, ns.slo_ttft_ms, ns.slo_itl_ms)
+    return {**summary, "prefix_hit_rate": ns.hit_rates.get(label)}
+
+
 def run(ns: argparse.Namespace) -> int:
+    ns.hit_rates = {}
     try:
-        arrivals = workload(ns)
+        arrivals = session_workload(ns) if ns.sessions else workload(ns)
         policies = [s.strip() for s in ns.compare.split(",")] if ns.compare else []
-        if ns.compare:
+        if ns.compare or ns.compare_prefix_caching:
             from deployment.local import load_config
 
             cfg = load_config(ns.config)
             base = cfg["applications"][0]["args"]
             overrides = {p: policy_overrides(p, base) for p in policies}
+            if ns.compare_prefix_caching:
+                overrides = {
+                    "prefix-caching": {"enable_prefix_caching": True},
+                    "no-prefix-caching": {"enable_prefix_caching": False},
+                }
+            if ns.deploy_router:
+                overrides = {n: {**o, "router": ns.deploy_router} for n, o in overrides.items()}
     except ValueError as exc:
         ns.parser.error(str(exc))
     named: list[tuple[str, dict[str, Any], list[RequestResult]]] = []
-    if not ns.compare:
+    if not overrides_given(ns):
         results, duration = _load(ns.url, ns.model, arrivals, ns, "bench")
-        named.append(
-            ("bench", summarize(results, duration, ns.slo_ttft_ms, ns.slo_itl_ms), results)
-        )
+        named.append(("bench", _summary(ns, "bench", results, duration), results))
         configs = {"bench": {"url": ns.url}}
     else:
         named, configs = _compare(ns, cfg, overrides, arrivals)
@@ -199,18 +237,21 @@ def _compare(
             deploy(cfg, extra)
             wait_ready(url)
             results, duration = _load(url, None, arrivals, ns, policy)
-            named.append(
-                (policy, summarize(results, duration, ns.slo_ttft_ms, ns.slo_itl_ms), results)
-            )
+            named.append((policy, _summary(ns, policy, results, duration), results))
             configs[policy] = {**cfg["applications"][0]["args"], **extra}
     finally:
         shutdown(serve, ray)
     return named, configs
 
 
+def overrides_given(ns: argparse.Namespace) -> bool:
+    """Whether bench starts and redeploys the local deployment itself."""
+    return bool(ns.compare or ns.compare_prefix_caching)
+
+
 def _args(ns: argparse.Namespace) -> dict[str, Any]:
     return {
         k: str(v) if isinstance(v, Path) else v
         for k, v in vars(ns).items()
-        if k not in ("func", "parser", "api_key")
+        if k not in ("func", "parser", "api_key", "hit_rates")
     }

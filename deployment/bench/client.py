@@ -33,6 +33,9 @@ class RequestResult:
     output_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    turn: int = 0  # a session's turn (0: its first, or not a session)
+    session: int | None = None
+    output_token_ids: list[int] = field(default_factory=list)  # with ``return_ids`` only
 
     @property
     def ok(self) -> bool:
@@ -51,8 +54,12 @@ async def one_request(
     ids: list[int],
     t0: float,
     api_key: str | None,
+    return_ids: bool = False,
+    user: str | None = None,
 ) -> RequestResult:
-    res = RequestResult(arrival.prompt_tokens, arrival.output_tokens, arrival.rank)
+    res = RequestResult(
+        arrival.prompt_tokens, arrival.output_tokens, arrival.rank, turn=arrival.turn
+    )
     body = {
         "model": model,
         "prompt": ids,
@@ -64,6 +71,10 @@ async def one_request(
     }
     if arrival.rank is not None:
         body["dp_rank"] = arrival.rank
+    if return_ids:
+        body["return_token_ids"] = True
+    if user is not None:
+        body["user"] = user
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     start = time.monotonic()
     res.start_s = start - t0
@@ -83,6 +94,7 @@ async def one_request(
                 if event.get("usage"):
                     res.output_tokens = event["usage"]["completion_tokens"]
                 for choice in event.get("choices", []):
+                    res.output_token_ids += choice.get("token_ids") or []
                     now = time.monotonic()
                     if last is None:
                         res.ttft_s = now - start

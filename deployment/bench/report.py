@@ -32,6 +32,9 @@ def summarize(
         and all(g * 1000 <= slo_itl_ms for g in r.chunk_gaps_s)
     ]
     out_tokens = sum(r.output_tokens for r in ok)
+    # Sessions: a first turn prefills the shared prompt at most; later turns resend context.
+    first = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None and r.turn == 0]
+    later = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None and r.turn > 0]
     errors: dict[str, int] = {}
     for r in results:
         if r.error:
@@ -51,6 +54,8 @@ def summarize(
         "slo": {"ttft_ms": slo_ttft_ms, "itl_ms": slo_itl_ms},
         "goodput_requests_per_s": round(len(good) / duration_s, 3) if duration_s else 0.0,
         "goodput_fraction": round(len(good) / len(results), 4) if results else 0.0,
+        "ttft_first_turn_ms": percentiles(first),
+        "ttft_later_turns_ms": percentiles(later),
     }
 
 
@@ -66,13 +71,15 @@ COLUMNS = (
     ("ITL p99", ("itl_ms", "p99"), "{:.1f}"),
     ("e2e p99", ("e2e_ms", "p99"), "{:.0f}"),
     ("goodput", ("goodput_fraction",), "{:.1%}"),
+    ("TTFT p50 turn>1", ("ttft_later_turns_ms", "p50"), "{:.1f}"),
+    ("hit rate", ("prefix_hit_rate",), "{:.1%}"),
 )
 
 
 def format_table(named: Sequence[tuple[str, dict[str, Any]]]) -> str:
     rows = [[c[0] for c in COLUMNS]]
     for name, s in named:
-        s = {**s, "run": name, "error_count": sum(s["errors"].values())}
+        s = {"prefix_hit_rate": None, **s, "run": name, "error_count": sum(s["errors"].values())}
         cells = []
         for _, path, fmt in COLUMNS:
             value: Any = s

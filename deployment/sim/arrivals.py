@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+from actors.control.request import Request
 from deployment.sim.workload import Arrival
 
 INF = float("inf")
@@ -39,7 +40,7 @@ class OpenLoop:
         self._next += 1
         return index, self.arrivals[index]
 
-    def finished(self, now_s: float) -> None:
+    def finished(self, now_s: float, request: Request | None = None) -> None:
         """A request finished: an open-loop workload does not care."""
 
 
@@ -74,6 +75,6 @@ class ClosedLoop:
         shape = self.shapes[index]
         return index, Arrival(send_s, shape.prompt_tokens, shape.output_tokens, shape.rank)
 
-    def finished(self, now_s: float) -> None:
+    def finished(self, now_s: float, request: Request | None = None) -> None:
         """The client whose request finished sends its next one now."""
         heapq.heappush(self._ready, now_s)

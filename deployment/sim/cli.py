@@ -8,12 +8,21 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from deployment.sim.options import COST_FLAGS, RunSetup, check_arrivals, prepare, resolve_costs
+from deployment.sim.options import (
+    COST_FLAGS,
+    RunSetup,
+    arrivals_of,
+    check_arrivals,
+    make_router,
+    prepare,
+    resolve_costs,
+)
 from deployment.sim.report import format_table, ratios_to, summarize, write_plots
 from deployment.sim.round_costs import PRESETS, RoundCosts
 from deployment.sim.scenarios import SCENARIOS, format_rows, replay
+from deployment.sim.sessions import SESSION_WORKLOADS
 from deployment.sim.simulator import GroupSimulator, SimResult
-from deployment.sim.workload import ARRIVALS, LENGTH_DISTS, ROUTERS, WORKLOADS, Router, generate
+from deployment.sim.workload import ARRIVALS, LENGTH_DISTS, ROUTERS, WORKLOADS
 from gate import registry
 
 # Kept importable from here: older callers and tests read these names from the CLI module.
@@ -29,6 +38,12 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--page-size", type=int, default=64)
     g.add_argument("--num-kv-pages", type=int, default=4096, help="per rank")
     g.add_argument("--enable-mixed-prefill-decode", action="store_true")
+    g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse cached prompt prefixes on each rank",
+    )
     g = p.add_argument_group("costs (ms)")
     g.add_argument("--costs", default="toy", help=f"preset ({', '.join(PRESETS)}) or FILE.json")
     for name in COST_FLAGS:
@@ -39,8 +54,14 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--workload",
         default=None,
-        help=f"length preset ({', '.join(WORKLOADS)}); --input-len/--output-len/--length-dist "
-        "override it",
+        help=f"length preset ({', '.join(WORKLOADS)}; --input-len/--output-len/--length-dist "
+        f"override it) or multi-turn sessions ({', '.join(SESSION_WORKLOADS)})",
+    )
+    g.add_argument(
+        "--num-sessions",
+        type=int,
+        default=64,
+        help="sessions of a session workload (--rate: new sessions/s)",
     )
     g.add_argument("--num-requests", type=int, default=500)
     g.add_argument("--arrival", default="poisson", choices=ARRIVALS)
@@ -59,6 +80,11 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trace", default=None, help="JSONL arrivals (with --arrival trace)")
     g.add_argument("--router", default="round-robin", choices=ROUTERS)
     g.add_argument("--route-weights", default=None, help="e.g. 8,1,1,1 (skewed router)")
+    g.add_argument("--balance-abs-threshold", type=int, default=32, help="cache-aware router")
+    g.add_argument("--balance-rel-threshold", type=float, default=1.0001, help="cache-aware")
+    g.add_argument(
+        "--session-affinity", action="store_true", help="cache-aware: a session's turns stick"
+    )
     g.add_argument("--seed", type=int, default=0)
 
 
@@ -113,7 +139,7 @@ def simulate_policy(
     sim = GroupSimulator(
         setup.args[policy],
         setup.costs,
-        Router(ns.router, ns.dp_size, setup.weights, ns.seed),
+        make_router(ns, setup.weights),
         policy,
         keep_timeline=keep_timeline,
     )
@@ -173,7 +199,7 @@ def run(ns: argparse.Namespace) -> int:
         return run_scenario(ns)
     try:
         setup = prepare(ns)
-        arrivals = generate(setup.spec)
+        arrivals = arrivals_of(ns, setup)
         check_arrivals(arrivals, setup.args[setup.policies[0]], ns)
     except ValueError as exc:
         ns.parser.error(str(exc))

@@ -23,12 +23,12 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Sequence
-from itertools import groupby, pairwise
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
+from actors.control.page_keys import extend_keys
 from actors.control.planner import PREFILL_WATERMARK
 from actors.control.rank_loop import RankLoop
-from actors.control.round import RoundPlan, ScheduledChunk
 from actors.control.scheduler import Scheduler
 from deployment.sim.cost_executor import SIM_TOKEN
 from deployment.sim.round_costs import RoundCosts
@@ -146,18 +146,23 @@ def _observe_steady(policy: object, k: int) -> None:
 
 
 def _keep_computed(s: Scheduler, starts_of: dict[int, int], k: int) -> None:
-    """Key the pages the skipped decodes completed, in the order the rounds would have (round
-    by round, running order): with prefix caching the first copy of a content stays cached."""
+    """Key the pages the skipped decodes completed, when and in the order the full rounds
+    would have: a page filled in round j is keyed as its request asks for its next page, in
+    round j + 1, in running order (``PrefixCache.keep_last_page``); with prefix caching the
+    first copy of a content stays cached. A page filled in the last skipped round is keyed
+    by the next full round, as it would be."""
     page_size = s.pool.page_size
     events = []
     for order, req in enumerate(s.running):
         c0 = starts_of[id(req)]
-        for j in range((-c0 - 1) % page_size, k, page_size):
-            events.append((j, order, req, c0 + j))
+        # A page the round before the skip filled is keyed in skipped round 0 (j = -1 here).
+        first = -1 if c0 and c0 % page_size == 0 else (-c0 - 1) % page_size
+        for j in range(first, k - 1, page_size):
+            events.append((j, order, req, (c0 + j + 1) // page_size - 1))
     events.sort(key=lambda e: (e[0], e[1]))
-    for _, group in groupby(events, key=lambda e: e[0]):
-        chunks = [ScheduledChunk(req, start, 1, False) for _, _, req, start in group]
-        s.prefix.keep_computed(RoundPlan(chunks=chunks))
+    for _, _, req, page in events:
+        keys = extend_keys(req.page_keys, req.token_ids, (page + 1) * page_size, page_size)
+        s.pool.register(req.page_ids[page], keys[page])
 
 
 def _steady_rows(loops: Sequence[RankLoop]) -> list[RankRow] | None:

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from actors.server_args import ServerArgs
+from deployment.cache_aware import CacheAwareConfig
 from deployment.sim.round_costs import COST_FIELDS, RoundCosts, load_costs
-from deployment.sim.workload import WORKLOADS, Arrival, Router, WorkloadSpec
+from deployment.sim.sessions import SESSION_WORKLOADS, SessionSpec, first_turns, max_prompt_tokens
+from deployment.sim.workload import WORKLOADS, Arrival, Router, WorkloadSpec, generate
 from gate import registry
 
 COST_FLAGS = COST_FIELDS
@@ -64,11 +66,10 @@ def resolve_costs(ns: argparse.Namespace) -> RoundCosts:
 def resolve_lengths(ns: argparse.Namespace) -> None:
     """Fill unset length flags from ``--workload`` (explicit flags win), else the base ones."""
     preset = None
-    if ns.workload is not None:
+    if ns.workload is not None and ns.workload not in SESSION_WORKLOADS:
         if ns.workload not in WORKLOADS:
-            raise ValueError(
-                f"--workload must be one of {', '.join(WORKLOADS)}, got {ns.workload!r}"
-            )
+            known = ", ".join([*WORKLOADS, *SESSION_WORKLOADS])
+            raise ValueError(f"--workload must be one of {known}, got {ns.workload!r}")
         preset = WORKLOADS[ns.workload]
     for name, base in BASE_LENGTHS.items():
         if getattr(ns, name) is None:
@@ -102,6 +103,7 @@ def server_args_for(ns: argparse.Namespace, policy: str, **overrides: Any) -> Se
         page_size=ns.page_size,
         num_kv_pages=ns.num_kv_pages,
         enable_mixed_prefill_decode=ns.enable_mixed_prefill_decode,
+        enable_prefix_caching=getattr(ns, "enable_prefix_caching", True),
         prefill_policy=policy,
         **(own | overrides),
     )
@@ -139,7 +141,7 @@ def prepare(ns: argparse.Namespace) -> RunSetup:
     costs = resolve_costs(ns)
     spec = workload_spec(ns)
     weights = route_weights(ns)
-    Router(ns.router, ns.dp_size, weights, ns.seed)  # validates router flags
+    make_router(ns, weights)  # validates router flags
     args = {p: server_args_for(ns, p) for p in policies}
     concurrency = getattr(ns, "concurrency", None)
     if concurrency is not None and concurrency < 1:
@@ -165,3 +167,40 @@ def check_arrivals(arrivals: list[Arrival], args: ServerArgs, ns: argparse.Names
                 f"KV pool (--num-kv-pages {args.num_kv_pages} x --page-size {args.page_size} = "
                 f"{capacity} tokens, one kept for the first output token)"
             )
+
+
+def make_router(ns: argparse.Namespace, weights: list[int] | None) -> Router:
+    """A fresh router for one run (the cache-aware one sized like the ranks' pools)."""
+    cache_aware = None
+    if ns.router == "cache-aware":
+        cache_aware = CacheAwareConfig(
+            page_size=ns.page_size,
+            max_pages_per_rank=ns.num_kv_pages,
+            balance_abs_threshold=getattr(ns, "balance_abs_threshold", 32),
+            balance_rel_threshold=getattr(ns, "balance_rel_threshold", 1.0001),
+            session_affinity=getattr(ns, "session_affinity", False),
+        )
+    return Router(ns.router, ns.dp_size, weights, ns.seed, cache_aware)
+
+
+def arrivals_of(ns: argparse.Namespace, setup: RunSetup) -> list[Arrival]:
+    """The run's arrivals: a session workload's first turns, else the generated workload."""
+    if ns.workload not in SESSION_WORKLOADS:
+        return generate(setup.spec)
+    args = setup.args[setup.policies[0]]
+    spec = SessionSpec(
+        SESSION_WORKLOADS[ns.workload],
+        num_sessions=getattr(ns, "num_sessions", 64),
+        rate=ns.rate,
+        vocab_size=args.model_config.vocab_size,
+        seed=ns.seed,
+    )
+    arrivals = first_turns(spec)
+    capacity = args.num_kv_pages * args.page_size
+    longest = max(max_prompt_tokens(a.session) for a in arrivals if a.session is not None)
+    if longest + 1 > capacity:
+        raise ValueError(
+            f"--workload {ns.workload}: a session grows to {longest} tokens, more than one "
+            f"rank's KV pool (--num-kv-pages {args.num_kv_pages} x --page-size {args.page_size})"
+        )
+    return arrivals

@@ -44,6 +44,11 @@ def summarize(result: SimResult) -> dict[str, Any]:
     ttft = [(r.first_token_s - r.arrival_s) * 1000 for r in recs if r.first_token_s is not None]
     e2e = [(r.finish_s - r.arrival_s) * 1000 for r in recs if r.finish_s is not None]
     waits = [r.admission_wait for r in recs if r.admission_wait is not None]
+    later = [
+        (r.first_token_s - r.arrival_s) * 1000
+        for r in recs
+        if r.first_token_s is not None and r.turn > 0
+    ]
     output_tokens = sum(r.num_output for r in recs)
     return {
         "policy": result.policy,
@@ -66,6 +71,11 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "tpot_ms": distribution(tpots_ms(result)),
         "e2e_ms": distribution(e2e),
         "max_admission_wait_rounds": max(waits, default=None),
+        # Prompt tokens whose K/V came from a rank's prefix cache, over all prompt tokens.
+        "prefix_hit_rate": round(result.prefix_hits / result.prefix_queries, 4)
+        if result.prefix_queries
+        else 0.0,
+        "ttft_later_turns_ms": percentiles(later),  # sessions: turns after the first
     }
 
 
@@ -78,6 +88,7 @@ TABLE_COLUMNS = (
     ("ITL p50 ms", ("itl_ms", "p50"), "{:.2f}"),
     ("ITL p99 ms", ("itl_ms", "p99"), "{:.2f}"),
     ("adm wait max", "max_admission_wait_rounds", "{}"),
+    ("hit rate", "prefix_hit_rate", "{:.3f}"),
 )
 
 

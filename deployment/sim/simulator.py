@@ -11,66 +11,30 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from actors.control.rank_loop import RankLoop
 from actors.control.request import Request, SamplingParams
-from actors.control.round import RoundKind
 from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
 from deployment.sim import fast_forward
-from deployment.sim.arrivals import ClosedLoop, OpenLoop
+from deployment.sim.arrivals import OpenLoop
 from deployment.sim.cost_executor import CostExecutor
+from deployment.sim.records import (
+    KIND_CODES,
+    POINT_CODES,
+    RequestRecord,
+    SimResult,
+    Timeline,
+)
 from deployment.sim.round_costs import RoundCosts
+from deployment.sim.sessions import arrival_source
 from deployment.sim.workload import Arrival, Router
 from gate import read_rows
 
-KIND_CODES = {RoundKind.IDLE: 0, RoundKind.DECODE: 1, RoundKind.PREFILL: 2, RoundKind.MIXED: 3}
-POINT_CODES = {None: 0, "all": 1, "any": 2}
 # A round in which no rank runs a forward still costs the scheduler pass; keeps time moving.
 IDLE_ROUND_MS = 0.01
 FAST_MAX_ROUNDS = 4096  # at most this many rounds in one fast-forward step
 INF = float("inf")
-
-
-@dataclass
-class Timeline:
-    """Per-round record, compact enough for 100k rounds x 8 ranks."""
-
-    start_s: array = field(default_factory=lambda: array("d"))
-    duration_ms: array = field(default_factory=lambda: array("d"))
-    kinds: bytearray = field(default_factory=bytearray)  # dp_size codes per round
-    points: bytearray = field(default_factory=bytearray)  # POINT_CODES
-    opened: bytearray = field(default_factory=bytearray)
-
-
-@dataclass
-class RequestRecord:
-    rank: int
-    arrival_s: float
-    prompt_tokens: int
-    first_token_s: float | None = None
-    last_token_s: float | None = None
-    finish_s: float | None = None
-    num_output: int = 0
-    admission_wait: int | None = None
-
-
-@dataclass
-class SimResult:
-    """Raw outcome of one run; ``deployment.sim.report`` turns it into tables and plots."""
-
-    policy: str
-    dp_size: int
-    duration_s: float
-    rounds: int
-    busy_rounds: int
-    prefill_rounds: int
-    decode_rounds: int
-    records: list[RequestRecord]
-    itl_ms: array
-    timeline: Timeline | None
-    unfinished: int
 
 
 class GroupSimulator:
@@ -115,8 +79,13 @@ class GroupSimulator:
     def _now(self) -> float:
         return self.clock
 
-    def _prompt(self, length: int, index: int) -> list[int]:
-        # Only the prefix cache reads token values: 4 leading digits of the index, distinct.
+    def _prompt(self, index: int, arrival: Arrival) -> list[int]:
+        """A session turn's own tokens, else filler distinct per request (4 leading digits of
+        its index, then a shared tail of ones), so unrelated prompts never share a cached
+        page; only the prefix cache reads token values."""
+        if arrival.token_ids is not None:
+            return list(arrival.token_ids)
+        length = arrival.prompt_tokens
         head = [2 + index // self._distinct**k % self._distinct for k in range(min(4, length))]
         tail = self._prompts.get(length - len(head))
         if tail is None:
@@ -147,8 +116,8 @@ class GroupSimulator:
         group_ms = costs.group_ms
         clock = 0.0
         lag_s = costs.schedule_lag_ms / 1000.0
-        source = OpenLoop(arrivals) if concurrency is None else ClosedLoop(arrivals, concurrency)
-        closed = concurrency is not None
+        source = arrival_source(arrivals, concurrency)
+        closed = not isinstance(source, OpenLoop)
         # Sent and routed, not yet handed to the rank's scheduler: (visible_s, rank, index,
         # arrival), in send order (the lag is one constant, so also in visible order).
         pending: deque[tuple[float, int, int, Arrival]] = deque()
@@ -240,7 +209,7 @@ class GroupSimulator:
                         rec.finish_s = clock
                         finished += 1
                         if closed:
-                            source.finished(clock)
+                            source.finished(clock, request)
                             next_send = source.next_send_s
             if timeline is not None:
                 timeline.start_s.append(start)
@@ -263,6 +232,8 @@ class GroupSimulator:
             itl_ms=itl,
             timeline=timeline,
             unfinished=len(records) - finished,
+            prefix_queries=sum(s.prefix.num_queries for s in schedulers),
+            prefix_hits=sum(s.prefix.num_hits for s in schedulers),
         )
 
     def _route(self, arrival: Arrival, index: int, now_s: float) -> int:
@@ -284,16 +255,19 @@ class GroupSimulator:
             return self.router.route_stale(now_s, waiting, running)
         # The router knows what it sent: a rank's load counts its requests still in flight.
         in_flight = self._in_flight
-        return self.router.route([len(s.requests) + in_flight[r] for r, s in enumerate(schedulers)])
+        loads = [len(s.requests) + in_flight[r] for r, s in enumerate(schedulers)]
+        if self.router.policy == "cache-aware":
+            session = None if arrival.session is None else str(arrival.session.session_id)
+            return self.router.route(loads, self._prompt(index, arrival), session)
+        return self.router.route(loads)
 
     def _admit(
         self, arrival: Arrival, rank: int, index: int, records: dict[str, RequestRecord]
     ) -> None:
         request_id = f"req-{index}"
-        request = Request(
-            request_id,
-            self._prompt(arrival.prompt_tokens, index),
-            SamplingParams(max_tokens=arrival.output_tokens),
-        )
+        sampling = SamplingParams(max_tokens=arrival.output_tokens)
+        request = Request(request_id, self._prompt(index, arrival), sampling)
         self.loops[rank].scheduler.add_request(request)
-        records[request_id] = RequestRecord(rank, arrival.time_s, arrival.prompt_tokens)
+        records[request_id] = RequestRecord(
+            rank, arrival.time_s, arrival.prompt_tokens, turn=arrival.turn
+        )

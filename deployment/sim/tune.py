@@ -16,6 +16,7 @@ from pathlib import Path
 from deployment.sim.cli import add_common_args, simulate_policy
 from deployment.sim.options import (
     RunSetup,
+    arrivals_of,
     check_arrivals,
     policies_of,
     prepare,
@@ -23,7 +24,6 @@ from deployment.sim.options import (
 )
 from deployment.sim.report import summarize
 from deployment.sim.simulator import SimResult
-from deployment.sim.workload import generate
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def _measure(result: SimResult, ns: argparse.Namespace, pair: tuple | None) -> C
 def run(ns: argparse.Namespace) -> int:
     try:
         setup, pairs = _validate(ns)
-        arrivals = generate(setup.spec)
+        arrivals = arrivals_of(ns, setup)
         check_arrivals(arrivals, setup.args["none"], ns)
     except ValueError as exc:
         ns.parser.error(str(exc))

@@ -5,12 +5,18 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deployment.cache_aware import CacheAwareConfig, CacheAwarePolicy
+
+if TYPE_CHECKING:
+    from deployment.sim.sessions import Session
 
 ARRIVALS = ("poisson", "bursty", "trace")
 LENGTH_DISTS = ("fixed", "uniform", "exponential")
-ROUTERS = ("round-robin", "least-loaded", "skewed", "vllm-lb")
+ROUTERS = ("round-robin", "least-loaded", "skewed", "vllm-lb", "cache-aware")
 # vLLM's front end refreshes its per-engine (waiting, running) counts from the DP coordinator
 # this often (vllm/v1/engine/core_client.py: "stats updates from the coordinator (which
 # happen every 100ms)"); between refreshes it only adds its own sends to the waiting count.
@@ -42,6 +48,11 @@ class Arrival:
     prompt_tokens: int
     output_tokens: int
     rank: int | None = None  # a pinned rank (traces may pin); None lets the router choose
+    # A session's turn carries its prompt (a shared prefix and the conversation so far);
+    # otherwise every prompt is distinct filler of ``prompt_tokens`` tokens.
+    token_ids: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
+    session: Session | None = field(default=None, repr=False, compare=False)
+    turn: int = 0
 
 
 @dataclass(frozen=True)
@@ -153,10 +164,15 @@ class Router:
     """Chooses a rank for each arrival: round-robin, least-loaded, fixed skewed weights, or
     vLLM's internal load balancer (``vllm-lb``: least ``4 x waiting + running`` on counts
     refreshed every 100 ms, so requests sent since the engines last reported are invisible
-    to it after a refresh)."""
+    to it after a refresh), or cache-aware (``deployment.cache_aware``)."""
 
     def __init__(
-        self, policy: str, dp_size: int, weights: Sequence[int] | None = None, seed: int = 0
+        self,
+        policy: str,
+        dp_size: int,
+        weights: Sequence[int] | None = None,
+        seed: int = 0,
+        cache_aware: CacheAwareConfig | None = None,
     ) -> None:
         if policy not in ROUTERS:
             raise ValueError(f"--router must be one of {', '.join(ROUTERS)}, got {policy!r}")
@@ -177,9 +193,18 @@ class Router:
         self._rng = random.Random(seed)
         self._view: list[list[int]] = [[0, 0] for _ in range(dp_size)]
         self._next_refresh_s = 0.0
+        self.cache_aware = (
+            CacheAwarePolicy(cache_aware or CacheAwareConfig()) if policy == "cache-aware" else None
+        )
 
-    def route(self, loads: Sequence[int]) -> int:
-        """``loads`` is each rank's unfinished request count."""
+    def route(
+        self, loads: Sequence[int], token_ids: Sequence[int] = (), session: str | None = None
+    ) -> int:
+        """``loads`` is each rank's unfinished request count; the cache-aware router also
+        reads the prompt (and the session key, with affinity on)."""
+        if self.cache_aware is not None:
+            ranks = range(self.dp_size)
+            return int(self.cache_aware.choose(ranks, loads, token_ids, session).rank)
         if self.policy == "round-robin":
             rank = self._next
             self._next = (self._next + 1) % self.dp_size
