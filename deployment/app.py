@@ -19,9 +19,9 @@ from actors.replica.rank_replica import RankReplica
 from deployment.chat_response import ChatResponder
 from deployment.choices import usage
 from deployment.config import AppArgs
-from deployment.http_api import api, json_body, read_json
+from deployment.http_api import api, json_body
 from deployment.ingress import Ingress
-from deployment.protocol import APIError, ChatRequest, CompletionRequest, parse
+from deployment.protocol import APIError, ChatRequest, CompletionRequest
 from deployment.request_metrics import exposition
 from deployment.responses import completion_logprobs
 from deployment.routers import ROUTER_CLASSES
@@ -70,26 +70,20 @@ class OpenAIServer:
     async def tokenize(self, request: Request) -> dict[str, Any]:
         """vLLM's ``/tokenize``: a prompt or chat messages to the ids generation would use."""
         core = self.core
-        core.check_auth(request)
-        req = parse(TokenizeRequest, await read_json(request, core.app_args.max_request_bytes))
-        core.check_model(req.model)
+        req = await core.read_request(request, TokenizeRequest)
         return tokenize(core, req)
 
     @api.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
     async def detokenize(self, request: Request) -> dict[str, Any]:
         """vLLM's ``/detokenize``: token ids to text."""
         core = self.core
-        core.check_auth(request)
-        req = parse(DetokenizeRequest, await read_json(request, core.app_args.max_request_bytes))
-        core.check_model(req.model)
+        req = await core.read_request(request, DetokenizeRequest)
         return detokenize(core, req)
 
     @api.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(self, request: Request) -> Any:
         core = self.core
-        core.check_auth(request)
-        req = parse(CompletionRequest, await read_json(request, core.app_args.max_request_bytes))
-        core.check_model(req.model)
+        req = await core.read_request(request, CompletionRequest)
         if req.echo and req.logprobs is not None:
             raise APIError(
                 400, "echo with logprobs needs prompt logprobs, which are not computed", "echo"
@@ -151,9 +145,7 @@ class OpenAIServer:
     @api.post("/v1/chat/completions", openapi_extra=json_body(ChatRequest))
     async def chat(self, request: Request) -> Any:
         core = self.core
-        core.check_auth(request)
-        req = parse(ChatRequest, await read_json(request, core.app_args.max_request_bytes))
-        core.check_model(req.model)
+        req = await core.read_request(request, ChatRequest)
         try:
             messages = [m.as_template_input() for m in req.messages]
             template = getattr(core.tokenizer, "chat_template", None)

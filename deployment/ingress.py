@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 
@@ -21,7 +21,8 @@ from actors.control.messages import GenerateRequest
 from actors.control.request import SamplingParams
 from deployment.choices import merge
 from deployment.generation import Choice, Delta, RequestFailed, run_choices
-from deployment.protocol import APIError, CompletionRequest
+from deployment.http_api import read_json
+from deployment.protocol import APIError, CompletionRequest, parse
 from deployment.request_metrics import RequestRecorder
 from deployment.responses import TokenTexts
 from deployment.sampling_fields import grammar_of, logit_bias_of, logprobs_of
@@ -32,6 +33,9 @@ _SAMPLING_FIELDS = ("min_tokens", "logit_bias", "stop_token_ids", "logprobs")
 RETRY_AFTER_S = 5
 HEALTH_CACHE_S = 2.0
 logger = logging.getLogger("roundgate.ingress")
+
+
+T = TypeVar("T")
 
 
 class Ingress:
@@ -92,6 +96,14 @@ class Ingress:
                 code="group_restarting",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
+
+    async def read_request(self, request: Request, model: type[T]) -> T:
+        """An endpoint's body: the caller's key checked first, then the JSON parsed into
+        ``model`` (size-capped) and its ``model`` name checked."""
+        self.check_auth(request)
+        req = parse(model, await read_json(request, self.app_args.max_request_bytes))
+        self.check_model(req.model)
+        return req
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:

@@ -55,12 +55,7 @@ def read_blocks(source: GGUFSource, name: str) -> BlockWeights | None:
     else:
         return None
     q = q.reshape(rows, -1)
-    gguf_name = tensor.name
-    heads = None
-    if gguf_name.endswith("attn_q.weight"):
-        heads = source.config.num_heads
-    elif gguf_name.endswith("attn_k.weight"):
-        heads = source.config.num_kv_heads
+    heads = source.permuted_heads(tensor.name)
     arrays = [q, scale] + ([] if offset is None else [offset])
     if heads is not None:
         arrays = [_unpermute(a, heads) for a in arrays]

@@ -163,6 +163,14 @@ class GGUFSource:
     def has(self, name: str) -> bool:
         return self._gguf_of.get(name) in self._tensors
 
+    def permuted_heads(self, gguf_name: str) -> int | None:
+        """The head count whose rows llama.cpp permuted in this tensor (Q and K), else None."""
+        if gguf_name.endswith("attn_q.weight"):
+            return self.config.num_heads
+        if gguf_name.endswith("attn_k.weight"):
+            return self.config.num_kv_heads
+        return None
+
     def tensor_of(self, name: str) -> Any:
         """The file's tensor (the reader's record) under the HF name ``name``, or None."""
         gguf_name = self._gguf_of.get(name)
@@ -190,9 +198,8 @@ class GGUFSource:
                 f"{self.path}: tensor {tensor.name!r} has shape {values.shape}, the metadata "
                 f"implies {tuple(shape)}"
             )
-        if gguf_name.endswith("attn_q.weight"):
-            values = _unpermute(values, self.config.num_heads)
-        elif gguf_name.endswith("attn_k.weight"):
-            values = _unpermute(values, self.config.num_kv_heads)
+        heads = self.permuted_heads(gguf_name)
+        if heads is not None:
+            values = _unpermute(values, heads)
         # A copy: F32 tensors are read-only views of the memory-mapped file.
         return torch.from_numpy(np.array(values, dtype=np.float32, order="C", copy=True))

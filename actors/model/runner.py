@@ -176,13 +176,10 @@ class ModelRunner:
         Writes the chunks' K/V into the cache, exactly as ``execute`` does.
         """
         chunks = work.chunks if isinstance(work, RoundPlan) else work
-        too_long = [c for c in chunks if c.end > self.max_model_len]
-        if too_long:
-            c = too_long[0]
-            raise ValueError(
-                f"request {c.request.request_id}: position {c.end} exceeds the context "
-                f"length {self.max_model_len}"
-            )
+        unrunnable = self._unrunnable(chunks)
+        if unrunnable:  # ``execute`` leaves these out; a direct caller is told
+            request_id, why = next(iter(unrunnable.items()))
+            raise ValueError(f"request {request_id}: {why}")
         num_extends = sum(1 for c in chunks if c.is_prefill)
         token_ids: list[int] = []
         for c in chunks:
