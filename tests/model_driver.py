@@ -109,6 +109,25 @@ def drive(
         apply_result(plan, runner.execute(plan).sampled)
 
 
+def greedy_step_logits(
+    runner: ModelRunner, pool: KVPool, requests: Sequence[Request]
+) -> list[torch.Tensor]:
+    """Greedy rounds until every request finishes (whole prompt first, then one token a
+    round); each round's ``[len(requests), vocab]`` logits, for teacher-forcing checks."""
+    steps: list[torch.Tensor] = []
+    while not all(r.is_finished for r in requests):
+        chunks = []
+        for r in requests:
+            start = r.num_computed_tokens
+            chunks.append(ScheduledChunk(r, start, r.num_tokens - start, start == 0))
+            grow_pages(pool, r, chunks[-1].end)
+        plan = RoundPlan(chunks=chunks)
+        logits = runner.forward(plan)
+        steps.append(logits)
+        apply_result(plan, {r.request_id: int(logits[i].argmax()) for i, r in enumerate(requests)})
+    return steps
+
+
 def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
     """transformers' greedy ``generate`` for one prompt, with no stop token."""
     out = model.generate(

@@ -11,7 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 from family_models import FAMILIES, build_family
-from model_driver import apply_result, drive, grow_pages, hf_greedy, make_requests, make_runner
+from model_driver import (
+    drive,
+    greedy_step_logits,
+    grow_pages,
+    hf_greedy,
+    make_requests,
+    make_runner,
+)
 
 from actors.control.kv_pool import KVPool
 from actors.control.round import RoundPlan, ScheduledChunk
@@ -94,17 +101,7 @@ def test_decode_logits_match_teacher_forcing(family) -> None:
     _, model, path, _ = family
     runner, pool = make_runner(path), KVPool(256, 4)
     requests = make_requests(PROMPTS, max_tokens=5)
-    steps: list[torch.Tensor] = []
-    while not all(r.is_finished for r in requests):
-        chunks = []
-        for r in requests:
-            start = r.num_computed_tokens
-            chunks.append(ScheduledChunk(r, start, r.num_tokens - start, start == 0))
-            grow_pages(pool, r, chunks[-1].end)
-        plan = RoundPlan(chunks=chunks)
-        logits = runner.forward(plan)
-        steps.append(logits)
-        apply_result(plan, {r.request_id: int(logits[i].argmax()) for i, r in enumerate(requests)})
+    steps = greedy_step_logits(runner, pool, requests)
     for i, r in enumerate(requests):
         full = hf_logits(model, r.prompt_token_ids + r.output_token_ids[:-1])
         ours = torch.stack([s[i] for s in steps])

@@ -14,6 +14,7 @@ from model_driver import (
     HF_SHAPE,
     apply_result,
     drive,
+    greedy_step_logits,
     grow_pages,
     hf_greedy,
     make_requests,
@@ -101,18 +102,7 @@ def test_step_decode_logits_match_teacher_forcing(hf_model) -> None:
     model, path = hf_model
     runner, pool = make_runner(str(path)), KVPool(256, 4)
     requests = make_requests(PROMPTS, max_tokens=6)
-    step_logits: list[torch.Tensor] = []  # [B, vocab] per round
-    while not all(r.is_finished for r in requests):
-        chunks = []
-        for r in requests:
-            start = r.num_computed_tokens
-            chunk = ScheduledChunk(r, start, r.num_tokens - start, start == 0)
-            grow_pages(pool, r, chunk.end)
-            chunks.append(chunk)
-        plan = RoundPlan(chunks=chunks)
-        logits = runner.forward(plan)
-        step_logits.append(logits)
-        apply_result(plan, {r.request_id: int(logits[i].argmax()) for i, r in enumerate(requests)})
+    step_logits = greedy_step_logits(runner, pool, requests)
     for i, r in enumerate(requests):
         full = hf_last_logits(model, r.prompt_token_ids + r.output_token_ids[:-1])
         ours = torch.stack([s[i] for s in step_logits])
