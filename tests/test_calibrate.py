@@ -10,7 +10,8 @@ from prometheus_client import generate_latest
 
 from actors.telemetry.metrics import RankMetricSet
 from deployment.cli import main
-from deployment.sim.calibration import gather_columns, round_means
+from deployment.sim.calibration import gather_columns
+from deployment.sim.cost_fit import kind_totals
 from deployment.sim.round_costs import load_costs
 from kernels.nccl_tests import interpolate_time_us, parse
 
@@ -22,14 +23,32 @@ SAMPLES = next((p for p in CANDIDATES if p.is_dir()), None)
 needs_samples = pytest.mark.skipif(SAMPLES is None, reason="nccl-tests samples not found")
 
 
-def scrape(decode_s: list[float], extend_s: list[float]) -> str:
-    """A real exposition of the engine's metrics with these group rounds recorded."""
+def scrape(decode_s: list[float], extend_s: list[float], work: dict | None = None) -> str:
+    """A real exposition of the engine's metrics with these group rounds recorded, and, when
+    given, the busiest rank's work in them: ``{(kind, quantity): total}``."""
     metrics = RankMetricSet()
     for kind, values in (("decode", decode_s), ("extend", extend_s)):
         child = metrics.group_round_time.labels("g0", "m", kind)
         for value in values:
             child.observe(value)
+    for (kind, quantity), total in (work or {}).items():
+        metrics.group_round_work.labels("g0", "m", kind, quantity).inc(total)
     return generate_latest(metrics.registry).decode()
+
+
+def priced_scrape(costs: dict, decodes: list[int], prompts: list[tuple[int, int]]) -> str:
+    """A scrape of rounds that cost exactly what ``costs`` prices: decode rounds of the given
+    batch sizes, extend rounds of (decodes, prompt tokens)."""
+    price = load_costs("truth", json.dumps(costs))
+    decode_s = [price.rank_ms(d, 0) / 1000 for d in decodes]
+    extend_s = [price.group_ms([price.rank_ms(d, p)], True) / 1000 for d, p in prompts]
+    work = {
+        ("decode", "decodes"): sum(decodes),
+        ("decode", "prefill_tokens"): 0,
+        ("extend", "decodes"): sum(d for d, _ in prompts),
+        ("extend", "prefill_tokens"): sum(p for _, p in prompts),
+    }
+    return scrape(decode_s, extend_s, work)
 
 
 @pytest.mark.parametrize(("policy", "columns"), [("roundgate", 5), ("sglang-delayer", 11)])
@@ -63,17 +82,70 @@ def test_an_all_reduce_log_is_refused_naming_the_flag(capsys) -> None:
 
 def test_round_costs_from_a_scrape(tmp_path: Path) -> None:
     text = scrape([0.030, 0.032, 0.034], [0.250, 0.270])
-    means = round_means(text)
-    assert means.decode_ms == pytest.approx(32.0)
-    assert means.extend_ms == pytest.approx(260.0)
+    totals = kind_totals(text)
+    assert totals["decode"].rounds == 3 and totals["decode"].seconds == pytest.approx(0.096)
+    assert totals["extend"].rounds == 2 and totals["extend"].seconds == pytest.approx(0.52)
     path = tmp_path / "scrape.txt"
     path.write_text(text)
     out = tmp_path / "c.json"
     assert main(["calibrate", "--metrics", str(path), "--out", str(out)]) == 0
     costs = load_costs(str(out), out.read_text())
-    # A decode round costs the measured decode round, an extend round the measured one.
+    # One scrape without work counters: a decode round costs the measured decode round, an
+    # extend round the measured one.
     assert costs.rank_ms(100, 0) == pytest.approx(32.0)
     assert costs.group_ms([costs.rank_ms(100, 1000)], True) == pytest.approx(260.0)
+
+
+def test_several_runs_recover_the_per_sequence_and_per_token_costs(tmp_path: Path) -> None:
+    truth = {
+        "decode_base_ms": 40.0,
+        "decode_per_seq_ms": 12.0,
+        "prefill_per_token_ms": 3.5,
+        "extend_overhead_ms": 0.0,
+    }
+    # Three loads: light (small batches, lone prompts), medium, heavy (big batches, prompts
+    # arriving together), as a gated and an ungated run of one deployment would show.
+    loads = [
+        ([1, 1, 2, 1], [(0, 256), (1, 256)]),
+        ([3, 4, 4, 5], [(3, 256), (4, 512)]),
+        ([8, 9, 10, 12], [(8, 512), (10, 512), (9, 256)]),
+    ]
+    argv = ["calibrate"]
+    for i, (decodes, prompts) in enumerate(loads):
+        path = tmp_path / f"run{i}.prom"
+        path.write_text(priced_scrape(truth, decodes, prompts))
+        argv += ["--metrics", str(path)]
+    out = tmp_path / "c.json"
+    assert main([*argv, "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    for name, value in truth.items():
+        assert written[name] == pytest.approx(value, abs=1e-3), name
+    assert written["_source"]["metrics"]["equations"] == 6
+
+
+def test_a_baseline_scrape_is_subtracted(tmp_path: Path) -> None:
+    # One process's counters: 10 decode rounds of 20 ms and 10 extend rounds of 520 ms before
+    # the run, then the run's own 5 of each (20 ms and 120 ms).
+    earlier_decode, earlier_extend = [0.020] * 10, [0.520] * 10
+    before, after = tmp_path / "before.prom", tmp_path / "after.prom"
+    before.write_text(scrape(earlier_decode, earlier_extend))
+    after.write_text(scrape(earlier_decode + [0.020] * 5, earlier_extend + [0.120] * 5))
+    out = tmp_path / "c.json"
+    argv = ["calibrate", "--metrics", str(after), "--metrics-baseline", str(before)]
+    assert main([*argv, "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["_source"]["metrics"]["extend_rounds"] == 5
+    assert written["decode_base_ms"] == pytest.approx(20.0)
+    assert written["extend_overhead_ms"] == pytest.approx(100.0)
+
+
+def test_a_baseline_from_after_the_run_is_refused(tmp_path: Path, capsys) -> None:
+    small, big = tmp_path / "small.prom", tmp_path / "big.prom"
+    small.write_text(scrape([0.03], [0.2]))
+    big.write_text(scrape([0.03] * 3, [0.2] * 3))
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--metrics", str(small), "--metrics-baseline", str(big)])
+    assert "--metrics-baseline" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

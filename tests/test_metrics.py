@@ -12,7 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from actors.control.rank_loop import RoundParts
 from actors.telemetry.metrics import RankMetricSet, RequestMetricSet
 from actors.telemetry.metrics_hub import merge, render, snapshot
-from actors.telemetry.rank_metrics import RankMetrics
+from actors.telemetry.rank_metrics import RankMetrics, busiest_work
+from gate import RankRow
 
 # What each busy round "took" in the recorder's eyes (fixed: the test times nothing).
 PARTS = RoundParts(schedule=1e-5, forward=1e-3)
@@ -109,3 +110,34 @@ def test_promtool_check_metrics_is_clean() -> None:
         ["promtool", "check", "metrics"], input=text, capture_output=True, timeout=30
     )
     assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+
+
+def test_busiest_work_takes_each_quantity_from_its_busiest_rank() -> None:
+    rows = [
+        RankRow(
+            num_tokens=3, batch_size=3, num_extends=0, wants_prefill=False, has_decode_work=True
+        ),
+        RankRow(
+            num_tokens=130, batch_size=2, num_extends=1, wants_prefill=True, has_decode_work=True
+        ),
+    ]
+    # Rank 0 decodes the most sequences (3), rank 1 extends the most prompt tokens (129).
+    assert busiest_work(rows) == (3, 129)
+
+
+def test_group_work_counters_sum_the_rounds_of_each_kind() -> None:
+    recorders = run_group()
+    vals = values(render(merge(snapshot(r.set.registry) for r in recorders)).decode())
+
+    def work(kind: str, quantity: str) -> float:
+        labels = (("group", "g0"), ("kind", kind), ("model", "tiny-moe"), ("quantity", quantity))
+        return vals[("roundgate_group_round_work_total", labels)]
+
+    # Prompts of 10 and 6 tokens: 10 when they extend in one round, 16 when apart.
+    assert work("extend", "prefill_tokens") in (10, 16)
+    assert work("decode", "prefill_tokens") == 0
+    # "a" decodes 29 times after its prefill sample, "b" 4: each decode round carries 1 or 2.
+    decode_rounds = vals[
+        ("roundgate_decode_rounds_total", (("group", "g0"), ("model", "tiny-moe")))
+    ]
+    assert decode_rounds <= work("decode", "decodes") <= 2 * decode_rounds

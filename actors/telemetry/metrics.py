@@ -170,6 +170,15 @@ class RankMetricSet:
             buckets=ROUND_BUCKETS,
             registry=r,
         )
+        # What the busiest rank carried in those rounds, summed: with the round time's sum and
+        # count, the per-sequence and per-prefill-token costs ``roundgate calibrate`` fits.
+        self.group_round_work = Counter(
+            _n("group_round_work"),
+            "Per busy group round, the largest amount of each quantity on one rank (decodes: "
+            "decoding sequences; prefill_tokens: prompt tokens extended), summed, by kind",
+            (*GROUP, "kind", "quantity"),
+            registry=r,
+        )
         self.round_part_time = Histogram(
             _n("round_part_duration_seconds"),
             "Wall time of one part of a round (schedule = vote+plan+probe, gather, forward, "

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from actors.control.rank_loop import RoundOutcome, RoundParts
 from actors.control.scheduler import Scheduler
 from actors.telemetry.metrics import ROUND_PARTS, RankMetricSet
+from gate import RankRow
+
+WORK_QUANTITIES = ("decodes", "prefill_tokens")
+
+
+def busiest_work(rows: Sequence[RankRow]) -> tuple[int, int]:
+    """The most decoding sequences and the most prompt tokens any one rank ran this round
+    (a decode is one token of ``num_tokens``; the rest of it is prompt)."""
+    decodes = prefill = 0
+    for row in rows:
+        d = row.batch_size - row.num_extends
+        decodes = max(decodes, d)
+        prefill = max(prefill, row.num_tokens - d)
+    return decodes, prefill
 
 
 class RankMetrics:
@@ -32,6 +47,11 @@ class RankMetrics:
             }
             self._windows = {p: s.gate_windows_admitted.labels(*g, p) for p in ("any", "all")}
             self._kind_time = {k: s.group_round_time.labels(*g, k) for k in ("decode", "extend")}
+            self._work = {
+                (k, q): s.group_round_work.labels(*g, k, q)
+                for k in ("decode", "extend")
+                for q in WORK_QUANTITIES
+            }
         self._wants = s.wants_prefill.labels(*r)
         self._decodes = s.has_decode_work.labels(*r)
         self._running = s.running.labels(*r)
@@ -102,7 +122,11 @@ class RankMetrics:
         if busy:
             self._round_time.observe(parts.total)
             if self.is_group_exporter:
-                self._kind_time["extend" if any_extend else "decode"].observe(parts.total)
+                kind = "extend" if any_extend else "decode"
+                self._kind_time[kind].observe(parts.total)
+                decodes, prefill = busiest_work(rows)
+                self._work[(kind, "decodes")].inc(decodes)
+                self._work[(kind, "prefill_tokens")].inc(prefill)
             for name, seconds in parts.as_dict().items():
                 self._parts[name].observe(seconds)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from deployment.bench.client import RequestResult, run_load
 from deployment.bench.report import format_table, summarize, write_plots
-from deployment.bench.sessions import hit_rate, read_hit_counters, run_sessions
+from deployment.bench.sessions import hit_counters, hit_rate, run_sessions, scrape_metrics
 from deployment.sim.sessions import SESSION_WORKLOADS, Session, SessionSpec, make_sessions
 from deployment.sim.workload import ARRIVALS, LENGTH_DISTS, Arrival, WorkloadSpec, generate
 from gate import registry
@@ -81,6 +81,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="for --compare")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
+    p.add_argument(
+        "--metrics-dir",
+        type=Path,
+        default=None,
+        help="save the deployment's /metrics before and after each load (LABEL.before.prom, "
+        "LABEL.after.prom) for roundgate calibrate",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run, parser=p)
 
@@ -158,7 +165,7 @@ def _load(
         total = sum(s.num_turns for s in arrivals) if ns.sessions else len(arrivals)
         bar = tqdm(total=total, desc=label, unit="req", file=sys.stderr)
     on_done = (lambda _r: bar.update(1)) if bar else None
-    before = read_hit_counters(url, ns.api_key)
+    before = scrape_metrics(url, ns.api_key)
     if ns.sessions:
         load = run_sessions(url, model, arrivals, ns.api_key, on_done)
     else:
@@ -166,7 +173,15 @@ def _load(
     results, duration = asyncio.run(load)
     if bar:
         bar.close()
-    ns.hit_rates[label] = hit_rate(before, read_hit_counters(url, ns.api_key))
+    after = scrape_metrics(url, ns.api_key)
+    ns.hit_rates[label] = hit_rate(hit_counters(before), hit_counters(after))
+    if ns.metrics_dir is not None:
+        # Both scrapes: ``roundgate calibrate --metrics AFTER --metrics-baseline BEFORE`` prices
+        # exactly the rounds this load ran.
+        ns.metrics_dir.mkdir(parents=True, exist_ok=True)
+        for stage, text in (("before", before), ("after", after)):
+            if text is not None:
+                (ns.metrics_dir / f"{label}.{stage}.prom").write_text(text)
     return results, duration
 
 

@@ -59,23 +59,34 @@ async def run_sessions(
     return results, duration
 
 
-def read_hit_counters(url: str, api_key: str | None = None) -> tuple[float, float] | None:
-    """The deployment's prefix-cache (queries, hits) in tokens, summed over ranks (None when
-    its ``/metrics`` cannot be read)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+def scrape_metrics(url: str, api_key: str | None = None) -> str | None:
+    """The deployment's ``/metrics`` text (None when it cannot be read)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         response = httpx.get(f"{url}/metrics", headers=headers, timeout=30)
         response.raise_for_status()
     except httpx.HTTPError:
         return None
-    text = response.text
+    return response.text
+
+
+def hit_counters(scrape: str | None) -> tuple[float, float] | None:
+    """The prefix-cache (queries, hits) in tokens of one scrape, summed over ranks."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if scrape is None:
+        return None
     totals = dict.fromkeys(HIT_COUNTERS, 0.0)
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(scrape):
         if family.name in totals:
             totals[family.name] += sum(s.value for s in family.samples if s.name.endswith("_total"))
     return totals[HIT_COUNTERS[0]], totals[HIT_COUNTERS[1]]
+
+
+def read_hit_counters(url: str, api_key: str | None = None) -> tuple[float, float] | None:
+    """The deployment's prefix-cache (queries, hits) in tokens, summed over ranks (None when
+    its ``/metrics`` cannot be read)."""
+    return hit_counters(scrape_metrics(url, api_key))
 
 
 def hit_rate(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:

@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from deployment.sim.calibration import gather_from_nccl, round_costs_from, round_means
+from deployment.sim.calibration import gather_from_nccl
+from deployment.sim.cost_fit import fit_round_costs, kind_totals
 from deployment.sim.round_costs import PRESETS, load_costs
 
 
@@ -17,7 +18,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--nccl-log", type=Path, default=None, help="all_gather_perf output")
-    p.add_argument("--metrics", type=Path, default=None, help="Prometheus text scrape")
+    p.add_argument(
+        "--metrics",
+        type=Path,
+        action="append",
+        default=None,
+        help="Prometheus text scrape of the engine (repeat: one per run; several runs of "
+        "different loads fit per-sequence and per-prompt-token costs)",
+    )
+    p.add_argument(
+        "--metrics-baseline",
+        type=Path,
+        action="append",
+        default=None,
+        help="a scrape taken before the run of the --metrics at the same position; its rounds "
+        "are subtracted (roundgate bench --metrics-dir writes both)",
+    )
     p.add_argument("--dp-size", type=int, default=8)
     p.add_argument("--policy", default="roundgate", help="sizes the gathered row")
     p.add_argument("--base", default="toy", help=f"preset for unset fields ({', '.join(PRESETS)})")
@@ -47,17 +63,32 @@ def build(ns: argparse.Namespace) -> dict:
         )
         out["gather_ms"] = gather_ms
     if ns.metrics is not None:
-        means = round_means(_read("--metrics", ns.metrics))
-        out |= round_costs_from(means)
-        source["metrics"] = {
-            "decode_round_ms": round(means.decode_ms, 4),
-            "extend_round_ms": round(means.extend_ms, 4),
-            "decode_rounds": means.decode_rounds,
-            "extend_rounds": means.extend_rounds,
-        }
+        costs, source["metrics"] = fit_round_costs(_runs(ns.metrics, ns.metrics_baseline or []))
+        out |= costs
     out["_source"] = source
     load_costs("calibrated", json.dumps(out))  # the file must load as --costs
     return out
+
+
+def _runs(scrapes: list[Path], baselines: list[Path]) -> list[dict]:
+    """Each run's per-kind totals, its baseline's subtracted."""
+    if len(baselines) > len(scrapes):
+        raise ValueError(
+            f"--metrics-baseline given {len(baselines)} times for {len(scrapes)} --metrics"
+        )
+    runs = []
+    for i, path in enumerate(scrapes):
+        totals = kind_totals(_read("--metrics", path))
+        if i < len(baselines):
+            base = kind_totals(_read("--metrics-baseline", baselines[i]), "--metrics-baseline")
+            totals = {k: t.minus(base[k]) for k, t in totals.items()}
+            if any(t.rounds < 0 for t in totals.values()):
+                raise ValueError(
+                    f"--metrics-baseline {baselines[i]}: has more rounds than {path} "
+                    "(not a scrape of the same deployment taken before it)"
+                )
+        runs.append(totals)
+    return runs
 
 
 def run(ns: argparse.Namespace) -> int:
