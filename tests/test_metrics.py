@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 import subprocess
 
 import pytest
@@ -17,6 +18,7 @@ from gate import RankRow
 
 # What each busy round "took" in the recorder's eyes (fixed: the test times nothing).
 PARTS = RoundParts(schedule=1e-5, forward=1e-3)
+ROUND_S = 0.02  # gather to gather, as the group's clock sees it
 
 
 def run_group(rounds: int = 40) -> list[RankMetrics]:
@@ -28,9 +30,11 @@ def run_group(rounds: int = 40) -> list[RankMetrics]:
         if i == 5:
             loops[1].scheduler.add_request(make_request("b", prompt_len=6, max_tokens=5, token=2))
         rows = [loop.begin() for loop in loops]
+        # The group's round boundaries: round i's gather returns at i * ROUND_S.
+        parts = replace(PARTS, gathered_at=i * ROUND_S)
         for loop, rec in zip(loops, recorders, strict=True):
             outcome = loop.finish(rows)
-            rec.observe(outcome, loop.scheduler, PARTS, loop.policy.rounds_since_prefill)
+            rec.observe(outcome, loop.scheduler, parts, loop.policy.rounds_since_prefill)
     return recorders
 
 
@@ -70,6 +74,10 @@ def test_group_series_come_from_rank_zero_only() -> None:
     }
     assert vals[("roundgate_group_round_duration_seconds_count", kinds["extend"])] == prefill
     assert vals[("roundgate_group_round_duration_seconds_count", kinds["decode"])] == decode
+    # Each lasted from its gather to the next (the group's round), not this rank's own parts.
+    for kind, count in (("extend", prefill), ("decode", decode)):
+        total = vals[("roundgate_group_round_duration_seconds_sum", kinds[kind])]
+        assert total == pytest.approx(count * ROUND_S)
     ranks = {dict(k[1]).get("dp_rank") for k in vals if k[0] == "roundgate_rank_running_requests"}
     assert ranks == {"0", "1"}
     assert not any(k[0].endswith("_created") for k in vals)

@@ -57,6 +57,11 @@ class RoundParts:
     gather: float = 0.0
     forward: float = 0.0
     finish: float = 0.0  # observe + update, less the forward
+    # ``time.perf_counter()`` when the gather returned: every rank had published its row, so
+    # this is the group's round boundary, the same instant on every rank up to the collective's
+    # skew. Consecutive boundaries bracket one group round (the slowest rank's forward included,
+    # which this rank's own parts miss: it waits for a slow peer in the *next* gather).
+    gathered_at: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -119,6 +124,7 @@ class RankLoop:
         t3 = time.perf_counter()
         parts, forward = self.parts, outcome.result.cost_s
         parts.schedule, parts.gather, parts.forward = t1 - t0, t2 - t1, forward
+        parts.gathered_at = t2
         parts.finish = max(0.0, t3 - t2 - forward)
         return outcome
 

@@ -165,7 +165,8 @@ class RankMetricSet:
         # Group level (rank 0): what ``roundgate calibrate`` turns into decode/extend costs.
         self.group_round_time = Histogram(
             _n("group_round_duration_seconds"),
-            "Wall time of one busy group round, by kind (decode: nobody extends)",
+            "Wall time of one busy group round, gather to gather (the slowest rank's forward "
+            "included), by kind (decode: nobody extends)",
             (*GROUP, "kind"),
             buckets=ROUND_BUCKETS,
             registry=r,

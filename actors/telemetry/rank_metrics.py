@@ -68,6 +68,9 @@ class RankMetrics:
         self._round_time = s.round_time.labels(*r)
         self._parts = {p: s.round_part_time.labels(*r, p) for p in ROUND_PARTS}
         self._arrivals: dict[str, float] = {}
+        # The busy round whose end the next gather marks: (kind, decodes, prefill tokens).
+        self._pending: tuple[str, int, int] | None = None
+        self._gathered_at = 0.0
         self._seen_retractions = 0
         self._seen_aborts = 0
         self._seen_prefix = (0, 0)
@@ -85,6 +88,7 @@ class RankMetrics:
         rows, view = outcome.rows, outcome.view
         busy, any_extend = view.busy, view.any_extend
         if self.is_group_exporter:
+            self._group_round(busy, any_extend, rows, parts.gathered_at)
             self._group_rounds.inc()
             if busy:
                 (self._prefill_rounds if any_extend else self._decode_rounds).inc()
@@ -121,14 +125,29 @@ class RankMetrics:
                 self._arrivals.pop(event.request.request_id, None)
         if busy:
             self._round_time.observe(parts.total)
-            if self.is_group_exporter:
-                kind = "extend" if any_extend else "decode"
-                self._kind_time[kind].observe(parts.total)
-                decodes, prefill = busiest_work(rows)
-                self._work[(kind, "decodes")].inc(decodes)
-                self._work[(kind, "prefill_tokens")].inc(prefill)
             for name, seconds in parts.as_dict().items():
                 self._parts[name].observe(seconds)
+
+    def _group_round(
+        self, busy: bool, any_extend: bool, rows: Sequence[RankRow], gathered_at: float
+    ) -> None:
+        """Record the previous busy round, now that this round's gather has ended it.
+
+        A group round runs from one gather to the next: its length is the slowest rank's
+        forward (plus plans and the collective), which is what the simulator prices. This
+        rank's own parts would charge a slow peer's forward to the round after it (the wait
+        happens in the next gather), so the group series use the gather-to-gather interval.
+        """
+        pending = self._pending
+        if pending is not None:
+            kind, decodes, prefill = pending
+            self._kind_time[kind].observe(max(0.0, gathered_at - self._gathered_at))
+            self._work[(kind, "decodes")].inc(decodes)
+            self._work[(kind, "prefill_tokens")].inc(prefill)
+        self._pending = None
+        if busy:
+            self._pending = ("extend" if any_extend else "decode", *busiest_work(rows))
+        self._gathered_at = gathered_at
 
     def _count(self, scheduler: Scheduler) -> None:
         if scheduler.num_retractions > self._seen_retractions:
