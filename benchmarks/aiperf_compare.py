@@ -83,8 +83,6 @@ def aiperf_argv(ns: argparse.Namespace, url: str, model: str, tokenizer: Path, o
         str(ns.num_requests),
         "--random-seed",
         str(ns.seed),
-        "--warmup-request-count",
-        "0",
         "--ui-type",
         "none",
         "--no-server-metrics",

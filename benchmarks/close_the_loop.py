@@ -140,6 +140,9 @@ def main_(argv: list[str] | None = None) -> int:
     costs_path = ns.costs_out or Path(tempfile.mkdtemp()) / "costs.json"
     costs = calibrate(runs, costs_path)
     known = simulate_flags()
+    missing = sorted(set(GROUP_FLAGS + WORKLOAD_FLAGS) - known)
+    if missing:
+        raise SystemExit(f"roundgate simulate has no flag for {missing}: update this script")
     table = []
     for path, report in zip(ns.bench, reports, strict=True):
         for policy, live in report["results"].items():

@@ -23,16 +23,18 @@ SAMPLES = next((p for p in CANDIDATES if p.is_dir()), None)
 needs_samples = pytest.mark.skipif(SAMPLES is None, reason="nccl-tests samples not found")
 
 
-def scrape(decode_s: list[float], extend_s: list[float], work: dict | None = None) -> str:
+def scrape(
+    decode_s: list[float], extend_s: list[float], work: dict | None = None, group: str = "g0"
+) -> str:
     """A real exposition of the engine's metrics with these group rounds recorded, and, when
     given, the busiest rank's work in them: ``{(kind, quantity): total}``."""
     metrics = RankMetricSet()
     for kind, values in (("decode", decode_s), ("extend", extend_s)):
-        child = metrics.group_round_time.labels("g0", "m", kind)
+        child = metrics.group_round_time.labels(group, "m", kind)
         for value in values:
             child.observe(value)
     for (kind, quantity), total in (work or {}).items():
-        metrics.group_round_work.labels("g0", "m", kind, quantity).inc(total)
+        metrics.group_round_work.labels(group, "m", kind, quantity).inc(total)
     return generate_latest(metrics.registry).decode()
 
 
@@ -137,6 +139,23 @@ def test_a_baseline_scrape_is_subtracted(tmp_path: Path) -> None:
     assert written["_source"]["metrics"]["extend_rounds"] == 5
     assert written["decode_base_ms"] == pytest.approx(20.0)
     assert written["extend_overhead_ms"] == pytest.approx(100.0)
+
+
+def test_a_replaced_groups_lingering_series_do_not_count(tmp_path: Path) -> None:
+    # Redeployed between the scrapes: the old group's series were still in the "before" scrape
+    # (the hub had not dropped them yet) and are gone "after"; only the new group ran.
+    old_group = scrape([0.5] * 100, [2.0] * 10, group="old")
+    new_before = scrape([], [], group="new")
+    before, after = tmp_path / "before.prom", tmp_path / "after.prom"
+    before.write_text(old_group + new_before)
+    after.write_text(scrape([0.030] * 4, [0.250] * 2, group="new"))
+    out = tmp_path / "c.json"
+    argv = ["calibrate", "--metrics", str(after), "--metrics-baseline", str(before)]
+    assert main([*argv, "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["_source"]["metrics"]["decode_rounds"] == 4
+    assert written["decode_base_ms"] == pytest.approx(30.0)
+    assert written["extend_overhead_ms"] == pytest.approx(220.0)
 
 
 def test_a_baseline_from_after_the_run_is_refused(tmp_path: Path, capsys) -> None:

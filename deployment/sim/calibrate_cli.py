@@ -78,16 +78,8 @@ def _runs(scrapes: list[Path], baselines: list[Path]) -> list[dict]:
         )
     runs = []
     for i, path in enumerate(scrapes):
-        totals = kind_totals(_read("--metrics", path))
-        if i < len(baselines):
-            base = kind_totals(_read("--metrics-baseline", baselines[i]), "--metrics-baseline")
-            totals = {k: t.minus(base[k]) for k, t in totals.items()}
-            if any(t.rounds < 0 for t in totals.values()):
-                raise ValueError(
-                    f"--metrics-baseline {baselines[i]}: has more rounds than {path} "
-                    "(not a scrape of the same deployment taken before it)"
-                )
-        runs.append(totals)
+        baseline = _read("--metrics-baseline", baselines[i]) if i < len(baselines) else None
+        runs.append(kind_totals(_read("--metrics", path), baseline))
     return runs
 
 

@@ -50,9 +50,9 @@ class KindTotals:
         )
 
 
-def kind_totals(scrape: str, flag: str = "--metrics") -> dict[str, KindTotals]:
-    """Per kind totals of one Prometheus text scrape, summed over groups."""
-    acc = {k: {"rounds": 0.0, "seconds": 0.0, "decodes": 0.0, "prefill_tokens": 0.0} for k in KINDS}
+def group_totals(scrape: str, flag: str = "--metrics") -> dict[str, dict[str, KindTotals]]:
+    """Per DP group (its ``group`` label) and kind, the totals of one Prometheus text scrape."""
+    acc: dict[str, dict[str, dict[str, float]]] = {}
     has_work = False
     try:
         families = list(text_string_to_metric_families(scrape))
@@ -63,18 +63,50 @@ def kind_totals(scrape: str, flag: str = "--metrics") -> dict[str, KindTotals]:
             continue
         for sample in family.samples:
             kind = sample.labels.get("kind")
-            if kind not in acc:
+            if kind not in KINDS:
                 continue
+            fields = {"rounds": 0.0, "seconds": 0.0, "decodes": 0.0, "prefill_tokens": 0.0}
+            group = acc.setdefault(sample.labels.get("group", ""), {})
+            totals = group.setdefault(kind, dict(fields))
             if family.name == GROUP_WORK:
                 quantity = sample.labels.get("quantity")
                 if sample.name.endswith("_total") and quantity in ("decodes", "prefill_tokens"):
-                    acc[kind][quantity] += sample.value
+                    totals[quantity] += sample.value
                     has_work = True
             elif sample.name.endswith("_sum"):
-                acc[kind]["seconds"] += sample.value
+                totals["seconds"] += sample.value
             elif sample.name.endswith("_count"):
-                acc[kind]["rounds"] += sample.value
-    return {k: KindTotals(**acc[k], has_work=has_work) for k in KINDS}
+                totals["rounds"] += sample.value
+    return {
+        g: {k: KindTotals(**kinds.get(k, {}), has_work=has_work) for k in KINDS}
+        for g, kinds in acc.items()
+    }
+
+
+def kind_totals(scrape: str, baseline: str | None = None) -> dict[str, KindTotals]:
+    """Per kind totals of one scrape, summed over its DP groups, less what each group had in
+    ``baseline`` (an earlier scrape of the same deployment). Only groups the scrape holds
+    count: a replaced group's series may linger in the baseline and then vanish."""
+    now = group_totals(scrape)
+    before = group_totals(baseline, "--metrics-baseline") if baseline is not None else {}
+    out = {k: KindTotals(has_work=any(g[k].has_work for g in now.values())) for k in KINDS}
+    for name, kinds in now.items():
+        for kind, totals in kinds.items():
+            earlier = before.get(name, {}).get(kind)
+            diff = totals if earlier is None else totals.minus(earlier)
+            if diff.rounds < 0:
+                raise ValueError(
+                    f"--metrics-baseline: group {name} has more {kind} rounds than in --metrics "
+                    "(not a scrape of the same deployment taken before it)"
+                )
+            out[kind] = KindTotals(
+                out[kind].rounds + diff.rounds,
+                out[kind].seconds + diff.seconds,
+                out[kind].decodes + diff.decodes,
+                out[kind].prefill_tokens + diff.prefill_tokens,
+                out[kind].has_work,
+            )
+    return out
 
 
 def _equations(runs: list[dict[str, KindTotals]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
