@@ -1,0 +1,34 @@
+"""The simulator, priced from the live CPU deployment, predicts that deployment's own bench.
+
+The data are the recorded live runs (``docs/bench/live_{below,past}.json``: our bench client
+against the real default model, dp=2, round-robin, four policies at 0.2 and 0.5 req/s) and the
+engine scrapes taken before and after each run (``docs/bench/scrapes/``). One ``--costs`` file is
+fitted over the scrapes, each run's workload is replayed in the simulator, and TTFT p50 and ITL
+p50 must fall within the issue's ±25 % of what the client measured, for the gate and for
+``none`` — also when the fit saw only those two policies' runs and predicts the other two.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deployment.sim.live_check import TOLERANCE, predict
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "bench"
+BENCHES = [DOCS / "live_below.json", DOCS / "live_past.json"]
+SCRAPES = [DOCS / "scrapes" / "below", DOCS / "scrapes" / "past"]
+
+
+@pytest.mark.parametrize("fit_from", [None, {"roundgate", "none"}], ids=["all-runs", "held-out"])
+def test_live_runs_are_predicted_within_tolerance(fit_from, tmp_path: Path) -> None:
+    costs, rows = predict(BENCHES, SCRAPES, fit_from, tmp_path / "costs.json")
+    checked = [r for r in rows if r["checked"]]
+    # 2 loads x 4 policies x (TTFT p50, ITL p50).
+    assert len(checked) == 16
+    assert {r["policy"] for r in checked} >= {"roundgate", "none"}
+    for row in checked:
+        assert abs(row["error"]) <= TOLERANCE, row
+    # The fit found a real per-token prefill price and a decode price (not a degenerate file).
+    assert costs["prefill_per_token_ms"] > 0 and costs["decode_base_ms"] > 0
