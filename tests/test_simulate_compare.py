@@ -124,6 +124,8 @@ def test_a_cost_file_may_set_every_field(tmp_path: Path) -> None:
         (["--schedule-lag-ms", "-1"], "--schedule-lag-ms"),
         (["--concurrency", "0"], "--concurrency"),
         (["--router", "vllm-lb", "--route-weights", "1,1"], "--route-weights"),
+        (["--router", "vllm-lb", "--lb-api-servers", "0"], "--lb-api-servers"),
+        (["--router", "round-robin", "--lb-api-servers", "2"], "--lb-api-servers"),
         (["--policy", "roundgate-auto", "--prefill-max-wait-ms", "0"], "--prefill-max-wait-ms"),
         (
             ["--policy", "roundgate-auto", "--prefill-auto-any-interval", "0"],
