@@ -121,6 +121,8 @@ def test_a_cost_file_may_set_every_field(tmp_path: Path) -> None:
             "--attention-dp-timeout-iters",
         ),
         (["--plan-ahead-rounds", "0.5"], "--plan-ahead-rounds"),
+        (["--gc-every-rounds", "2.5"], "--gc-every-rounds"),
+        (["--gc-pause-per-request-ms", "-1"], "--gc-pause-per-request-ms"),
         (["--schedule-lag-ms", "-1"], "--schedule-lag-ms"),
         (["--concurrency", "0"], "--concurrency"),
         (["--router", "vllm-lb", "--route-weights", "1,1"], "--route-weights"),

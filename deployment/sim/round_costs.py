@@ -34,7 +34,7 @@ class RoundCosts:
     plan_ahead_rounds: float = 0.0
     # Stop-the-world collections of an engine process (CPython's oldest generation): every
     # ``gc_every_rounds`` busy rounds per rank, the ranks taking turns, the collecting rank
-    # stalls the group's round by ``gc_pause_per_request_ms`` per request it runs.
+    # stalls the group's round by ``gc_pause_per_request_ms`` per request in its batch.
     gc_every_rounds: float = 0.0
     gc_pause_per_request_ms: float = 0.0
 
@@ -71,10 +71,10 @@ class RoundCosts:
             return 0
         return max(1, round(self.gc_every_rounds / dp_size))
 
-    def gc_pause_ms(self, running: int) -> float:
-        """The stall of one collection on a rank running ``running`` requests (the live
-        objects the collector walks grow with them)."""
-        return self.gc_pause_per_request_ms * running
+    def gc_pause_ms(self, batch: int) -> float:
+        """The stall of one collection on a rank whose batch holds ``batch`` requests (the
+        live objects the collector walks grow with the requests it runs)."""
+        return self.gc_pause_per_request_ms * batch
 
 
 # Every field can be set from ``--costs FILE.json`` and overridden by its own flag.

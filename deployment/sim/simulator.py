@@ -186,8 +186,8 @@ class GroupSimulator:
             if not view.all_idle:
                 round_ms = group_ms([o.result.cost_s * 1000 for o in outcomes], any_extend)
                 if gc_stride and busy % gc_stride == gc_stride - 1:
-                    collector = schedulers[busy // gc_stride % dp]
-                    round_ms += costs.gc_pause_ms(len(collector.running))
+                    collector = outcomes[busy // gc_stride % dp].plan
+                    round_ms += costs.gc_pause_ms(collector.counts()[0])
                 busy += 1
                 if any_extend:
                     prefill_rounds += 1
