@@ -17,6 +17,7 @@ from deployment.cli import main
 from deployment.sim import cli as sim_cli
 from deployment.sim.scenarios import SCENARIOS, replay
 
+
 @pytest.fixture(scope="module")
 def replayed():
     return replay("vllm-44558")

@@ -96,6 +96,8 @@ def test_a_cost_file_may_set_every_field(tmp_path: Path) -> None:
         "decode_per_kv_token_ms": 1e-5,
         "schedule_lag_ms": 40.0,
         "plan_ahead_rounds": 1,
+        "gc_every_rounds": 64,
+        "gc_pause_per_request_ms": 0.5,
     }
     path = tmp_path / "costs.json"
     path.write_text(json.dumps(costs))

@@ -64,7 +64,6 @@ class RoundCosts:
         slowest = max(rank_ms, default=0.0)
         return slowest + self.gather_ms + (self.extend_overhead_ms if any_extend else 0.0)
 
-
     def gc_stride(self, dp_size: int) -> int:
         """Busy rounds between the group's collections (one rank's turn each), 0 for none."""
         if not self.gc_every_rounds or not self.gc_pause_per_request_ms:
