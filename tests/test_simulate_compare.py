@@ -96,6 +96,8 @@ def test_a_cost_file_may_set_every_field(tmp_path: Path) -> None:
         "decode_per_kv_token_ms": 1e-5,
         "schedule_lag_ms": 40.0,
         "plan_ahead_rounds": 1,
+        "gc_every_rounds": 64,
+        "gc_pause_per_request_ms": 0.5,
     }
     path = tmp_path / "costs.json"
     path.write_text(json.dumps(costs))
@@ -121,9 +123,13 @@ def test_a_cost_file_may_set_every_field(tmp_path: Path) -> None:
             "--attention-dp-timeout-iters",
         ),
         (["--plan-ahead-rounds", "0.5"], "--plan-ahead-rounds"),
+        (["--gc-every-rounds", "2.5"], "--gc-every-rounds"),
+        (["--gc-pause-per-request-ms", "-1"], "--gc-pause-per-request-ms"),
         (["--schedule-lag-ms", "-1"], "--schedule-lag-ms"),
         (["--concurrency", "0"], "--concurrency"),
         (["--router", "vllm-lb", "--route-weights", "1,1"], "--route-weights"),
+        (["--router", "vllm-lb", "--lb-api-servers", "0"], "--lb-api-servers"),
+        (["--router", "round-robin", "--lb-api-servers", "2"], "--lb-api-servers"),
         (["--policy", "roundgate-auto", "--prefill-max-wait-ms", "0"], "--prefill-max-wait-ms"),
         (
             ["--policy", "roundgate-auto", "--prefill-auto-any-interval", "0"],

@@ -80,6 +80,13 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trace", default=None, help="JSONL arrivals (with --arrival trace)")
     g.add_argument("--router", default="round-robin", choices=ROUTERS)
     g.add_argument("--route-weights", default=None, help="e.g. 8,1,1,1 (skewed router)")
+    g.add_argument(
+        "--lb-api-servers",
+        type=int,
+        default=None,
+        help="vllm-lb: API servers, each balancing on its own view (default 1; vLLM starts "
+        "--dp-size of them under internal load balancing)",
+    )
     g.add_argument("--balance-abs-threshold", type=int, default=32, help="cache-aware router")
     g.add_argument("--balance-rel-threshold", type=float, default=1.0001, help="cache-aware")
     g.add_argument(

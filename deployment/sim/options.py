@@ -180,7 +180,8 @@ def make_router(ns: argparse.Namespace, weights: list[int] | None) -> Router:
             balance_rel_threshold=getattr(ns, "balance_rel_threshold", 1.0001),
             session_affinity=getattr(ns, "session_affinity", False),
         )
-    return Router(ns.router, ns.dp_size, weights, ns.seed, cache_aware)
+    servers = getattr(ns, "lb_api_servers", None)
+    return Router(ns.router, ns.dp_size, weights, ns.seed, cache_aware, servers)
 
 
 def arrivals_of(ns: argparse.Namespace, setup: RunSetup) -> list[Arrival]:

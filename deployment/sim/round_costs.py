@@ -32,16 +32,21 @@ class RoundCosts:
     decode_per_kv_token_ms: float = 0.0
     schedule_lag_ms: float = 0.0
     plan_ahead_rounds: float = 0.0
+    # Stop-the-world collections of an engine process (CPython's oldest generation): every
+    # ``gc_every_rounds`` busy rounds per rank, the ranks taking turns, the collecting rank
+    # stalls the group's round by ``gc_pause_per_request_ms`` per request in its batch.
+    gc_every_rounds: float = 0.0
+    gc_pause_per_request_ms: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"cost {f.name} must be a number >= 0, got {value!r}")
-        if self.plan_ahead_rounds != int(self.plan_ahead_rounds):
-            raise ValueError(
-                f"cost plan_ahead_rounds must be a whole number, got {self.plan_ahead_rounds}"
-            )
+        for name in ("plan_ahead_rounds", "gc_every_rounds"):
+            value = getattr(self, name)
+            if value != int(value):
+                raise ValueError(f"cost {name} must be a whole number, got {value}")
 
     def rank_ms(self, decodes: int, prefill_tokens: int, kv_tokens: int = 0) -> float:
         """One rank's forward; an idle rank costs nothing of its own."""
@@ -58,6 +63,17 @@ class RoundCosts:
         """The group's round: the slowest rank plus the shared overheads."""
         slowest = max(rank_ms, default=0.0)
         return slowest + self.gather_ms + (self.extend_overhead_ms if any_extend else 0.0)
+
+    def gc_stride(self, dp_size: int) -> int:
+        """Busy rounds between the group's collections (one rank's turn each), 0 for none."""
+        if not self.gc_every_rounds or not self.gc_pause_per_request_ms:
+            return 0
+        return max(1, round(self.gc_every_rounds / dp_size))
+
+    def gc_pause_ms(self, batch: int) -> float:
+        """The stall of one collection on a rank whose batch holds ``batch`` requests (the
+        live objects the collector walks grow with the requests it runs)."""
+        return self.gc_pause_per_request_ms * batch
 
 
 # Every field can be set from ``--costs FILE.json`` and overridden by its own flag.
@@ -85,6 +101,10 @@ PRESETS: dict[str, RoundCosts] = {
         gather_ms=0.2,
         decode_per_kv_token_ms=5e-6,
         plan_ahead_rounds=1,
+        # The engine processes' stop-the-world collections, fitted to the P99 TTFT of both
+        # arms: one rank in every 300 busy rounds, 10 ms per request it runs.
+        gc_every_rounds=2400,
+        gc_pause_per_request_ms=10.0,
     ),
     # One SGLang engine, TEP4, Qwen3.5-397B-A17B-FP8 on 1x GB200 (SGLang PR #23189): decode
     # from its ISL-10 run (9,018 tok/s at concurrency 128: a 14.2 ms step) and TPOT at

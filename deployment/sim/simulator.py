@@ -129,6 +129,7 @@ class GroupSimulator:
         next_send = source.next_send_s
         # Steady decode rounds in one step (deployment/sim/fast_forward.py), where exact.
         fast = self.fast_forward and timeline is None and fast_forward.supported(loops)
+        gc_stride = costs.gc_stride(dp)  # busy round b collects iff b % stride == stride - 1
         rounds = busy = prefill_rounds = decode_rounds = 0
         finished = 0
         in_flight = self._in_flight = [0] * dp  # routed, not yet admitted, per rank
@@ -165,6 +166,8 @@ class GroupSimulator:
             left = (
                 FAST_MAX_ROUNDS if max_rounds is None else min(max_rounds - rounds, FAST_MAX_ROUNDS)
             )
+            if gc_stride:  # a collecting round runs in full
+                left = min(left, gc_stride - 1 - busy % gc_stride)
             k = fast_forward.steady_rounds(loops, left) if fast and not pending else 0
             if k:
                 k, clock = fast_forward.advance(
@@ -182,6 +185,9 @@ class GroupSimulator:
             any_extend = view.any_extend
             if not view.all_idle:
                 round_ms = group_ms([o.result.cost_s * 1000 for o in outcomes], any_extend)
+                if gc_stride and busy % gc_stride == gc_stride - 1:
+                    collector = outcomes[busy // gc_stride % dp].plan
+                    round_ms += costs.gc_pause_ms(collector.counts()[0])
                 busy += 1
                 if any_extend:
                     prefill_rounds += 1

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deployment.cache_aware import CacheAwareConfig, CacheAwarePolicy
+from deployment.sim.vllm_lb import VllmBalancer
 
 if TYPE_CHECKING:
     from deployment.sim.sessions import Session
@@ -17,10 +18,6 @@ if TYPE_CHECKING:
 ARRIVALS = ("poisson", "bursty", "trace")
 LENGTH_DISTS = ("fixed", "uniform", "exponential")
 ROUTERS = ("round-robin", "least-loaded", "skewed", "vllm-lb", "cache-aware")
-# vLLM's front end refreshes its per-engine (waiting, running) counts from the DP coordinator
-# this often (vllm/v1/engine/core_client.py: "stats updates from the coordinator (which
-# happen every 100ms)"); between refreshes it only adds its own sends to the waiting count.
-VLLM_LB_REFRESH_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -173,6 +170,7 @@ class Router:
         weights: Sequence[int] | None = None,
         seed: int = 0,
         cache_aware: CacheAwareConfig | None = None,
+        api_servers: int | None = None,
     ) -> None:
         if policy not in ROUTERS:
             raise ValueError(f"--router must be one of {', '.join(ROUTERS)}, got {policy!r}")
@@ -186,13 +184,18 @@ class Router:
                 raise ValueError("--route-weights must be >= 0 with a positive sum")
         elif weights is not None:
             raise ValueError(f"--route-weights applies to --router skewed only, not {policy}")
+        if api_servers is not None and policy != "vllm-lb":
+            raise ValueError(f"--lb-api-servers applies to --router vllm-lb only, not {policy}")
         self.policy = policy
         self.dp_size = dp_size
         self.weights = list(weights or [])
         self._next = 0
         self._rng = random.Random(seed)
-        self._view: list[list[int]] = [[0, 0] for _ in range(dp_size)]
-        self._next_refresh_s = 0.0
+        self.vllm_lb = (
+            VllmBalancer(dp_size, 1 if api_servers is None else api_servers, seed)
+            if policy == "vllm-lb"
+            else None
+        )
         self.cache_aware = (
             CacheAwarePolicy(cache_aware or CacheAwareConfig()) if policy == "cache-aware" else None
         )
@@ -214,13 +217,7 @@ class Router:
         return self._rng.choices(range(self.dp_size), weights=self.weights)[0]
 
     def route_stale(self, now_s: float, waiting: Sequence[int], running: Sequence[int]) -> int:
-        """``vllm-lb``: route on the last refreshed counts (the engines' ``waiting`` and
-        ``running`` now, read only at a refresh), then count the send locally."""
-        if now_s >= self._next_refresh_s:
-            self._view = [[w, r] for w, r in zip(waiting, running, strict=True)]
-            ticks = int(now_s / VLLM_LB_REFRESH_S) + 1
-            self._next_refresh_s = ticks * VLLM_LB_REFRESH_S
-        view = self._view
-        rank = min(range(self.dp_size), key=lambda r: (4 * view[r][0] + view[r][1], r))
-        view[rank][0] += 1
-        return rank
+        """``vllm-lb`` (``deployment.sim.vllm_lb``): route on the last refreshed counts."""
+        if self.vllm_lb is None:
+            raise ValueError(f"route_stale is the vllm-lb router's, not {self.policy}'s")
+        return self.vllm_lb.route(now_s, waiting, running)
