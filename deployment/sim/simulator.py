@@ -165,14 +165,18 @@ class GroupSimulator:
             left = (
                 FAST_MAX_ROUNDS if max_rounds is None else min(max_rounds - rounds, FAST_MAX_ROUNDS)
             )
-            k = fast_forward.steady_rounds(loops, left) if fast and not pending else 0
-            if k:
-                k, clock = fast_forward.advance(
-                    loops, costs, k, clock, next_send, records, itl, starts
+            if fast and not pending:
+                k, clock, done = fast_forward.advance(
+                    loops, costs, left, clock, next_send, records, itl, starts
                 )
                 if k:
                     self.clock = clock
                     rounds, busy, decode_rounds = rounds + k, busy + k, decode_rounds + k
+                    finished += len(done)
+                    if closed:
+                        for request in done:
+                            source.finished(clock, request)
+                            next_send = source.next_send_s
                     if on_round is not None:
                         on_round(rounds, finished)
                     continue
