@@ -54,16 +54,17 @@ STEADY_POLICIES = (GroupGate, NoGate, LocalIntervalPolicy)
 # and repeat call after call, and building one costs more than the lookup.
 _ROWS: dict[tuple[int, bool, bool], RankRow] = {}
 _LENGTH = RequestStatus.FINISHED_LENGTH
+FAST_LIMIT = 1 << 30  # no request is that far from its end
 
 
 def supported(loops: Sequence[RankLoop]) -> bool:
     return all(type(loop.policy) in STEADY_POLICIES for loop in loops)
 
 
-def _scan(loops: Sequence[RankLoop], limit: int) -> tuple[int, list[RankRow]] | None:
-    """How many of the next rounds (up to ``limit``) every rank decodes steadily, before or
-    at the first finish, and the rows they publish; None when some rank is not steady."""
-    k = limit
+def _scan(loops: Sequence[RankLoop]) -> tuple[int, list[RankRow]] | None:
+    """The rounds every rank can decode steadily, up to and including the first finish,
+    and the rows they publish; None when some rank is not steady."""
+    k = FAST_LIMIT
     rows = []
     for loop in loops:
         s = loop.scheduler
@@ -184,14 +185,14 @@ def _page_needs(loops: Sequence[RankLoop], k: int) -> list[list[tuple[int, int, 
     return needs
 
 
-def _grant(s: Scheduler, grants: list[tuple[int, int, Request]]) -> None:
-    """The skipped plans' pool steps: key the page just filled (``PrefixCache.
-    keep_last_page``), then take the next one (``KVPool.grow``)."""
+def _grant(s: Scheduler, grants: list[tuple[int, int, Request]], k: int) -> None:
+    """The skipped plans' pool steps (after the k rounds' tokens are counted): key the page
+    just filled (``PrefixCache.keep_last_page``), then take the next one (``KVPool.grow``)."""
     pool = s.pool
     page_size = pool.page_size
     keep = s.prefix.enabled
     for j, _, req in grants:
-        tokens = req.num_computed_tokens + j  # computed when that round plans, a page edge
+        tokens = req.num_computed_tokens - k + j  # computed when round j plans: a page edge
         full = tokens // page_size
         if keep and full and len(req.page_ids) >= full:
             keys = extend_keys(req.page_keys, req.token_ids, full * page_size, page_size)
@@ -243,13 +244,13 @@ def advance(
 ) -> tuple[int, float, list[Request]]:
     """Apply up to ``limit`` steady rounds, if the group is steady; returns (rounds applied,
     clock after them, the requests the last of them finished, in the full round's order)."""
-    scan = _scan(loops, limit)
+    scan = _scan(loops)
     if scan is None:
         return 0, clock, []
-    k, rows = scan
+    first_finish, rows = scan
     if not any(row.batch_size for row in rows):
         return 0, clock, []  # an idle group (held prompts only): not a decode round
-    ends = _round_ends(loops, costs, k, clock, next_event_s)
+    ends = _round_ends(loops, costs, min(limit, first_finish), clock, next_event_s)
     k = _held_rounds(loops, rows, len(ends)) if ends else 0
     needs = _page_needs(loops, k) if k else None
     if needs is None:
@@ -269,13 +270,12 @@ def advance(
         rec.last_token_s = end_s
         rec.num_output += k
         req.output_token_ids.extend(tokens)
+        req.num_computed_tokens += k
     finished: list[Request] = []
     for loop, row, grants in zip(loops, rows, needs, strict=True):
         s = loop.scheduler
         if grants:
-            _grant(s, grants)
-        for req in s.running:
-            req.num_computed_tokens += k
+            _grant(s, grants, k)
         if row.wants_prefill:
             s.waits.wanted(s.round + 1)  # round 0 publishes a held prompt's first want
         if s.waiting and (
@@ -285,6 +285,7 @@ def advance(
         s.round += k
         _observe_steady(loop.policy, k)
         loop.last_rows = rows
-        _finish_last(s, records, end_s, finished)
+        if k == first_finish:
+            _finish_last(s, records, end_s, finished)
     starts.extend(ends)
     return k, end_s, finished
