@@ -101,22 +101,28 @@ def _round_ends(
 ) -> list[float]:
     """End times of up to k rounds that start before the next event, priced as the executor
     and the group price them (the same float operations, so the same clock)."""
-    per_kv = costs.decode_per_kv_token_ms
+    ends: list[float] = []
+    t = clock
+    if not costs.decode_per_kv_token_ms:
+        # Every round costs the same, and the slowest rank is the one with the most decodes:
+        # a rank's price (and its ms -> s -> ms round trip) never falls as decodes grow.
+        n = max(len(loop.scheduler.running) for loop in loops)
+        step = costs.group_ms([costs.rank_ms(n, 0, 0) / 1000.0 * 1000], False) / 1000.0
+        for _ in range(k):
+            if t >= next_event_s:
+                break
+            t += step
+            ends.append(t)
+        return ends
     bases = []
     for loop in loops:
         running = loop.scheduler.running
-        kv = sum(r.num_computed_tokens for r in running) if per_kv else 0
-        bases.append((len(running), kv))
-    ends: list[float] = []
-    t = clock
-    step = 0.0
+        bases.append((len(running), sum(r.num_computed_tokens for r in running)))
     for j in range(k):
         if t >= next_event_s:
             break
-        if per_kv or not j:
-            rank_s = [costs.rank_ms(n, 0, kv + j * n) / 1000.0 if n else 0.0 for n, kv in bases]
-            step = costs.group_ms([c * 1000 for c in rank_s], False) / 1000.0
-        t += step
+        rank_s = [costs.rank_ms(n, 0, kv + j * n) / 1000.0 if n else 0.0 for n, kv in bases]
+        t += costs.group_ms([c * 1000 for c in rank_s], False) / 1000.0
         ends.append(t)
     return ends
 
