@@ -61,11 +61,13 @@ def supported(loops: Sequence[RankLoop]) -> bool:
     return all(type(loop.policy) in STEADY_POLICIES for loop in loops)
 
 
-def _scan(loops: Sequence[RankLoop]) -> tuple[int, list[RankRow]] | None:
-    """The rounds every rank can decode steadily, up to and including the first finish,
-    and the rows they publish; None when some rank is not steady."""
-    k = FAST_LIMIT
+def _scan(loops: Sequence[RankLoop]) -> tuple[list[RankRow], list[int], list[int]] | None:
+    """The rows every rank publishes while it decodes steadily, and for each rank the
+    rounds until its first finish (the round that finishes counted) and until its first
+    page grant; None when some rank is not steady."""
     rows = []
+    lefts = []
+    grants = []
     for loop in loops:
         s = loop.scheduler
         if s.retracted or s._partial or s._pending_aborts or s._aborted_events:
@@ -77,23 +79,33 @@ def _scan(loops: Sequence[RankLoop]) -> tuple[int, list[RankRow]] | None:
         if n > s.args.max_scheduled_tokens // 2:
             return None
         room = s.max_sequence_len
+        page_size = s.pool.page_size
+        first_end = first_grant = FAST_LIMIT
         for req in running:
             prompt = req.num_prompt_tokens
-            if req.num_computed_tokens < prompt:
+            computed = req.num_computed_tokens
+            if computed < prompt:
                 return None
             out = len(req.output_token_ids)
             left = req.sampling.max_tokens - out
             if room - prompt - out < left:
                 left = room - prompt - out
-            if left < k:
-                k = left
+            if left < first_end:
+                first_end = left
+            # A round's decode needs room for computed + 1 tokens: a new page once the held
+            # ones are full of computed tokens (then every page_size rounds).
+            grant = len(req.page_ids) * page_size - computed
+            if grant < first_grant:
+                first_grant = grant
         probe = s.probe()
         key = (n, probe.wants_prefill, probe.has_decode_work)
         row = _ROWS.get(key)
         if row is None:
             row = _ROWS[key] = RankRow(n, n, 0, *key[1:])
         rows.append(row)
-    return k, rows
+        lefts.append(first_end)
+        grants.append(first_grant)
+    return rows, lefts, grants
 
 
 def _round_ends(
@@ -161,18 +173,21 @@ def _held_rounds(loops: Sequence[RankLoop], new_rows: list[RankRow], k: int) -> 
     return first
 
 
-def _page_needs(loops: Sequence[RankLoop], k: int) -> list[list[tuple[int, int, Request]]] | None:
+def _page_needs(
+    loops: Sequence[RankLoop], k: int, first_grants: list[int]
+) -> list[list[tuple[int, int, Request]]] | None:
     """Each rank's page grants over k rounds as (round, running order, request), in the
     order the plans make them; None if a pool runs short or a held prompt's probe flips."""
     needs = []
-    for loop in loops:
+    for loop, first_grant in zip(loops, first_grants, strict=True):
+        grants: list[tuple[int, int, Request]] = []
+        needs.append(grants)
+        if first_grant >= k:
+            continue
         s = loop.scheduler
         pool = s.pool
         page_size = pool.page_size
-        grants = []
         for order, req in enumerate(s.running):
-            # A round's decode needs room for computed + 1 tokens: a new page once the held
-            # ones are full of computed tokens, then every page_size rounds.
             j = len(req.page_ids) * page_size - req.num_computed_tokens
             while j < k:
                 grants.append((j, order, req))
@@ -187,7 +202,6 @@ def _page_needs(loops: Sequence[RankLoop], k: int) -> list[list[tuple[int, int, 
                     return None
             if len(grants) > 1:
                 grants.sort(key=lambda g: (g[0], g[1]))
-        needs.append(grants)
     return needs
 
 
@@ -253,33 +267,33 @@ def advance(
     scan = _scan(loops)
     if scan is None:
         return 0, clock, []
-    first_finish, rows = scan
+    rows, lefts, first_grants = scan
     if not any(row.batch_size for row in rows):
         return 0, clock, []  # an idle group (held prompts only): not a decode round
-    ends = _round_ends(loops, costs, min(limit, first_finish), clock, next_event_s)
+    ends = _round_ends(loops, costs, min(limit, *lefts), clock, next_event_s)
     k = _held_rounds(loops, rows, len(ends)) if ends else 0
-    needs = _page_needs(loops, k) if k else None
+    needs = _page_needs(loops, k, first_grants) if k else None
     if needs is None:
         return 0, clock, []
     del ends[k:]
     # Tokens in the order the full rounds record them: round by round, rank by rank, each
     # rank's running requests in plan order. After round 0 every request's last token is the
     # previous round's end, so a round's samples are all one value.
-    running = [req for loop in loops for req in loop.scheduler.running]
-    recs = [records[req.request_id] for req in running]
-    itl.extend(array("d", [(ends[0] - rec.last_token_s) * 1000.0 for rec in recs]))
-    for prev, end in pairwise(ends):
-        itl.extend(array("d", [(end - prev) * 1000.0]) * len(recs))
-    tokens = [SIM_TOKEN] * k
+    first = ends[0]
     end_s = ends[-1]
-    for rec, req in zip(recs, running, strict=True):
-        rec.last_token_s = end_s
-        rec.num_output += k
-        req.output_token_ids.extend(tokens)
-        req.num_computed_tokens += k
+    tokens = [SIM_TOKEN] * k
+    samples = array("d")
+    add = samples.append
     finished: list[Request] = []
-    for loop, row, grants in zip(loops, rows, needs, strict=True):
+    for loop, row, grants, left in zip(loops, rows, needs, lefts, strict=True):
         s = loop.scheduler
+        for req in s.running:
+            rec = records[req.request_id]
+            add((first - rec.last_token_s) * 1000.0)
+            rec.last_token_s = end_s
+            rec.num_output += k
+            req.output_token_ids.extend(tokens)
+            req.num_computed_tokens += k
         if grants:
             _grant(s, grants, k)
         if row.wants_prefill:
@@ -291,7 +305,10 @@ def advance(
         s.round += k
         _observe_steady(loop.policy, k)
         loop.last_rows = rows
-        if k == first_finish:
+        if left == k:
             _finish_last(s, records, end_s, finished)
+    itl.extend(samples)
+    for prev, end in pairwise(ends):
+        itl.extend(array("d", [(end - prev) * 1000.0]) * len(samples))
     starts.extend(ends)
     return k, end_s, finished
