@@ -16,7 +16,7 @@ from actors.control.rank_loop import RankLoop
 from actors.control.request import Request, SamplingParams
 from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
-from deployment.sim import fast_forward
+from deployment.sim import decode_ranks, fast_forward
 from deployment.sim.arrivals import OpenLoop
 from deployment.sim.cost_executor import CostExecutor
 from deployment.sim.records import (
@@ -180,12 +180,19 @@ class GroupSimulator:
                     if on_round is not None:
                         on_round(rounds, finished)
                     continue
-            rows = [begin() for begin in begins]
-            view = read_rows(rows)  # one reading for every rank of the round
-            outcomes = [finish(rows, view) for finish in finishes]
+            if fast:
+                # The ranks with no prefill work decode without plan objects, exactly.
+                view, costs_s, events = decode_ranks.step(loops, costs)
+                outcomes = None
+            else:
+                rows = [begin() for begin in begins]
+                view = read_rows(rows)  # one reading for every rank of the round
+                outcomes = [finish(rows, view) for finish in finishes]
+                costs_s = [o.result.cost_s for o in outcomes]
+                events = [o.events for o in outcomes]
             any_extend = view.any_extend
             if not view.all_idle:
-                round_ms = group_ms([o.result.cost_s * 1000 for o in outcomes], any_extend)
+                round_ms = group_ms([c * 1000 for c in costs_s], any_extend)
                 busy += 1
                 if any_extend:
                     prefill_rounds += 1
@@ -198,8 +205,8 @@ class GroupSimulator:
             self.clock = clock
             starts.append(clock)
             rounds += 1
-            for rank, outcome in enumerate(outcomes):
-                for request, token_id, done in outcome.events:
+            for rank, rank_events in enumerate(events):
+                for request, token_id, done in rank_events:
                     rec = records[request.request_id]
                     if token_id is not None:
                         if rec.first_token_s is None:
@@ -215,7 +222,7 @@ class GroupSimulator:
                         if closed:
                             source.finished(clock, request)
                             next_send = source.next_send_s
-            if timeline is not None:
+            if timeline is not None and outcomes is not None:
                 timeline.start_s.append(start)
                 timeline.duration_ms.append(round_ms)
                 timeline.kinds.extend(KIND_CODES[o.plan.kind] for o in outcomes)
