@@ -8,7 +8,7 @@ steps in the same order (key a filled page, take the next), the same row, the sa
 the same token events. ``step`` does that for those ranks and calls ``begin``/``finish`` for
 the others; ``tests/test_fast_forward.py`` compares whole runs with the full rounds.
 
-Only for the steady policies (``fast_forward.STEADY_POLICIES``): their votes change no
+Only for the steady policies (``steady_policies.STEADY_POLICIES``): their votes change no
 state, so skipping a decode rank's vote is exact, and they read no extra column.
 """
 

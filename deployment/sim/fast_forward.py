@@ -10,7 +10,8 @@ the result is the same to the last bit (``tests/test_fast_forward.py`` compares 
 It only engages where that equivalence is easy to see:
 
 - policies whose votes and updates read the gate's five columns only (the gate, ``none``
-  and the local interval: no extra columns that would change from round to round);
+  and the local interval: no extra columns that would change from round to round), in
+  closed form (``deployment.sim.steady_policies``);
 - every rank: no resident chunk, no retracted request, no pending abort, and every running
   request decoding; held prompts are allowed while every vote keeps them held;
 - the KV pool grants every page those rounds will need, and no probe flips (a held prompt's
@@ -39,26 +40,17 @@ from actors.control.request import Request, RequestStatus
 from actors.control.scheduler import Scheduler
 from deployment.sim.cost_executor import SIM_TOKEN
 from deployment.sim.round_costs import RoundCosts
+from deployment.sim.steady_policies import held_rounds, observe_steady
 from gate import RankRow
-from gate.group_gate import GroupGate
-from gate.local_interval import LocalIntervalPolicy
-from gate.no_gate import NoGate
 
 if TYPE_CHECKING:
     from deployment.sim.simulator import RequestRecord
 
-# Policies whose state after k identical rounds is what k calls of vote/observe give, and
-# which read no column that changes while the group decodes.
-STEADY_POLICIES = (GroupGate, NoGate, LocalIntervalPolicy)
 # A decoding rank's row, by (batch size, wants_prefill, has_decode_work): rows are immutable
 # and repeat call after call, and building one costs more than the lookup.
 _ROWS: dict[tuple[int, bool, bool], RankRow] = {}
 _LENGTH = RequestStatus.FINISHED_LENGTH
 FAST_LIMIT = 1 << 30  # no request is that far from its end
-
-
-def supported(loops: Sequence[RankLoop]) -> bool:
-    return all(type(loop.policy) in STEADY_POLICIES for loop in loops)
 
 
 def _scan(loops: Sequence[RankLoop]) -> tuple[list[RankRow], list[int], list[int]] | None:
@@ -139,40 +131,6 @@ def _round_ends(
     return ends
 
 
-def _next_multiple(r: int, step: int) -> int:
-    """Smallest j >= 1 with (r + j) % step == 0."""
-    return step - r % step
-
-
-def _held_rounds(loops: Sequence[RankLoop], new_rows: list[RankRow], k: int) -> int:
-    """Rounds (up to k) before a vote lets a rank plan a prompt it holds.
-
-    Round 0 votes on the rows gathered last round, the later rounds on ``new_rows``; each
-    steady policy's state after round j follows from its rule in closed form.
-    """
-    first = k
-    for i, loop in enumerate(loops):
-        s = loop.scheduler
-        if not (s.waiting and new_rows[i].wants_prefill and s.can_admit):
-            continue
-        policy = loop.policy
-        if policy.vote(loop.last_rows).permission.allow_new:
-            return 0
-        if isinstance(policy, GroupGate):
-            r = policy.rounds_since_prefill + 1  # round 0 observes a busy decode round
-            delay = policy.delay
-            j = _next_multiple(r - 1, delay.any_interval)  # an ANY point, someone wants
-            blocked = any(row.has_decode_work and not row.wants_prefill for row in new_rows)
-            if not blocked:
-                j = min(j, _next_multiple(r - 1, delay.attempt_interval))
-            first = min(first, j)
-        elif isinstance(policy, LocalIntervalPolicy):
-            first = min(first, policy.remaining)
-        else:  # NoGate: always open
-            return 0
-    return first
-
-
 def _page_needs(
     loops: Sequence[RankLoop], k: int, first_grants: list[int]
 ) -> list[list[tuple[int, int, Request]]] | None:
@@ -244,14 +202,6 @@ def _finish_last(
         finished.append(req)
 
 
-def _observe_steady(policy: object, k: int) -> None:
-    """The state of a steady policy after observing k busy decode-only rounds."""
-    if isinstance(policy, GroupGate):
-        policy.rounds_since_prefill += k
-    elif isinstance(policy, LocalIntervalPolicy):
-        policy.remaining = max(0, policy.remaining - k)
-
-
 def advance(
     loops: Sequence[RankLoop],
     costs: RoundCosts,
@@ -264,6 +214,12 @@ def advance(
 ) -> tuple[int, float, list[Request]]:
     """Apply up to ``limit`` steady rounds, if the group is steady; returns (rounds applied,
     clock after them, the requests the last of them finished, in the full round's order)."""
+    for loop in loops:
+        # A vote that admits a held prompt this very round (the common way a skip ends):
+        # found before the scan, as ``_held_rounds`` would find it after.
+        s = loop.scheduler
+        if s.waiting and s.can_admit and loop.policy.vote(loop.last_rows).permission.allow_new:
+            return 0, clock, []
     scan = _scan(loops)
     if scan is None:
         return 0, clock, []
@@ -271,7 +227,7 @@ def advance(
     if not any(row.batch_size for row in rows):
         return 0, clock, []  # an idle group (held prompts only): not a decode round
     ends = _round_ends(loops, costs, min(limit, *lefts), clock, next_event_s)
-    k = _held_rounds(loops, rows, len(ends)) if ends else 0
+    k = held_rounds(loops, rows, len(ends)) if ends else 0
     needs = _page_needs(loops, k, first_grants) if k else None
     if needs is None:
         return 0, clock, []
@@ -303,7 +259,7 @@ def advance(
         ):
             s.waits.excused_rounds += k
         s.round += k
-        _observe_steady(loop.policy, k)
+        observe_steady(loop.policy, k)
         loop.last_rows = rows
         if left == k:
             _finish_last(s, records, end_s, finished)

@@ -16,7 +16,7 @@ from actors.control.rank_loop import RankLoop
 from actors.control.request import Request, SamplingParams
 from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
-from deployment.sim import decode_ranks, fast_forward
+from deployment.sim import decode_ranks, fast_forward, steady_policies
 from deployment.sim.arrivals import OpenLoop
 from deployment.sim.cost_executor import CostExecutor
 from deployment.sim.records import (
@@ -128,7 +128,7 @@ class GroupSimulator:
         starts = deque([0.0] * (plan_ahead + 1), maxlen=plan_ahead + 1)
         next_send = source.next_send_s
         # Steady decode rounds in one step (deployment/sim/fast_forward.py), where exact.
-        fast = self.fast_forward and timeline is None and fast_forward.supported(loops)
+        fast = self.fast_forward and timeline is None and steady_policies.supported(loops)
         rounds = busy = prefill_rounds = decode_rounds = 0
         finished = 0
         in_flight = self._in_flight = [0] * dp  # routed, not yet admitted, per rank
