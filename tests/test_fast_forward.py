@@ -103,24 +103,29 @@ def test_fast_path_keys_and_takes_the_same_pages(concurrency, num_kv_pages) -> N
     assert (num_kv_pages == 60) == any(evictions for _, _, _, evictions, _ in pools[0])
 
 
-def test_fast_path_engages_on_steady_decoding_and_finishes() -> None:
-    """The fast path skips rounds, and its last skipped round finishes requests."""
-    calls, finished = [], []
-    from deployment.sim import fast_forward
+def test_fast_path_engages_on_steady_decoding_and_finishes(monkeypatch) -> None:
+    """The fast path skips rounds, its last skipped round finishes requests, and the full
+    rounds step decode-only ranks without plan objects."""
+    calls, finished, lite = [], [], []
+    from deployment.sim import decode_ranks, fast_forward
 
-    original = fast_forward.advance
+    advance, decodes = fast_forward.advance, decode_ranks._decodes
 
     def spy(*args, **kwargs):
-        done = original(*args, **kwargs)
+        done = advance(*args, **kwargs)
         calls.append(done[0])
         finished.extend(done[2])
         return done
 
-    fast_forward.advance = spy
-    try:
-        result = run("roundgate", {}, "h100-dsv3", None, fast=True)
-    finally:
-        fast_forward.advance = original
+    def spy_decodes(scheduler):
+        planned = decodes(scheduler)
+        lite.append(planned)
+        return planned
+
+    monkeypatch.setattr(fast_forward, "advance", spy)
+    monkeypatch.setattr(decode_ranks, "_decodes", spy_decodes)
+    result = run("roundgate", {}, "h100-dsv3", None, fast=True)
     assert sum(calls) > 0
     assert finished and all(req.is_finished for req in finished)
+    assert any(lite) and None in lite  # both kinds of rank in the full rounds
     assert result.unfinished == 0
