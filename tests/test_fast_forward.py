@@ -129,3 +129,24 @@ def test_fast_path_engages_on_steady_decoding_and_finishes(monkeypatch) -> None:
     assert finished and all(req.is_finished for req in finished)
     assert any(lite) and None in lite  # both kinds of rank in the full rounds
     assert result.unfinished == 0
+
+
+@pytest.mark.parametrize("policy", ["none", "roundgate"])
+def test_fast_path_counts_a_full_batchs_held_prompts_as_the_full_rounds(policy) -> None:
+    """Prompts that arrive while the batch is full wait excused rounds: the first want's stamp
+    sees round 0's excused count, as the full round's plan counts it before its probe."""
+    spec = make_spec(num_requests=50, rate=30.0, input_len=10, output_len=30, seed=982)
+    results = []
+    for fast in (False, True):
+        sim = GroupSimulator(
+            sim_args(policy, dp_size=1, max_scheduled_tokens=64, enable_mixed_prefill_decode=True),
+            PRESETS["gb200-dsv3"],
+            Router("round-robin", 1),
+            policy,
+            keep_timeline=False,
+            fast_forward=fast,
+        )
+        result = sim.run(generate(spec))
+        results.append([vars(r) for r in result.records])
+    assert results[0] == results[1]
+    assert any(r["admission_wait"] for r in results[0])

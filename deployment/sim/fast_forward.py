@@ -252,12 +252,17 @@ def advance(
             req.num_computed_tokens += k
         if grants:
             _grant(s, grants, k)
+        # Each plan counts an excused round before its probe publishes a want: round 0's
+        # count comes before the stamp of a held prompt's first want, the rest after.
+        excused = bool(s.waiting) and (
+            s.pool.occupancy > PREFILL_WATERMARK or len(s.running) >= s.max_batch_size
+        )
+        if excused:
+            s.waits.excused_rounds += 1
         if row.wants_prefill:
             s.waits.wanted(s.round + 1)  # round 0 publishes a held prompt's first want
-        if s.waiting and (
-            s.pool.occupancy > PREFILL_WATERMARK or len(s.running) >= s.max_batch_size
-        ):
-            s.waits.excused_rounds += k
+        if excused:
+            s.waits.excused_rounds += k - 1
         s.round += k
         observe_steady(loop.policy, k)
         loop.last_rows = rows
