@@ -61,15 +61,33 @@ def test_fast_path_changes_nothing(policy, overrides, costs, concurrency, spec) 
     assert (fast.rounds, fast.duration_s) == (slow.rounds, slow.duration_s)
 
 
-@pytest.mark.parametrize("concurrency", [None, 4])
-def test_fast_path_keys_the_same_pages_for_the_prefix_cache(concurrency) -> None:
-    """Decodes that complete a page key it (later turns may reuse it): the skipped rounds
-    key the same contents as the full rounds (page ids may differ: the fast path grants a
-    request's pages for k rounds at once), with the same results."""
-    cached, summaries = [], []
+def pool_state(sim: GroupSimulator) -> list:
+    """Every rank's pool as the rounds left it: keys by page, free and evictable order,
+    evictions, and each request's page table."""
+    state = []
+    for loop in sim.loops:
+        pool = loop.scheduler.pool
+        owned = {owner: list(pages) for owner, pages in pool._owned.items()}
+        state.append(
+            (dict(pool._key_of), list(pool._free), list(pool._evictable), pool.num_evictions, owned)
+        )
+    return state
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "num_kv_pages"), [(None, 256), (4, 256), (None, 60), (4, 60)]
+)
+def test_fast_path_keys_and_takes_the_same_pages(concurrency, num_kv_pages) -> None:
+    """Decodes that complete a page key it (later turns may reuse it) and take the next one:
+    the skipped rounds do both in the full rounds' order, so every pool ends in the same
+    state, page ids and evictions included (60 pages: the cache evicts), with the same
+    results."""
+    pools, summaries = [], []
     for fast in (False, True):
         sim = GroupSimulator(
-            sim_args("roundgate", page_size=4, enable_prefix_caching=True),
+            sim_args(
+                "roundgate", page_size=4, enable_prefix_caching=True, num_kv_pages=num_kv_pages
+            ),
             PRESETS["h100-dsv3"],
             Router("round-robin", 4),
             "roundgate",
@@ -78,26 +96,57 @@ def test_fast_path_keys_the_same_pages_for_the_prefix_cache(concurrency) -> None
         )
         result = sim.run(generate(SPECS["poisson"]), concurrency=concurrency)
         summaries.append(json.dumps(summarize(result), sort_keys=True))
-        cached.append([set(loop.scheduler.pool._page_of) for loop in sim.loops])
-    assert cached[0] == cached[1]
+        pools.append(pool_state(sim))
+    assert pools[0] == pools[1]
     assert summaries[0] == summaries[1]
-    assert any(cached[0])
+    assert all(keys for keys, *_ in pools[0])
+    assert (num_kv_pages == 60) == any(evictions for _, _, _, evictions, _ in pools[0])
 
 
-def test_fast_path_engages_on_steady_decoding() -> None:
-    calls = []
-    from deployment.sim import fast_forward
+def test_fast_path_engages_on_steady_decoding_and_finishes(monkeypatch) -> None:
+    """The fast path skips rounds, its last skipped round finishes requests, and the full
+    rounds step decode-only ranks without plan objects."""
+    calls, finished, lite = [], [], []
+    from deployment.sim import decode_ranks, fast_forward
 
-    original = fast_forward.advance
+    advance, decodes = fast_forward.advance, decode_ranks._decodes
 
     def spy(*args, **kwargs):
-        done = original(*args, **kwargs)
+        done = advance(*args, **kwargs)
         calls.append(done[0])
+        finished.extend(done[2])
         return done
 
-    fast_forward.advance = spy
-    try:
-        run("roundgate", {}, "h100-dsv3", None, fast=True)
-    finally:
-        fast_forward.advance = original
+    def spy_decodes(scheduler):
+        planned = decodes(scheduler)
+        lite.append(planned)
+        return planned
+
+    monkeypatch.setattr(fast_forward, "advance", spy)
+    monkeypatch.setattr(decode_ranks, "_decodes", spy_decodes)
+    result = run("roundgate", {}, "h100-dsv3", None, fast=True)
     assert sum(calls) > 0
+    assert finished and all(req.is_finished for req in finished)
+    assert any(lite) and None in lite  # both kinds of rank in the full rounds
+    assert result.unfinished == 0
+
+
+@pytest.mark.parametrize("policy", ["none", "roundgate"])
+def test_fast_path_counts_a_full_batchs_held_prompts_as_the_full_rounds(policy) -> None:
+    """Prompts that arrive while the batch is full wait excused rounds: the first want's stamp
+    sees round 0's excused count, as the full round's plan counts it before its probe."""
+    spec = make_spec(num_requests=50, rate=30.0, input_len=10, output_len=30, seed=982)
+    results = []
+    for fast in (False, True):
+        sim = GroupSimulator(
+            sim_args(policy, dp_size=1, max_scheduled_tokens=64, enable_mixed_prefill_decode=True),
+            PRESETS["gb200-dsv3"],
+            Router("round-robin", 1),
+            policy,
+            keep_timeline=False,
+            fast_forward=fast,
+        )
+        result = sim.run(generate(spec))
+        results.append([vars(r) for r in result.records])
+    assert results[0] == results[1]
+    assert any(r["admission_wait"] for r in results[0])

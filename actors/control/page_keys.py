@@ -11,18 +11,24 @@ and the router's approximate per-rank prefix index, so both agree on what a pref
 from __future__ import annotations
 
 import hashlib
-from array import array
+import struct
 from collections.abc import Callable, Sequence
 
 PageKey = bytes
 # The parent of a sequence's first page.
 ROOT_KEY: PageKey = b""
+# Packers of n native int64 values, by n (in practice one: the page size). The bytes are
+# ``array("q", ids).tobytes()``'s, made ~3x faster (bench_simulator: a key per decoded page).
+_PACKERS: dict[int, struct.Struct] = {}
 
 
 def page_key(parent: PageKey, token_ids: Sequence[int]) -> PageKey:
     """The key of a full page holding ``token_ids`` after the prefix keyed ``parent``."""
+    packer = _PACKERS.get(len(token_ids))
+    if packer is None:
+        packer = _PACKERS[len(token_ids)] = struct.Struct(f"={len(token_ids)}q")
     digest = hashlib.blake2b(parent, digest_size=16)
-    digest.update(array("q", token_ids).tobytes())
+    digest.update(packer.pack(*token_ids))
     return digest.digest()
 
 

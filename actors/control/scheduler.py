@@ -84,8 +84,10 @@ class Scheduler(RoundPlanner, RequestEnds):
         """Refuse a prompt that could never run on this rank (reads only fixed limits, so any
         thread may call it)."""
         vocab = self.vocab_size
-        bad = next((t for t in request.prompt_token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
+        ids = request.prompt_token_ids
+        # min/max first: a C-speed pass where the scan for the culprit costs ~10 us a prompt.
+        if not 0 <= min(ids) <= max(ids) < vocab:
+            bad = next(t for t in ids if not 0 <= t < vocab)
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
         request.sampling.check_vocab(vocab)
         need = request.num_prompt_tokens + 1

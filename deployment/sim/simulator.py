@@ -16,7 +16,7 @@ from actors.control.rank_loop import RankLoop
 from actors.control.request import Request, SamplingParams
 from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
-from deployment.sim import fast_forward
+from deployment.sim import decode_ranks, fast_forward, steady_policies
 from deployment.sim.arrivals import OpenLoop
 from deployment.sim.cost_executor import CostExecutor
 from deployment.sim.records import (
@@ -128,7 +128,7 @@ class GroupSimulator:
         starts = deque([0.0] * (plan_ahead + 1), maxlen=plan_ahead + 1)
         next_send = source.next_send_s
         # Steady decode rounds in one step (deployment/sim/fast_forward.py), where exact.
-        fast = self.fast_forward and timeline is None and fast_forward.supported(loops)
+        fast = self.fast_forward and timeline is None and steady_policies.supported(loops)
         gc_stride = costs.gc_stride(dp)  # busy round b collects iff b % stride == stride - 1
         rounds = busy = prefill_rounds = decode_rounds = 0
         finished = 0
@@ -168,24 +168,37 @@ class GroupSimulator:
             )
             if gc_stride:  # a collecting round runs in full
                 left = min(left, gc_stride - 1 - busy % gc_stride)
-            k = fast_forward.steady_rounds(loops, left) if fast and not pending else 0
-            if k:
-                k, clock = fast_forward.advance(
-                    loops, costs, k, clock, next_send, records, itl, starts
+            if fast and not pending and left:
+                k, clock, done = fast_forward.advance(
+                    loops, costs, left, clock, next_send, records, itl, starts
                 )
                 if k:
                     self.clock = clock
                     rounds, busy, decode_rounds = rounds + k, busy + k, decode_rounds + k
+                    finished += len(done)
+                    if closed:
+                        for request in done:
+                            source.finished(clock, request)
+                            next_send = source.next_send_s
                     if on_round is not None:
                         on_round(rounds, finished)
                     continue
-            rows = [begin() for begin in begins]
-            view = read_rows(rows)  # one reading for every rank of the round
-            outcomes = [finish(rows, view) for finish in finishes]
+            # A collecting round prices the collector's batch: it runs with plan objects.
+            collects = bool(gc_stride) and busy % gc_stride == gc_stride - 1
+            if fast and not collects:
+                # The ranks with no prefill work decode without plan objects, exactly.
+                view, costs_s, events = decode_ranks.step(loops, costs)
+                outcomes = None
+            else:
+                rows = [begin() for begin in begins]
+                view = read_rows(rows)  # one reading for every rank of the round
+                outcomes = [finish(rows, view) for finish in finishes]
+                costs_s = [o.result.cost_s for o in outcomes]
+                events = [o.events for o in outcomes]
             any_extend = view.any_extend
             if not view.all_idle:
-                round_ms = group_ms([o.result.cost_s * 1000 for o in outcomes], any_extend)
-                if gc_stride and busy % gc_stride == gc_stride - 1:
+                round_ms = group_ms([c * 1000 for c in costs_s], any_extend)
+                if collects:
                     collector = outcomes[busy // gc_stride % dp].plan
                     round_ms += costs.gc_pause_ms(collector.counts()[0])
                 busy += 1
@@ -200,8 +213,8 @@ class GroupSimulator:
             self.clock = clock
             starts.append(clock)
             rounds += 1
-            for rank, outcome in enumerate(outcomes):
-                for request, token_id, done in outcome.events:
+            for rank, rank_events in enumerate(events):
+                for request, token_id, done in rank_events:
                     rec = records[request.request_id]
                     if token_id is not None:
                         if rec.first_token_s is None:
@@ -217,7 +230,7 @@ class GroupSimulator:
                         if closed:
                             source.finished(clock, request)
                             next_send = source.next_send_s
-            if timeline is not None:
+            if timeline is not None and outcomes is not None:
                 timeline.start_s.append(start)
                 timeline.duration_ms.append(round_ms)
                 timeline.kinds.extend(KIND_CODES[o.plan.kind] for o in outcomes)
