@@ -64,9 +64,20 @@ def test_session_overrides_and_their_refusals() -> None:
         session_workload(bench_ns("--turns", "0"))
 
 
+R0, R1, OLD = (("dp_rank", "0"),), (("dp_rank", "1"),), (("group", "old"),)
+
+
 @pytest.mark.parametrize(
     ("before", "after", "rate"),
-    [((100, 20), (300, 120), 0.5), ((0, 0), (0, 0), None), (None, (1, 1), None)],
+    [
+        ({R0: (100, 20)}, {R0: (300, 120)}, 0.5),
+        ({R0: (0, 0)}, {R0: (0, 0)}, None),
+        (None, {R0: (1, 1)}, None),
+        # A rank that appeared between the readings counts from zero.
+        ({R0: (100, 20)}, {R0: (200, 70), R1: (100, 50)}, 0.5),
+        # A replaced group's series, still in the first reading only, does not count.
+        ({OLD: (1000, 900), R0: (0, 0)}, {R0: (100, 25)}, 0.25),
+    ],
 )
 def test_hit_rate_between_two_readings(before, after, rate) -> None:
     assert hit_rate(before, after) == rate

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
 import subprocess
+from dataclasses import replace
 
 import pytest
 from builders import make_args, make_loops, make_request

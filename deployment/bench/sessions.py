@@ -70,17 +70,26 @@ def scrape_metrics(url: str, api_key: str | None = None) -> str | None:
     return response.text
 
 
-def hit_counters(scrape: str | None) -> tuple[float, float] | None:
-    """The prefix-cache (queries, hits) in tokens of one scrape, summed over ranks."""
+# One rank's (queries, hits), keyed by the series' labels (group, model, dp_rank).
+HitCounters = dict[tuple[tuple[str, str], ...], tuple[float, float]]
+
+
+def hit_counters(scrape: str | None) -> HitCounters | None:
+    """The prefix-cache (queries, hits) in tokens of one scrape, per rank series."""
     from prometheus_client.parser import text_string_to_metric_families
 
     if scrape is None:
         return None
-    totals = dict.fromkeys(HIT_COUNTERS, 0.0)
+    out: dict[tuple[tuple[str, str], ...], list[float]] = {}
     for family in text_string_to_metric_families(scrape):
-        if family.name in totals:
-            totals[family.name] += sum(s.value for s in family.samples if s.name.endswith("_total"))
-    return totals[HIT_COUNTERS[0]], totals[HIT_COUNTERS[1]]
+        if family.name not in HIT_COUNTERS:
+            continue
+        column = HIT_COUNTERS.index(family.name)
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                key = tuple(sorted(sample.labels.items()))
+                out.setdefault(key, [0.0, 0.0])[column] += sample.value
+    return {key: (q, h) for key, (q, h) in out.items()}
 
 
 def read_hit_counters(url: str, api_key: str | None = None) -> tuple[float, float] | None:
@@ -89,9 +98,15 @@ def read_hit_counters(url: str, api_key: str | None = None) -> tuple[float, floa
     return hit_counters(scrape_metrics(url, api_key))
 
 
-def hit_rate(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
-    """Hits over queries between two readings (None when unread or nothing was looked up)."""
+def hit_rate(before: HitCounters | None, after: HitCounters | None) -> float | None:
+    """Hits over queries between two readings (None when unread or nothing was looked up).
+
+    Series by series, over the ranks the later reading holds: a redeployed group's series can
+    linger in the first reading and be gone from the second, which must not count."""
     if before is None or after is None:
         return None
-    queries, hits = after[0] - before[0], after[1] - before[1]
+    queries = hits = 0.0
+    for key, (q, h) in after.items():
+        q0, h0 = before.get(key, (0.0, 0.0))
+        queries, hits = queries + q - q0, hits + h - h0
     return round(hits / queries, 4) if queries > 0 else None
