@@ -48,7 +48,7 @@ def tokenizer_dir(model_args: dict[str, Any]) -> Path:
     if not isinstance(tok, HFTokenizer):
         raise SystemExit(f"--config: model {model_args['model']!r} has no HF tokenizer for AIPerf")
     out = Path(tempfile.mkdtemp(prefix="aiperf-tokenizer-"))
-    tok._tok.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
     return out
 
 

@@ -77,6 +77,15 @@ def test_the_model_s_own_tokenizer_and_template(tmp_path: Path) -> None:
     assert ids == [4, 1, 3, 5]
 
 
+def test_a_saved_tokenizer_loads_back_the_same(tmp_path: Path) -> None:
+    # What an external client (AIPerf in benchmarks/aiperf_compare.py) is given to load.
+    tok = load_tokenizer(str(write_word_level(tmp_path / "m", TEMPLATE)))
+    tok.save_pretrained(str(tmp_path / "saved"))
+    again = load_tokenizer(str(tmp_path / "saved"))
+    assert again.encode("hello world hello") == [1, 2, 1]
+    assert again.render_chat([{"role": "user", "content": "hello"}]) == [4, 1, 3, 5]
+
+
 def test_chat_template_file_overrides_and_a_model_without_one_is_refused(tmp_path: Path) -> None:
     model = str(write_word_level(tmp_path / "m"))
     with pytest.raises(ChatTemplateError, match=r"no chat template.*--chat-template"):

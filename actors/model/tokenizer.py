@@ -90,6 +90,10 @@ class HFTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=True)
 
+    def save_pretrained(self, directory: str) -> None:
+        """Write the tokenizer as a Hugging Face directory (what external clients load)."""
+        self._tok.save_pretrained(directory)
+
     def render_chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
