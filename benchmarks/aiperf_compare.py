@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from deployment.bench.cli import DEFAULT_CONFIG, policy_overrides
-from deployment.local import deploy, load_config, shutdown, start_local_cluster, wait_ready
+from deployment.local import config_url, each_deployment, load_config
 
 # AIPerf's metric tags kept in the report (its JSON has many more).
 KEPT = (
@@ -116,31 +116,24 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--aiperf {ns.aiperf}: no such file (install AIPerf into its own venv first)")
     cfg = load_config(ns.config)
     base = cfg["applications"][0]["args"]
-    http = cfg.get("http_options") or {}
-    url = f"http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}"
+    url = config_url(cfg)
     tokenizer = tokenizer_dir(base)
     policies = [s.strip() for s in ns.policies.split(",")]
     overrides = {policy: policy_overrides(policy, base) for policy in policies}
-    import ray
-    from ray import serve
-
     results: dict[str, Any] = {}
-    start_local_cluster()
-    try:
-        for policy in policies:
-            deploy(cfg, overrides[policy])
-            wait_ready(url)
-            artifacts = Path(tempfile.mkdtemp(prefix=f"aiperf-{policy}-"))
-            command = aiperf_argv(ns, url, base["model"], tokenizer, artifacts)
-            t0 = time.monotonic()
-            done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode != 0:
-                sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
-                raise SystemExit(f"aiperf failed for {policy} (exit {done.returncode})")
-            results[policy] = {"wall_s": round(time.monotonic() - t0, 1), **summary(artifacts)}
-            print(policy, json.dumps(results[policy]["time_to_first_token"]), flush=True)
-    finally:
-        shutdown(serve, ray)
+
+    def run(policy: str) -> None:
+        artifacts = Path(tempfile.mkdtemp(prefix=f"aiperf-{policy}-"))
+        command = aiperf_argv(ns, url, base["model"], tokenizer, artifacts)
+        t0 = time.monotonic()
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
+            raise SystemExit(f"aiperf failed for {policy} (exit {done.returncode})")
+        results[policy] = {"wall_s": round(time.monotonic() - t0, 1), **summary(artifacts)}
+        print(policy, json.dumps(results[policy]["time_to_first_token"]), flush=True)
+
+    each_deployment(cfg, overrides, run)
     report = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": sys.argv,

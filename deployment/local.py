@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,31 @@ def deploy(
     )
 
 
+def config_url(cfg: dict[str, Any]) -> str:
+    """The base URL the config's HTTP options serve on."""
+    http = cfg.get("http_options") or {}
+    return f"http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}"
+
+
+def each_deployment(
+    cfg: dict[str, Any], overrides: dict[str, dict[str, Any]], run: Callable[[str], None]
+) -> None:
+    """Start the local cluster, deploy ``cfg`` with each entry of ``overrides`` in turn and,
+    once it answers, call ``run(label)``; Serve and Ray are shut down however it ends."""
+    start_local_cluster()
+    import ray
+    from ray import serve
+
+    url = config_url(cfg)
+    try:
+        for label, extra in overrides.items():
+            deploy(cfg, extra)
+            wait_ready(url)
+            run(label)
+    finally:
+        shutdown(serve, ray)
+
+
 def wait_ready(url: str, timeout_s: float = 180.0) -> None:
     """Poll with a one-token completion until the deployment answers 200."""
     import httpx
@@ -137,8 +163,7 @@ def serve_forever(config: Path, overrides: dict[str, Any] | None = None) -> int:
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
     try:
         deploy(cfg, app=app)
-        http = cfg.get("http_options") or {}
-        url = f"http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}"
+        url = config_url(cfg)
         print(
             f"roundgate ready on {url}  (Ctrl-C to stop)\n"
             f"  curl {url}/v1/completions -H 'Content-Type: application/json' "

@@ -238,24 +238,17 @@ def run(ns: argparse.Namespace) -> int:
 def _compare(
     ns: argparse.Namespace, cfg: dict[str, Any], overrides: dict[str, dict], arrivals: list[Arrival]
 ):
-    import ray
-    from ray import serve
+    from deployment.local import config_url, each_deployment
 
-    from deployment.local import deploy, shutdown, start_local_cluster, wait_ready
-
-    http = cfg.get("http_options") or {}
-    url = f"http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}"
-    start_local_cluster()
+    url = config_url(cfg)
     named, configs = [], {}
-    try:
-        for policy, extra in overrides.items():
-            deploy(cfg, extra)
-            wait_ready(url)
-            results, duration = _load(url, None, arrivals, ns, policy)
-            named.append((policy, _summary(ns, policy, results, duration), results))
-            configs[policy] = {**cfg["applications"][0]["args"], **extra}
-    finally:
-        shutdown(serve, ray)
+
+    def run(policy: str) -> None:
+        results, duration = _load(url, None, arrivals, ns, policy)
+        named.append((policy, _summary(ns, policy, results, duration), results))
+        configs[policy] = {**cfg["applications"][0]["args"], **overrides[policy]}
+
+    each_deployment(cfg, overrides, run)
     return named, configs
 
 
