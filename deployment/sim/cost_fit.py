@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 GROUP_ROUND = "roundgate_group_round_duration_seconds"
 GROUP_WORK = "roundgate_group_round_work"
 KINDS = ("decode", "extend")
+TOTALS = ("rounds", "seconds", "decodes", "prefill_tokens")  # KindTotals' summed fields
 FITTED = ("decode_base_ms", "decode_per_seq_ms", "prefill_per_token_ms", "extend_overhead_ms")
 
 
@@ -40,14 +41,18 @@ class KindTotals:
     prefill_tokens: float = 0.0
     has_work: bool = False
 
-    def minus(self, base: KindTotals) -> KindTotals:
+    def plus(self, other: KindTotals, sign: float = 1.0) -> KindTotals:
+        """These totals with ``sign`` times ``other``'s added (``has_work`` stays this one's)."""
         return KindTotals(
-            self.rounds - base.rounds,
-            self.seconds - base.seconds,
-            self.decodes - base.decodes,
-            self.prefill_tokens - base.prefill_tokens,
+            self.rounds + sign * other.rounds,
+            self.seconds + sign * other.seconds,
+            self.decodes + sign * other.decodes,
+            self.prefill_tokens + sign * other.prefill_tokens,
             self.has_work,
         )
+
+    def minus(self, base: KindTotals) -> KindTotals:
+        return self.plus(base, -1.0)
 
 
 def group_totals(scrape: str, flag: str = "--metrics") -> dict[str, dict[str, KindTotals]]:
@@ -65,9 +70,8 @@ def group_totals(scrape: str, flag: str = "--metrics") -> dict[str, dict[str, Ki
             kind = sample.labels.get("kind")
             if kind not in KINDS:
                 continue
-            fields = {"rounds": 0.0, "seconds": 0.0, "decodes": 0.0, "prefill_tokens": 0.0}
             group = acc.setdefault(sample.labels.get("group", ""), {})
-            totals = group.setdefault(kind, dict(fields))
+            totals = group.setdefault(kind, dict.fromkeys(TOTALS, 0.0))
             if family.name == GROUP_WORK:
                 quantity = sample.labels.get("quantity")
                 if sample.name.endswith("_total") and quantity in ("decodes", "prefill_tokens"):
@@ -99,13 +103,7 @@ def kind_totals(scrape: str, baseline: str | None = None) -> dict[str, KindTotal
                     f"--metrics-baseline: group {name} has more {kind} rounds than in --metrics "
                     "(not a scrape of the same deployment taken before it)"
                 )
-            out[kind] = KindTotals(
-                out[kind].rounds + diff.rounds,
-                out[kind].seconds + diff.seconds,
-                out[kind].decodes + diff.decodes,
-                out[kind].prefill_tokens + diff.prefill_tokens,
-                out[kind].has_work,
-            )
+            out[kind] = out[kind].plus(diff)
     return out
 
 
