@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deployment.bench.cli import DEFAULT_CONFIG, policy_overrides
+from bench.cli import DEFAULT_CONFIG, policy_overrides
 from deployment.local import config_url, each_deployment, load_config
 
 # AIPerf's metric tags kept in the report (its JSON has many more).

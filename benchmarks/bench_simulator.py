@@ -18,9 +18,9 @@ import pstats
 import time
 
 from actors.server_args import ServerArgs
-from deployment.sim.round_costs import PRESETS
-from deployment.sim.simulator import GroupSimulator
-from deployment.sim.workload import WORKLOADS, Router, WorkloadSpec, generate
+from sim.round_costs import PRESETS
+from sim.simulator import GroupSimulator
+from sim.workload import WORKLOADS, Router, WorkloadSpec, generate
 from gate import registry
 
 # Each policy's own settings (the simulate command's defaults).

@@ -7,7 +7,7 @@
 Each ``--bench`` is a ``roundgate bench --compare ... --metrics-dir DIR`` report. The costs are
 fitted over the runs' scrapes (``--fit-from`` limits which policies' runs, so a prediction can
 be checked on runs the fit never saw), each run is replayed in the simulator with them, and
-live vs simulated TTFT and ITL are printed with the error of each (``deployment.sim.live_check``).
+live vs simulated TTFT and ITL are printed with the error of each (``sim.live_check``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from deployment.sim.live_check import TOLERANCE, predict
+from sim.live_check import TOLERANCE, predict
 
 
 def main(argv: list[str] | None = None) -> int:

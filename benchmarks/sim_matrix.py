@@ -17,10 +17,10 @@ import json
 from pathlib import Path
 
 from actors.server_args import ServerArgs
-from deployment.sim.report import summarize
-from deployment.sim.round_costs import PRESETS
-from deployment.sim.simulator import GroupSimulator
-from deployment.sim.workload import Router, WorkloadSpec, generate
+from sim.report import summarize
+from sim.round_costs import PRESETS
+from sim.simulator import GroupSimulator
+from sim.workload import Router, WorkloadSpec, generate
 from gate import registry
 
 DP = 8

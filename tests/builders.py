@@ -15,8 +15,8 @@ from actors.control.rank_loop import RankLoop, RoundOutcome
 from actors.control.request import Request, SamplingParams
 from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
-from deployment.sim.cost_executor import CostExecutor
-from deployment.sim.round_costs import TOY
+from sim.cost_executor import CostExecutor
+from sim.round_costs import TOY
 from gate import RankRow
 
 # The gate's intervals the small-group tests run with.

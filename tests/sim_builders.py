@@ -8,10 +8,10 @@ from pathlib import Path
 from builders import make_args
 
 from actors.server_args import ServerArgs
-from deployment.sim.report import summarize
-from deployment.sim.round_costs import PRESETS, RoundCosts
-from deployment.sim.simulator import GroupSimulator
-from deployment.sim.workload import Router, WorkloadSpec, generate
+from sim.report import summarize
+from sim.round_costs import PRESETS, RoundCosts
+from sim.simulator import GroupSimulator
+from sim.workload import Router, WorkloadSpec, generate
 
 # A larger group than the builders' default: 16 running requests a rank, a 256-token round.
 SIM_GROUP = {"max_scheduled_tokens": 256, "page_size": 16, "num_kv_pages": 256}

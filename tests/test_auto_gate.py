@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sim_builders import make_spec, simulate
 
-from deployment.sim.round_costs import PRESETS
+from sim.round_costs import PRESETS
 from gate import RankRow, read_rows
 from gate.auto import AutoGate, AutoGateConfig
 

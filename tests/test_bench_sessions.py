@@ -8,10 +8,10 @@ import json
 import httpx
 import pytest
 
-from deployment.bench.cli import session_workload
-from deployment.bench.report import format_table, summarize
-from deployment.bench.sessions import hit_rate, run_sessions
-from deployment.cli import build_parser
+from bench.cli import session_workload
+from bench.report import format_table, summarize
+from bench.sessions import hit_rate, run_sessions
+from cli.main import build_parser
 
 
 def bench_ns(*extra: str):

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from sim_builders import make_spec, sim_args
 
-from deployment.cli import main
-from deployment.sim.round_costs import PRESETS
-from deployment.sim.scenarios import replay
-from deployment.sim.simulator import GroupSimulator
-from deployment.sim.workload import Router, generate
+from cli.main import main
+from sim.round_costs import PRESETS
+from sim.scenarios import replay
+from sim.simulator import GroupSimulator
+from sim.workload import Router, generate
 
 
 def run_closed(concurrency: int, policy: str = "none"):

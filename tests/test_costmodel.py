@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deployment.sim.costmodel import (
+from sim.costmodel import (
     added_delay,
     iteration_time,
     stall_factor,

@@ -93,7 +93,7 @@ def test_commands_used_by_the_manifests_exist_in_the_image() -> None:
     assert cmd.strip('[]"').split('"')[0] in scripts
     (bench,) = [o for o in render(K8S / "base" / "bench") if o["kind"] == "RayJob"]
     assert shlex.split(bench["spec"]["entrypoint"])[0] in scripts
-    assert "kernels*" in packages  # python -m kernels.nccl_tests in the preflight Job
+    assert "k8s*" in packages  # python -m k8s.tools.nccl_tests in the preflight Job
     assert "/usr/local/bin/all_gather_perf" in text
     assert re.search(r"pip install [^&]*-c constraints\.txt", text)
 

@@ -12,8 +12,8 @@ from actors.control.gather import SingleRankGather, ThreadGather
 from actors.control.rank_loop import RankLoop, RoundOutcome
 from actors.control.round import RoundPlan, RoundResult
 from actors.control.scheduler import Scheduler
-from deployment.sim.cost_executor import CostExecutor
-from deployment.sim.round_costs import TOY
+from sim.cost_executor import CostExecutor
+from sim.round_costs import TOY
 from gate import GateVote, RankRow, RoundView, read_rows, registry
 from gate.permission import ALLOW_ALL, HOLD_ALL
 

@@ -10,8 +10,8 @@ from builders import make_args, make_request
 from actors.control.engine_core import EngineCore
 from actors.control.request import RequestStatus
 from actors.control.round import RoundPlan, RoundResult
-from deployment.sim.cost_executor import CostExecutor
-from deployment.sim.round_costs import TOY
+from sim.cost_executor import CostExecutor
+from sim.round_costs import TOY
 from gate import RankRow, RoundView
 
 

@@ -8,10 +8,10 @@ import json
 import pytest
 from sim_builders import make_spec, sim_args
 
-from deployment.sim.report import summarize
-from deployment.sim.round_costs import PRESETS
-from deployment.sim.simulator import GroupSimulator
-from deployment.sim.workload import Router, generate
+from sim.report import summarize
+from sim.round_costs import PRESETS
+from sim.simulator import GroupSimulator
+from sim.workload import Router, generate
 
 CASES = [
     pytest.param("roundgate", {}, "h100-dsv3", None, id="gate"),
@@ -107,7 +107,7 @@ def test_fast_path_engages_on_steady_decoding_and_finishes(monkeypatch) -> None:
     """The fast path skips rounds, its last skipped round finishes requests, and the full
     rounds step decode-only ranks without plan objects."""
     calls, finished, lite = [], [], []
-    from deployment.sim import decode_ranks, fast_forward
+    from sim import decode_ranks, fast_forward
 
     advance, decodes = fast_forward.advance, decode_ranks._decodes
 

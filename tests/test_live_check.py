@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from deployment.sim.live_check import TOLERANCE, predict
+from sim.live_check import TOLERANCE, predict
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "bench"
 BENCHES = [DOCS / "live_below.json", DOCS / "live_past.json"]

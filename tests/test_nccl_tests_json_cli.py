@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from deployment.sim.round_costs import load_costs
+from sim.round_costs import load_costs
 from gate.rows import NUM_COLUMNS
-from kernels.nccl_tests import (
+from k8s.tools.nccl_tests import (
     NcclTestsResult,
     all_gather_command,
     calibrate_metadata_gather,
@@ -23,8 +23,8 @@ from kernels.nccl_tests import (
     parse_json,
     parse_text,
 )
-from kernels.nccl_tests.__main__ import main
-from kernels.nccl_tests.calibrate import METADATA_COLUMNS
+from k8s.tools.nccl_tests.__main__ import main
+from k8s.tools.nccl_tests.calibrate import METADATA_COLUMNS
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "nccl-tests-samples"
 needs_samples = pytest.mark.skipif(

@@ -12,10 +12,10 @@ from builders import drive_round, make_args, make_loops, make_request, make_sche
 from actors.control.request import Request, RequestStatus
 from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
-from deployment.sim.report import summarize
-from deployment.sim.round_costs import PRESETS
-from deployment.sim.simulator import GroupSimulator
-from deployment.sim.workload import Router, WorkloadSpec, generate
+from sim.report import summarize
+from sim.round_costs import PRESETS
+from sim.simulator import GroupSimulator
+from sim.workload import Router, WorkloadSpec, generate
 from gate import registry
 from gate.permission import ALLOW_ALL, CHUNKS_ONLY, HOLD_ALL, NEW_ONLY
 

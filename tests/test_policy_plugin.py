@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from actors.server_args import ServerArgs
-from deployment.cli import main
+from cli.main import main
 from deployment.config import AppArgs
-from deployment.sim.round_costs import TOY
-from deployment.sim.simulator import POINT_CODES, GroupSimulator
-from deployment.sim.workload import Arrival, Router
+from sim.round_costs import TOY
+from sim.simulator import POINT_CODES, GroupSimulator
+from sim.workload import Arrival, Router
 from gate import RankRow, RoundView, registry
 from gate.spec import PolicyContext, PolicySpec
 from gate.vote import CLOSED, OPEN, GateVote

@@ -15,8 +15,8 @@ from actors.control.request import Request, RequestStatus, SamplingParams
 from actors.control.round import RoundPlan, RoundResult, TokenEvent
 from actors.engine import Engine, RequestsFailed
 from actors.server_args import ServerArgs
-from deployment.sim.cost_executor import CostExecutor
-from deployment.sim.round_costs import TOY
+from sim.cost_executor import CostExecutor
+from sim.round_costs import TOY
 from gate import RankRow, RoundView
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from deployment.cli import main
-from deployment.sim import cli as sim_cli
-from deployment.sim.scenarios import SCENARIOS, replay
+from cli.main import main
+from sim import cli as sim_cli
+from sim.scenarios import SCENARIOS, replay
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""``roundgate simulate`` through ``deployment.cli.main``: outputs, and bad input as a one-line
+"""``roundgate simulate`` through ``cli.main.main``: outputs, and bad input as a one-line
 error that names the flag (exit code 2)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from deployment.cli import build_parser, main
-from deployment.sim.options import prepare
+from cli.main import build_parser, main
+from sim.options import prepare
 from gate import registry
 from gate.delay import PrefillDelay
 from gate.local_interval import LocalIntervalConfig

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from deployment.cli import main
-from deployment.sim.workload import WORKLOADS
+from cli.main import main
+from sim.workload import WORKLOADS
 from gate import registry
 
 SMALL = [

@@ -10,10 +10,10 @@ import json
 import pytest
 from sim_builders import make_spec, sim_args
 
-from deployment.sim.report import summarize
-from deployment.sim.round_costs import PRESETS, RoundCosts
-from deployment.sim.simulator import GroupSimulator
-from deployment.sim.workload import Arrival, Router, generate
+from sim.report import summarize
+from sim.round_costs import PRESETS, RoundCosts
+from sim.simulator import GroupSimulator
+from sim.workload import Arrival, Router, generate
 
 
 def simulate(costs: RoundCosts, arrivals, dp: int = 1, fast: bool = True, policy: str = "none"):

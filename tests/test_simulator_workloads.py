@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from sim_builders import make_spec, sim_args, write_trace
 
-from deployment.sim.round_costs import PRESETS
-from deployment.sim.simulator import GroupSimulator
-from deployment.sim.workload import Arrival, Router, generate, load_trace
+from sim.round_costs import PRESETS
+from sim.simulator import GroupSimulator
+from sim.workload import Arrival, Router, generate, load_trace
 
 # --- workloads ------------------------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ from actors.control.engine_core import EngineCore
 from actors.control.messages import GenerateRequest
 from actors.control.request import SamplingParams
 from actors.server_args import ServerArgs
-from deployment.sim.cost_executor import CostExecutor
-from deployment.sim.round_costs import TOY
+from sim.cost_executor import CostExecutor
+from sim.round_costs import TOY
 
 APP_ARGS = {"dp_size": 2, "prefill_attempt_interval": 4, "prefill_any_attempt_interval": 16}
 

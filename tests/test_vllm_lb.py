@@ -1,4 +1,4 @@
-"""The ``vllm-lb`` router against vLLM's balancer rules (deployment/sim/vllm_lb.py): least
+"""The ``vllm-lb`` router against vLLM's balancer rules (sim/vllm_lb.py): least
 ``4 x waiting + running`` on the last refreshed counts, each API server bumping its own view
 by the server count and scanning from its own engine; the one-server router is the one the
 gb200-dsv3 preset was fitted with."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from deployment.sim.vllm_lb import VLLM_LB_REFRESH_S, VllmBalancer
-from deployment.sim.workload import Router
+from sim.vllm_lb import VLLM_LB_REFRESH_S, VllmBalancer
+from sim.workload import Router
 
 
 class Scripted:

@@ -11,8 +11,8 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-from deployment.bench.sessions import hit_rate, read_hit_counters, run_sessions
-from deployment.sim.sessions import SESSION_WORKLOADS, SessionSpec, make_sessions
+from bench.sessions import hit_rate, read_hit_counters, run_sessions
+from sim.sessions import SESSION_WORKLOADS, SessionSpec, make_sessions
 
 MODEL = "smollm2-135m-instruct"
 PRESET = replace(

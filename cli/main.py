@@ -1,0 +1,51 @@
+"""The ``roundgate`` command: ``serve``, ``simulate``, ``tune``, ``bench`` and ``calibrate``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench import cli as bench_cli
+from sim import calibrate_cli, tune
+from sim import cli as sim_cli
+
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "local.yaml"
+
+
+def _serve(ns: argparse.Namespace) -> int:
+    from deployment.local import serve_forever
+
+    try:
+        return serve_forever(ns.config)
+    except ValueError as exc:
+        ns.parser.error(str(exc))
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="roundgate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sim_cli.add_parser(sub)
+    tune.add_parser(sub)
+    serve = sub.add_parser("serve", help="run the local deployment (127.0.0.1:8000)")
+    serve.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG,
+        help="a `serve run` config (default: deployment/configs/local.yaml)",
+    )
+    serve.set_defaults(func=_serve, parser=serve)
+    bench_cli.add_parser(sub)
+    calibrate_cli.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    return ns.func(ns)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,236 @@
+"""``roundgate simulate``: the group simulator's command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from sim.options import (
+    COST_FLAGS,
+    RunSetup,
+    arrivals_of,
+    check_arrivals,
+    make_router,
+    prepare,
+    resolve_costs,
+)
+from sim.report import format_table, ratios_to, summarize, write_plots
+from sim.round_costs import PRESETS, RoundCosts
+from sim.scenarios import SCENARIOS, format_rows, replay
+from sim.sessions import SESSION_WORKLOADS
+from sim.simulator import GroupSimulator, SimResult
+from sim.workload import ARRIVALS, LENGTH_DISTS, ROUTERS, WORKLOADS
+from gate import registry
+
+# Kept importable from here: older callers and tests read these names from the CLI module.
+__all__ = ["COST_FLAGS", "add_common_args", "add_parser", "run", "simulate_policy"]
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """The group, cost and workload flags shared by ``simulate`` and ``tune``."""
+    g = p.add_argument_group("group")
+    g.add_argument("--dp-size", type=int, default=8)
+    g.add_argument("--max-num-seqs", type=int, default=1024, help="running requests, whole group")
+    g.add_argument("--max-scheduled-tokens", type=int, default=8192)
+    g.add_argument("--page-size", type=int, default=64)
+    g.add_argument("--num-kv-pages", type=int, default=4096, help="per rank")
+    g.add_argument("--enable-mixed-prefill-decode", action="store_true")
+    g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse cached prompt prefixes on each rank",
+    )
+    g = p.add_argument_group("costs (ms)")
+    g.add_argument("--costs", default="toy", help=f"preset ({', '.join(PRESETS)}) or FILE.json")
+    for name in COST_FLAGS:
+        g.add_argument(
+            "--" + name.replace("_", "-"), type=float, default=None, help="override the preset"
+        )
+    g = p.add_argument_group("workload")
+    g.add_argument(
+        "--workload",
+        default=None,
+        help=f"length preset ({', '.join(WORKLOADS)}; --input-len/--output-len/--length-dist "
+        f"override it) or multi-turn sessions ({', '.join(SESSION_WORKLOADS)})",
+    )
+    g.add_argument(
+        "--num-sessions",
+        type=int,
+        default=64,
+        help="sessions of a session workload (--rate: new sessions/s)",
+    )
+    g.add_argument("--num-requests", type=int, default=500)
+    g.add_argument("--arrival", default="poisson", choices=ARRIVALS)
+    g.add_argument("--rate", type=float, default=20.0, help="requests/s")
+    g.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="closed loop: N clients, each sending its next request when its last finishes "
+        "(lengths from the workload; --rate and --arrival are then unused)",
+    )
+    g.add_argument("--burst-size", type=int, default=8)
+    g.add_argument("--input-len", type=int, default=None, help="mean prompt tokens (1000)")
+    g.add_argument("--output-len", type=int, default=None, help="mean output tokens (200)")
+    g.add_argument("--length-dist", default=None, choices=LENGTH_DISTS, help="(fixed)")
+    g.add_argument("--trace", default=None, help="JSONL arrivals (with --arrival trace)")
+    g.add_argument("--router", default="round-robin", choices=ROUTERS)
+    g.add_argument("--route-weights", default=None, help="e.g. 8,1,1,1 (skewed router)")
+    g.add_argument(
+        "--lb-api-servers",
+        type=int,
+        default=None,
+        help="vllm-lb: API servers, each balancing on its own view (default 1; vLLM starts "
+        "--dp-size of them under internal load balancing)",
+    )
+    g.add_argument("--balance-abs-threshold", type=int, default=32, help="cache-aware router")
+    g.add_argument("--balance-rel-threshold", type=float, default=1.0001, help="cache-aware")
+    g.add_argument(
+        "--session-affinity", action="store_true", help="cache-aware: a session's turns stick"
+    )
+    g.add_argument("--seed", type=int, default=0)
+
+
+def add_policy_args(p: argparse.ArgumentParser) -> None:
+    """Every registered policy's own flags; each reaches only its own policy's run."""
+    g = p.add_argument_group("policy")
+    names = registry.names()
+    g.add_argument("--policy", default="roundgate", help=f"one of {', '.join(names)}")
+    g.add_argument("--compare", default=None, help="comma-separated policies, or 'all'")
+    for name in names:
+        for flag in registry.get(name).flags:
+            default = "required" if flag.sim_default is None and flag.required else flag.sim_default
+            g.add_argument(
+                flag.cli,
+                type=flag.kind,
+                default=None,
+                help=f"{flag.help} (--policy {name}: {default})",
+            )
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="run the real control plane for N ranks on a simulated cost clock",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_common_args(p)
+    add_policy_args(p)
+    p.add_argument(
+        "--scenario",
+        default=None,
+        help="replay a published measurement on its own setup and print published vs "
+        f"simulated ({', '.join(SCENARIOS)}); --costs overrides its preset",
+    )
+    g = p.add_argument_group("output")
+    g.add_argument("--max-rounds", type=int, default=None, help="stop after this many rounds")
+    g.add_argument("--json", type=Path, default=None, help="write the metrics here")
+    g.add_argument("--plot", type=Path, default=None, help="write PNG plots into this folder")
+    g.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run, parser=p)
+
+
+def simulate_policy(
+    setup: RunSetup,
+    policy: str,
+    arrivals: list,
+    ns: argparse.Namespace,
+    keep_timeline: bool = False,
+    progress: bool = False,
+) -> SimResult:
+    """One policy over the shared arrivals (a fresh router with the same seed each time)."""
+    sim = GroupSimulator(
+        setup.args[policy],
+        setup.costs,
+        make_router(ns, setup.weights),
+        policy,
+        keep_timeline=keep_timeline,
+    )
+    bar = None
+    if progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(arrivals), desc=policy, unit="req", leave=False)
+    done = [0]
+
+    def on_round(_rounds: int, finished: int) -> None:
+        if bar is not None and finished != done[0]:
+            bar.update(finished - done[0])
+            done[0] = finished
+
+    result = sim.run(
+        arrivals,
+        getattr(ns, "max_rounds", None),
+        on_round if bar else None,
+        concurrency=getattr(ns, "concurrency", None),
+    )
+    if bar is not None:
+        bar.close()
+    return result
+
+
+def run_scenario(ns: argparse.Namespace) -> int:
+    """``--scenario NAME``: every arm of a published measurement, with each figure's error."""
+    if ns.scenario not in SCENARIOS:
+        ns.parser.error(f"--scenario must be one of {', '.join(SCENARIOS)}, got {ns.scenario!r}")
+    scenario = SCENARIOS[ns.scenario]
+    costs = None
+    if ns.costs != "toy" or any(getattr(ns, n, None) is not None for n in COST_FLAGS):
+        try:
+            costs = resolve_costs(ns)
+        except ValueError as exc:
+            ns.parser.error(str(exc))
+    rows, summaries = replay(ns.scenario, costs, seed=ns.seed)
+    print(f"{ns.scenario}: {scenario.source}; costs {ns.costs if costs else scenario.costs}")
+    print(format_rows(rows))
+    if ns.json is not None:
+        report = {
+            "scenario": ns.scenario,
+            "source": scenario.source,
+            "figures": [
+                {**asdict(r), "error": r.error, "within_tolerance": r.within} for r in rows
+            ],
+            "results": summaries,
+        }
+        ns.json.parent.mkdir(parents=True, exist_ok=True)
+        ns.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+def run(ns: argparse.Namespace) -> int:
+    if getattr(ns, "scenario", None) is not None:
+        return run_scenario(ns)
+    try:
+        setup = prepare(ns)
+        arrivals = arrivals_of(ns, setup)
+        check_arrivals(arrivals, setup.args[setup.policies[0]], ns)
+    except ValueError as exc:
+        ns.parser.error(str(exc))
+    results = [
+        simulate_policy(setup, p, arrivals, ns, ns.plot is not None, not ns.no_progress)
+        for p in setup.policies
+    ]
+    summaries = [summarize(r) for r in results]
+    baseline = "none" if len(summaries) > 1 else None
+    print(format_table(summaries, baseline=baseline))
+    if ns.json is not None:
+        report = {"config": _config(ns, setup.costs), "results": summaries}
+        if baseline is not None:
+            report["ratios_to_none"] = ratios_to(summaries, baseline)
+        ns.json.parent.mkdir(parents=True, exist_ok=True)
+        ns.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    if ns.plot is not None:
+        for path in write_plots(results, ns.plot, summaries):
+            print(f"wrote {path}")
+    return 0
+
+
+def _config(ns: argparse.Namespace, costs: RoundCosts) -> dict:
+    cfg = {k: v for k, v in vars(ns).items() if k not in ("func", "parser")}
+    cfg = {k: str(v) if isinstance(v, Path) else v for k, v in cfg.items()}
+    cfg["resolved_costs"] = {n: getattr(costs, n) for n in COST_FLAGS}
+    return cfg

@@ -1,0 +1,275 @@
+"""Steady decode rounds, advanced in one step: the simulator's fast path.
+
+Between events (an arrival, a policy opening for a held prompt) a group often runs many
+rounds in which every rank only decodes the same requests: the rows are the same round
+after round, the plans differ only by one token per request, and the policy's vote stays
+closed for the prompts it holds. Running the full control plane for each of those rounds
+costs ~10 us per rank; this module applies k of them at once with the same arithmetic, so
+the result is the same to the last bit (``tests/test_fast_forward.py`` compares whole runs).
+
+It only engages where that equivalence is easy to see:
+
+- policies whose votes and updates read the gate's five columns only (the gate, ``none``
+  and the local interval: no extra columns that would change from round to round), in
+  closed form (``sim.steady_policies``);
+- every rank: no resident chunk, no retracted request, no pending abort, and every running
+  request decoding; held prompts are allowed while every vote keeps them held;
+- the KV pool grants every page those rounds will need, and no probe flips (a held prompt's
+  ``wants_prefill`` depends on the pool staying on the same side of the watermark);
+- no request finishes before the last skipped round (the last may finish some: its rows and
+  votes come before the update that finishes them); no arrival becomes due inside; no
+  timeline.
+
+Pool operations happen in the order the full rounds make them: a request that needs its next
+page first keys the page it filled (with prefix caching) and then takes one, round by round
+and in running order, so page ids, keys and evictions come out the same.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from collections.abc import Sequence
+from itertools import pairwise
+from typing import TYPE_CHECKING
+
+from actors.control.page_keys import extend_keys
+from actors.control.planner import PREFILL_WATERMARK
+from actors.control.rank_loop import RankLoop
+from actors.control.request import Request, RequestStatus
+from actors.control.scheduler import Scheduler
+from sim.cost_executor import SIM_TOKEN
+from sim.round_costs import RoundCosts
+from sim.steady_policies import held_rounds, observe_steady
+from gate import RankRow
+
+if TYPE_CHECKING:
+    from sim.simulator import RequestRecord
+
+# A decoding rank's row, by (batch size, wants_prefill, has_decode_work): rows are immutable
+# and repeat call after call, and building one costs more than the lookup.
+_ROWS: dict[tuple[int, bool, bool], RankRow] = {}
+_LENGTH = RequestStatus.FINISHED_LENGTH
+FAST_LIMIT = 1 << 30  # no request is that far from its end
+
+
+def _scan(loops: Sequence[RankLoop]) -> tuple[list[RankRow], list[int], list[int]] | None:
+    """The rows every rank publishes while it decodes steadily, and for each rank the
+    rounds until its first finish (the round that finishes counted) and until its first
+    page grant; None when some rank is not steady."""
+    rows = []
+    lefts = []
+    grants = []
+    for loop in loops:
+        s = loop.scheduler
+        if s.retracted or s._partial or s._pending_aborts or s._aborted_events:
+            return None
+        running = s.running
+        n = len(running)
+        # The plan never cuts decodes short (a mixed engine reserves up to half the budget
+        # for prefill while a vote may be open).
+        if n > s.args.max_scheduled_tokens // 2:
+            return None
+        room = s.max_sequence_len
+        page_size = s.pool.page_size
+        first_end = first_grant = FAST_LIMIT
+        for req in running:
+            prompt = req.num_prompt_tokens
+            computed = req.num_computed_tokens
+            if computed < prompt:
+                return None
+            out = len(req.output_token_ids)
+            left = req.sampling.max_tokens - out
+            if room - prompt - out < left:
+                left = room - prompt - out
+            if left < first_end:
+                first_end = left
+            # A round's decode needs room for computed + 1 tokens: a new page once the held
+            # ones are full of computed tokens (then every page_size rounds).
+            grant = len(req.page_ids) * page_size - computed
+            if grant < first_grant:
+                first_grant = grant
+        probe = s.probe()
+        key = (n, probe.wants_prefill, probe.has_decode_work)
+        row = _ROWS.get(key)
+        if row is None:
+            row = _ROWS[key] = RankRow(n, n, 0, *key[1:])
+        rows.append(row)
+        lefts.append(first_end)
+        grants.append(first_grant)
+    return rows, lefts, grants
+
+
+def _round_ends(
+    loops: Sequence[RankLoop], costs: RoundCosts, k: int, clock: float, next_event_s: float
+) -> list[float]:
+    """End times of up to k rounds that start before the next event, priced as the executor
+    and the group price them (the same float operations, so the same clock)."""
+    ends: list[float] = []
+    t = clock
+    if not costs.decode_per_kv_token_ms:
+        # Every round costs the same, and the slowest rank is the one with the most decodes:
+        # a rank's price (and its ms -> s -> ms round trip) never falls as decodes grow.
+        n = max(len(loop.scheduler.running) for loop in loops)
+        step = costs.group_ms([costs.rank_ms(n, 0, 0) / 1000.0 * 1000], False) / 1000.0
+        for _ in range(k):
+            if t >= next_event_s:
+                break
+            t += step
+            ends.append(t)
+        return ends
+    bases = []
+    for loop in loops:
+        running = loop.scheduler.running
+        bases.append((len(running), sum(r.num_computed_tokens for r in running)))
+    for j in range(k):
+        if t >= next_event_s:
+            break
+        rank_s = [costs.rank_ms(n, 0, kv + j * n) / 1000.0 if n else 0.0 for n, kv in bases]
+        t += costs.group_ms([c * 1000 for c in rank_s], False) / 1000.0
+        ends.append(t)
+    return ends
+
+
+def _page_needs(
+    loops: Sequence[RankLoop], k: int, first_grants: list[int]
+) -> list[list[tuple[int, int, Request]]] | None:
+    """Each rank's page grants over k rounds as (round, running order, request), in the
+    order the plans make them; None if a pool runs short or a held prompt's probe flips."""
+    needs = []
+    for loop, first_grant in zip(loops, first_grants, strict=True):
+        grants: list[tuple[int, int, Request]] = []
+        needs.append(grants)
+        if first_grant >= k:
+            continue
+        s = loop.scheduler
+        pool = s.pool
+        page_size = pool.page_size
+        for order, req in enumerate(s.running):
+            j = len(req.page_ids) * page_size - req.num_computed_tokens
+            while j < k:
+                grants.append((j, order, req))
+                j += page_size
+        if grants:
+            if len(grants) > pool.num_free_pages:
+                return None
+            if s.waiting:
+                before = pool.occupancy > PREFILL_WATERMARK
+                after = (pool.num_used_pages + len(grants)) / pool.num_pages > PREFILL_WATERMARK
+                if before != after:
+                    return None
+            if len(grants) > 1:
+                grants.sort(key=lambda g: (g[0], g[1]))
+    return needs
+
+
+def _grant(s: Scheduler, grants: list[tuple[int, int, Request]], k: int) -> None:
+    """The skipped plans' pool steps (after the k rounds' tokens are counted): key the page
+    just filled (``PrefixCache.keep_last_page``), then take the next one (``KVPool.grow``)."""
+    pool = s.pool
+    page_size = pool.page_size
+    keep = s.prefix.enabled
+    for j, _, req in grants:
+        tokens = req.num_computed_tokens - k + j  # computed when round j plans: a page edge
+        full = tokens // page_size
+        if keep and full and len(req.page_ids) >= full:
+            keys = extend_keys(req.page_keys, req.token_ids, full * page_size, page_size)
+            pool.register(req.page_ids[full - 1], keys[full - 1])
+        pool.grow(req.request_id, tokens + 1)
+
+
+def _finish_last(
+    s: Scheduler, records: dict[str, RequestRecord], end_s: float, finished: list[Request]
+) -> None:
+    """Finish what the last skipped round's update would (``Scheduler.update``): requests at
+    their length limit, in running order, each keying its last full page before it frees."""
+    max_len = s.max_sequence_len
+    done = [
+        req
+        for req in s.running
+        if len(req.output_token_ids) >= req.sampling.max_tokens
+        or req.num_prompt_tokens + len(req.output_token_ids) >= max_len
+    ]
+    for req in done:
+        req.status = _LENGTH
+        if s.prefix.enabled:
+            s.prefix.keep_last_page(req)
+        s.running.remove(req)
+        s._partial.discard(req)
+        s.pool.free(req.request_id)
+        s._finish(req)
+        records[req.request_id].finish_s = end_s
+        finished.append(req)
+
+
+def advance(
+    loops: Sequence[RankLoop],
+    costs: RoundCosts,
+    limit: int,
+    clock: float,
+    next_event_s: float,
+    records: dict[str, RequestRecord],
+    itl: array,
+    starts: deque,
+) -> tuple[int, float, list[Request]]:
+    """Apply up to ``limit`` steady rounds, if the group is steady; returns (rounds applied,
+    clock after them, the requests the last of them finished, in the full round's order)."""
+    for loop in loops:
+        # A vote that admits a held prompt this very round (the common way a skip ends):
+        # found before the scan, as ``_held_rounds`` would find it after.
+        s = loop.scheduler
+        if s.waiting and s.can_admit and loop.policy.vote(loop.last_rows).permission.allow_new:
+            return 0, clock, []
+    scan = _scan(loops)
+    if scan is None:
+        return 0, clock, []
+    rows, lefts, first_grants = scan
+    if not any(row.batch_size for row in rows):
+        return 0, clock, []  # an idle group (held prompts only): not a decode round
+    ends = _round_ends(loops, costs, min(limit, *lefts), clock, next_event_s)
+    k = held_rounds(loops, rows, len(ends)) if ends else 0
+    needs = _page_needs(loops, k, first_grants) if k else None
+    if needs is None:
+        return 0, clock, []
+    del ends[k:]
+    # Tokens in the order the full rounds record them: round by round, rank by rank, each
+    # rank's running requests in plan order. After round 0 every request's last token is the
+    # previous round's end, so a round's samples are all one value.
+    first = ends[0]
+    end_s = ends[-1]
+    tokens = [SIM_TOKEN] * k
+    samples = array("d")
+    add = samples.append
+    finished: list[Request] = []
+    for loop, row, grants, left in zip(loops, rows, needs, lefts, strict=True):
+        s = loop.scheduler
+        for req in s.running:
+            rec = records[req.request_id]
+            add((first - rec.last_token_s) * 1000.0)
+            rec.last_token_s = end_s
+            rec.num_output += k
+            req.output_token_ids.extend(tokens)
+            req.num_computed_tokens += k
+        if grants:
+            _grant(s, grants, k)
+        # Each plan counts an excused round before its probe publishes a want: round 0's
+        # count comes before the stamp of a held prompt's first want, the rest after.
+        excused = bool(s.waiting) and (
+            s.pool.occupancy > PREFILL_WATERMARK or len(s.running) >= s.max_batch_size
+        )
+        if excused:
+            s.waits.excused_rounds += 1
+        if row.wants_prefill:
+            s.waits.wanted(s.round + 1)  # round 0 publishes a held prompt's first want
+        if excused:
+            s.waits.excused_rounds += k - 1
+        s.round += k
+        observe_steady(loop.policy, k)
+        loop.last_rows = rows
+        if left == k:
+            _finish_last(s, records, end_s, finished)
+    itl.extend(samples)
+    for prev, end in pairwise(ends):
+        itl.extend(array("d", [(end - prev) * 1000.0]) * len(samples))
+    starts.extend(ends)
+    return k, end_s, finished

@@ -1,0 +1,55 @@
+"""What a simulator run records: per request, per round (the timeline), and the run's result."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+from actors.control.round import RoundKind
+
+KIND_CODES = {RoundKind.IDLE: 0, RoundKind.DECODE: 1, RoundKind.PREFILL: 2, RoundKind.MIXED: 3}
+POINT_CODES = {None: 0, "all": 1, "any": 2}
+
+
+@dataclass
+class Timeline:
+    """Per-round record, compact enough for 100k rounds x 8 ranks."""
+
+    start_s: array = field(default_factory=lambda: array("d"))
+    duration_ms: array = field(default_factory=lambda: array("d"))
+    kinds: bytearray = field(default_factory=bytearray)  # dp_size codes per round
+    points: bytearray = field(default_factory=bytearray)  # POINT_CODES
+    opened: bytearray = field(default_factory=bytearray)
+
+
+@dataclass
+class RequestRecord:
+    rank: int
+    arrival_s: float
+    prompt_tokens: int
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finish_s: float | None = None
+    num_output: int = 0
+    admission_wait: int | None = None
+    turn: int = 0  # a session's turn (0: its first, or not a session)
+
+
+@dataclass
+class SimResult:
+    """Raw outcome of one run; ``sim.report`` turns it into tables and plots."""
+
+    policy: str
+    dp_size: int
+    duration_s: float
+    rounds: int
+    busy_rounds: int
+    prefill_rounds: int
+    decode_rounds: int
+    records: list[RequestRecord]
+    itl_ms: array
+    timeline: Timeline | None
+    unfinished: int
+    # Prompt tokens looked up in the ranks' prefix caches, and those found there.
+    prefix_queries: int = 0
+    prefix_hits: int = 0

@@ -1,0 +1,292 @@
+"""The group simulator: N ranks of the real control plane in one process, on a cost clock.
+
+Each round runs every rank's real ``RankLoop`` (gate vote, scheduler plan, probe), gathers the
+rows in-process, prices the round with ``RoundCosts`` (the slowest rank plus the extend-round
+overhead) and advances a simulated clock. Nothing here models the gate separately: what the
+simulator measures is the code the engine runs.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from actors.control.rank_loop import RankLoop
+from actors.control.request import Request, SamplingParams
+from actors.control.scheduler import Scheduler
+from actors.server_args import ServerArgs
+from sim import decode_ranks, fast_forward, steady_policies
+from sim.arrivals import OpenLoop
+from sim.cost_executor import CostExecutor
+from sim.records import (
+    KIND_CODES,
+    POINT_CODES,
+    RequestRecord,
+    SimResult,
+    Timeline,
+)
+from sim.round_costs import RoundCosts
+from sim.sessions import arrival_source
+from sim.workload import Arrival, Router
+from gate import read_rows
+
+# A round in which no rank runs a forward still costs the scheduler pass; keeps time moving.
+IDLE_ROUND_MS = 0.01
+FAST_MAX_ROUNDS = 4096  # at most this many rounds in one fast-forward step
+INF = float("inf")
+
+
+class GroupSimulator:
+    """Runs one workload through ``dp_size`` ranks under one ``ServerArgs`` configuration.
+
+    The policy is the one ``args`` select (``--prefill-policy``, or derived from the gate and
+    local-interval flags); ``policy_name`` labels the result.
+    """
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        costs: RoundCosts,
+        router: Router,
+        policy_name: str = "roundgate",
+        keep_timeline: bool = True,
+        fast_forward: bool = True,
+    ) -> None:
+        self.args = args
+        self.costs = costs
+        self.router = router
+        self.policy_name = policy_name
+        self.keep_timeline = keep_timeline
+        self.fast_forward = fast_forward
+        self.clock = 0.0
+        self.loops = [
+            RankLoop(
+                # No model behind the cost clock: only each rank's pool bounds a sequence.
+                Scheduler(args, max_model_len=None),
+                args.build_policy(rank),
+                CostExecutor(costs),
+                args.dp_size,
+                clock=self._now,
+            )
+            for rank in range(args.dp_size)
+        ]
+        self._prompts: dict[int, list[int]] = {}  # shared prompt tails, by length
+        self._distinct = max(2, args.model_config.vocab_size - 2)  # digit base of _prompt
+        self._in_flight = [0] * args.dp_size
+        self._pending: deque[tuple[float, int, int, Arrival]] = deque()
+
+    def _now(self) -> float:
+        return self.clock
+
+    def _prompt(self, index: int, arrival: Arrival) -> list[int]:
+        """A session turn's own tokens, else filler distinct per request (4 leading digits of
+        its index, then a shared tail of ones), so unrelated prompts never share a cached
+        page; only the prefix cache reads token values."""
+        if arrival.token_ids is not None:
+            return list(arrival.token_ids)
+        length = arrival.prompt_tokens
+        head = [2 + index // self._distinct**k % self._distinct for k in range(min(4, length))]
+        tail = self._prompts.get(length - len(head))
+        if tail is None:
+            tail = self._prompts[length - len(head)] = [1] * (length - len(head))
+        return head + tail
+
+    def run(
+        self,
+        arrivals: Sequence[Arrival],
+        max_rounds: int | None = None,
+        on_round: Callable[[int, int], None] | None = None,
+        concurrency: int | None = None,
+    ) -> SimResult:
+        """Simulate until every request finishes (or ``max_rounds``).
+
+        ``concurrency`` N: N closed-loop clients (the arrivals' lengths, in order). A request
+        reaches its scheduler ``schedule_lag_ms`` after it is sent, and is first planned
+        ``plan_ahead_rounds`` round starts after that. The loop body is the hot path: hoist.
+        """
+        loops, costs, dp = self.loops, self.costs, self.args.dp_size
+        schedulers = [loop.scheduler for loop in loops]
+        begins = [loop.begin for loop in loops]
+        finishes = [loop.finish for loop in loops]
+        records: dict[str, RequestRecord] = {}
+        itl = array("d")
+        itl_append = itl.append
+        timeline = Timeline() if self.keep_timeline else None
+        group_ms = costs.group_ms
+        clock = 0.0
+        lag_s = costs.schedule_lag_ms / 1000.0
+        source = arrival_source(arrivals, concurrency)
+        closed = not isinstance(source, OpenLoop)
+        # Sent and routed, not yet handed to the rank's scheduler: (visible_s, rank, index,
+        # arrival), in send order (the lag is one constant, so also in visible order).
+        pending: deque[tuple[float, int, int, Arrival]] = deque()
+        self._pending = pending
+        # Start times of the last rounds: a round plans what was visible when the round
+        # ``plan_ahead`` starts earlier began (async scheduling), else at its own start.
+        plan_ahead = int(costs.plan_ahead_rounds)
+        starts = deque([0.0] * (plan_ahead + 1), maxlen=plan_ahead + 1)
+        next_send = source.next_send_s
+        # Steady decode rounds in one step (sim/fast_forward.py), where exact.
+        fast = self.fast_forward and timeline is None and steady_policies.supported(loops)
+        gc_stride = costs.gc_stride(dp)  # busy round b collects iff b % stride == stride - 1
+        rounds = busy = prefill_rounds = decode_rounds = 0
+        finished = 0
+        in_flight = self._in_flight = [0] * dp  # routed, not yet admitted, per rank
+        while True:
+            admit_until = starts[0]
+            while True:
+                # Sends and admissions interleave in time order, so a router reading the
+                # ranks' queues sees every request admitted before it was sent.
+                while pending and pending[0][0] <= admit_until:
+                    _, rank, index, arrival = pending.popleft()
+                    in_flight[rank] -= 1
+                    self._admit(arrival, rank, index, records)
+                if next_send > clock:
+                    break
+                index, arrival = source.pop()
+                rank = self._route(arrival, index, arrival.time_s)
+                in_flight[rank] += 1
+                pending.append((arrival.time_s + lag_s, rank, index, arrival))
+                next_send = source.next_send_s
+            if not any(s.has_unfinished for s in schedulers):
+                next_time = min(next_send, pending[0][0] if pending else INF)
+                if next_time == INF:
+                    break
+                # A live group would step idle rounds until the next arrival; one idle
+                # observation leaves each policy in the state those rounds would. An idle
+                # engine plans the moment a request arrives: nothing is in flight.
+                for loop in loops:
+                    loop.observe_idle()
+                clock = self.clock = max(clock, next_time)
+                starts.extend([clock] * (plan_ahead + 1))
+                continue
+            if max_rounds is not None and rounds >= max_rounds:
+                break
+            left = (
+                FAST_MAX_ROUNDS if max_rounds is None else min(max_rounds - rounds, FAST_MAX_ROUNDS)
+            )
+            if gc_stride:  # a collecting round runs in full
+                left = min(left, gc_stride - 1 - busy % gc_stride)
+            if fast and not pending and left:
+                k, clock, done = fast_forward.advance(
+                    loops, costs, left, clock, next_send, records, itl, starts
+                )
+                if k:
+                    self.clock = clock
+                    rounds, busy, decode_rounds = rounds + k, busy + k, decode_rounds + k
+                    finished += len(done)
+                    if closed:
+                        for request in done:
+                            source.finished(clock, request)
+                            next_send = source.next_send_s
+                    if on_round is not None:
+                        on_round(rounds, finished)
+                    continue
+            # A collecting round prices the collector's batch: it runs with plan objects.
+            collects = bool(gc_stride) and busy % gc_stride == gc_stride - 1
+            if fast and not collects:
+                # The ranks with no prefill work decode without plan objects, exactly.
+                view, costs_s, events = decode_ranks.step(loops, costs)
+                outcomes = None
+            else:
+                rows = [begin() for begin in begins]
+                view = read_rows(rows)  # one reading for every rank of the round
+                outcomes = [finish(rows, view) for finish in finishes]
+                costs_s = [o.result.cost_s for o in outcomes]
+                events = [o.events for o in outcomes]
+            any_extend = view.any_extend
+            if not view.all_idle:
+                round_ms = group_ms([c * 1000 for c in costs_s], any_extend)
+                if collects:
+                    collector = outcomes[busy // gc_stride % dp].plan
+                    round_ms += costs.gc_pause_ms(collector.counts()[0])
+                busy += 1
+                if any_extend:
+                    prefill_rounds += 1
+                else:
+                    decode_rounds += 1
+            else:
+                round_ms = IDLE_ROUND_MS
+            start = clock
+            clock += round_ms / 1000.0
+            self.clock = clock
+            starts.append(clock)
+            rounds += 1
+            for rank, rank_events in enumerate(events):
+                for request, token_id, done in rank_events:
+                    rec = records[request.request_id]
+                    if token_id is not None:
+                        if rec.first_token_s is None:
+                            rec.first_token_s = clock
+                            rec.admission_wait = schedulers[rank].admission_wait(request)
+                        else:
+                            itl_append((clock - rec.last_token_s) * 1000.0)
+                        rec.last_token_s = clock
+                        rec.num_output += 1
+                    if done:
+                        rec.finish_s = clock
+                        finished += 1
+                        if closed:
+                            source.finished(clock, request)
+                            next_send = source.next_send_s
+            if timeline is not None and outcomes is not None:
+                timeline.start_s.append(start)
+                timeline.duration_ms.append(round_ms)
+                timeline.kinds.extend(KIND_CODES[o.plan.kind] for o in outcomes)
+                vote = outcomes[0].vote
+                timeline.points.append(POINT_CODES[vote.point])
+                timeline.opened.append(vote.open)
+            if on_round is not None:
+                on_round(rounds, finished)
+        return SimResult(
+            policy=self.policy_name,
+            dp_size=dp,
+            duration_s=clock,
+            rounds=rounds,
+            busy_rounds=busy,
+            prefill_rounds=prefill_rounds,
+            decode_rounds=decode_rounds,
+            records=list(records.values()),
+            itl_ms=itl,
+            timeline=timeline,
+            unfinished=len(records) - finished,
+            prefix_queries=sum(s.prefix.num_queries for s in schedulers),
+            prefix_hits=sum(s.prefix.num_hits for s in schedulers),
+        )
+
+    def _route(self, arrival: Arrival, index: int, now_s: float) -> int:
+        """The rank a request goes to when it is sent (a trace may pin it)."""
+        if arrival.rank is not None:
+            rank = arrival.rank
+            if not 0 <= rank < self.args.dp_size:
+                raise ValueError(f"trace pins request {index} to rank {rank}, outside dp_size")
+            return rank
+        schedulers = [loop.scheduler for loop in self.loops]
+        if self.router.policy == "vllm-lb":
+            # What the engines report: their queues, plus requests that reached the engine
+            # but wait for the next plan (async scheduling).
+            waiting = [len(s.waiting) for s in schedulers]
+            for visible_s, rank, _, _ in self._pending:
+                if visible_s <= now_s:
+                    waiting[rank] += 1
+            running = [len(s.running) for s in schedulers]
+            return self.router.route_stale(now_s, waiting, running)
+        # The router knows what it sent: a rank's load counts its requests still in flight.
+        in_flight = self._in_flight
+        loads = [len(s.requests) + in_flight[r] for r, s in enumerate(schedulers)]
+        if self.router.policy == "cache-aware":
+            session = None if arrival.session is None else str(arrival.session.session_id)
+            return self.router.route(loads, self._prompt(index, arrival), session)
+        return self.router.route(loads)
+
+    def _admit(
+        self, arrival: Arrival, rank: int, index: int, records: dict[str, RequestRecord]
+    ) -> None:
+        request_id = f"req-{index}"
+        sampling = SamplingParams(max_tokens=arrival.output_tokens)
+        request = Request(request_id, self._prompt(index, arrival), sampling)
+        self.loops[rank].scheduler.add_request(request)
+        records[request_id] = RequestRecord(
+            rank, arrival.time_s, arrival.prompt_tokens, turn=arrival.turn
+        )
