@@ -22,9 +22,9 @@ from actors.control.rank_loop import RankLoop
 from actors.control.request import Request, SamplingParams
 from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
+from gate import registry
 from sim.cost_executor import CostExecutor
 from sim.round_costs import TOY
-from gate import registry
 
 POLICY_ARGS = {
     "roundgate": {"prefill_attempt_interval": 4, "prefill_any_attempt_interval": 16},

@@ -18,10 +18,10 @@ import pstats
 import time
 
 from actors.server_args import ServerArgs
+from gate import registry
 from sim.round_costs import PRESETS
 from sim.simulator import GroupSimulator
 from sim.workload import WORKLOADS, Router, WorkloadSpec, generate
-from gate import registry
 
 # Each policy's own settings (the simulate command's defaults).
 POLICY_ARGS = {

@@ -17,11 +17,11 @@ import json
 from pathlib import Path
 
 from actors.server_args import ServerArgs
+from gate import registry
 from sim.report import summarize
 from sim.round_costs import PRESETS
 from sim.simulator import GroupSimulator
 from sim.workload import Router, WorkloadSpec, generate
-from gate import registry
 
 DP = 8
 # (input, output, length_dist, light rate, heavy rate): heavy is near each workload's knee on

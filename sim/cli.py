@@ -8,6 +8,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from gate import registry
 from sim.options import (
     COST_FLAGS,
     RunSetup,
@@ -23,7 +24,6 @@ from sim.scenarios import SCENARIOS, format_rows, replay
 from sim.sessions import SESSION_WORKLOADS
 from sim.simulator import GroupSimulator, SimResult
 from sim.workload import ARRIVALS, LENGTH_DISTS, ROUTERS, WORKLOADS
-from gate import registry
 
 # Kept importable from here: older callers and tests read these names from the CLI module.
 __all__ = ["COST_FLAGS", "add_common_args", "add_parser", "run", "simulate_policy"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from actors.control.round import RoundPlan, RoundResult
-from sim.round_costs import RoundCosts
 from gate import RankRow, RoundView
+from sim.round_costs import RoundCosts
 
 # The token every simulated sample returns; simulated requests stop on max_tokens only.
 SIM_TOKEN = 0

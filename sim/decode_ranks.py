@@ -20,9 +20,9 @@ from actors.control.rank_loop import RankLoop
 from actors.control.request import Request, RequestStatus
 from actors.control.round import TokenEvent
 from actors.control.scheduler import Scheduler
+from gate import RankRow, RoundView, read_rows
 from sim.cost_executor import SIM_TOKEN
 from sim.round_costs import RoundCosts
-from gate import RankRow, RoundView, read_rows
 
 # A decoding rank's row by batch size: (n, n, 0, no prefill wanted, decode work iff n).
 _ROWS: dict[int, RankRow] = {}

@@ -38,10 +38,10 @@ from actors.control.planner import PREFILL_WATERMARK
 from actors.control.rank_loop import RankLoop
 from actors.control.request import Request, RequestStatus
 from actors.control.scheduler import Scheduler
+from gate import RankRow
 from sim.cost_executor import SIM_TOKEN
 from sim.round_costs import RoundCosts
 from sim.steady_policies import held_rounds, observe_steady
-from gate import RankRow
 
 if TYPE_CHECKING:
     from sim.simulator import RequestRecord

@@ -13,10 +13,10 @@ from typing import Any
 
 from actors.server_args import ServerArgs
 from deployment.cache_aware import CacheAwareConfig
+from gate import registry
 from sim.round_costs import COST_FIELDS, RoundCosts, load_costs
 from sim.sessions import SESSION_WORKLOADS, SessionSpec, first_turns, max_prompt_tokens
 from sim.workload import WORKLOADS, Arrival, Router, WorkloadSpec, generate
-from gate import registry
 
 COST_FLAGS = COST_FIELDS
 # Without --workload (or where it leaves them open), the lengths the simulator always used.

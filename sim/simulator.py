@@ -16,6 +16,7 @@ from actors.control.rank_loop import RankLoop
 from actors.control.request import Request, SamplingParams
 from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
+from gate import read_rows
 from sim import decode_ranks, fast_forward, steady_policies
 from sim.arrivals import OpenLoop
 from sim.cost_executor import CostExecutor
@@ -29,7 +30,6 @@ from sim.records import (
 from sim.round_costs import RoundCosts
 from sim.sessions import arrival_source
 from sim.workload import Arrival, Router
-from gate import read_rows
 
 # A round in which no rank runs a forward still costs the scheduler pass; keeps time moving.
 IDLE_ROUND_MS = 0.01

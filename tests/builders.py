@@ -15,9 +15,9 @@ from actors.control.rank_loop import RankLoop, RoundOutcome
 from actors.control.request import Request, SamplingParams
 from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
+from gate import RankRow
 from sim.cost_executor import CostExecutor
 from sim.round_costs import TOY
-from gate import RankRow
 
 # The gate's intervals the small-group tests run with.
 GATE = {"prefill_attempt_interval": 2, "prefill_any_attempt_interval": 4}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from sim_builders import make_spec, simulate
 
-from sim.round_costs import PRESETS
 from gate import RankRow, read_rows
 from gate.auto import AutoGate, AutoGateConfig
+from sim.round_costs import PRESETS
 
 
 def auto_row(

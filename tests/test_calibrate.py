@@ -10,10 +10,10 @@ from prometheus_client import generate_latest
 
 from actors.telemetry.metrics import RankMetricSet
 from cli.main import main
+from k8s.tools.nccl_tests import interpolate_time_us, parse
 from sim.calibration import gather_columns
 from sim.cost_fit import kind_totals
 from sim.round_costs import load_costs
-from k8s.tools.nccl_tests import interpolate_time_us, parse
 
 CANDIDATES = [
     Path(__file__).resolve().parents[2] / "shared" / "nccl-tests-samples",

@@ -12,10 +12,10 @@ from actors.control.gather import SingleRankGather, ThreadGather
 from actors.control.rank_loop import RankLoop, RoundOutcome
 from actors.control.round import RoundPlan, RoundResult
 from actors.control.scheduler import Scheduler
-from sim.cost_executor import CostExecutor
-from sim.round_costs import TOY
 from gate import GateVote, RankRow, RoundView, read_rows, registry
 from gate.permission import ALLOW_ALL, HOLD_ALL
+from sim.cost_executor import CostExecutor
+from sim.round_costs import TOY
 
 # --- builders ---------------------------------------------------------------------------------
 

@@ -10,9 +10,9 @@ from builders import make_args, make_request
 from actors.control.engine_core import EngineCore
 from actors.control.request import RequestStatus
 from actors.control.round import RoundPlan, RoundResult
+from gate import RankRow, RoundView
 from sim.cost_executor import CostExecutor
 from sim.round_costs import TOY
-from gate import RankRow, RoundView
 
 
 class ParkingExecutor(CostExecutor):

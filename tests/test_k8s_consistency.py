@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from k8s.tools import dashboards_configmap
-from k8s.tools.render import load_documents, render
 from k8s.tools.nccl_tests import all_gather_command
 from k8s.tools.nccl_tests.__main__ import main as nccl_main
+from k8s.tools.render import load_documents, render
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "k8s"

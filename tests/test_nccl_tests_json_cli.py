@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from sim.round_costs import load_costs
 from gate.rows import NUM_COLUMNS
 from k8s.tools.nccl_tests import (
     NcclTestsResult,
@@ -25,6 +24,7 @@ from k8s.tools.nccl_tests import (
 )
 from k8s.tools.nccl_tests.__main__ import main
 from k8s.tools.nccl_tests.calibrate import METADATA_COLUMNS
+from sim.round_costs import load_costs
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "nccl-tests-samples"
 needs_samples = pytest.mark.skipif(

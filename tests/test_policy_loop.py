@@ -12,12 +12,12 @@ from builders import drive_round, make_args, make_loops, make_request, make_sche
 from actors.control.request import Request, RequestStatus
 from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
+from gate import registry
+from gate.permission import ALLOW_ALL, CHUNKS_ONLY, HOLD_ALL, NEW_ONLY
 from sim.report import summarize
 from sim.round_costs import PRESETS
 from sim.simulator import GroupSimulator
 from sim.workload import Router, WorkloadSpec, generate
-from gate import registry
-from gate.permission import ALLOW_ALL, CHUNKS_ONLY, HOLD_ALL, NEW_ONLY
 
 # Policies whose decision must be identical on every rank (vLLM's defer is per rank by design;
 # the local interval looks at its own rank only).

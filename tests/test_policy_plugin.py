@@ -19,12 +19,12 @@ import pytest
 from actors.server_args import ServerArgs
 from cli.main import main
 from deployment.config import AppArgs
-from sim.round_costs import TOY
-from sim.simulator import POINT_CODES, GroupSimulator
-from sim.workload import Arrival, Router
 from gate import RankRow, RoundView, registry
 from gate.spec import PolicyContext, PolicySpec
 from gate.vote import CLOSED, OPEN, GateVote
+from sim.round_costs import TOY
+from sim.simulator import POINT_CODES, GroupSimulator
+from sim.workload import Arrival, Router
 
 
 @dataclass(frozen=True)

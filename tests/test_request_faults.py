@@ -15,9 +15,9 @@ from actors.control.request import Request, RequestStatus, SamplingParams
 from actors.control.round import RoundPlan, RoundResult, TokenEvent
 from actors.engine import Engine, RequestsFailed
 from actors.server_args import ServerArgs
+from gate import RankRow, RoundView
 from sim.cost_executor import CostExecutor
 from sim.round_costs import TOY
-from gate import RankRow, RoundView
 
 
 def inject_fault(pool: KVPool, owner: str, methods: tuple[str, ...]) -> None:

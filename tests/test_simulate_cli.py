@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from cli.main import build_parser, main
-from sim.options import prepare
 from gate import registry
 from gate.delay import PrefillDelay
 from gate.local_interval import LocalIntervalConfig
@@ -17,6 +16,7 @@ from gate.no_gate import NoGateConfig
 from gate.sglang_delayer import SGLangDelayerConfig
 from gate.trtllm_balance import TrtllmBalanceConfig
 from gate.vllm_interval import VllmIntervalConfig
+from sim.options import prepare
 
 # A small, fast run: 2 ranks, 24 short requests.
 BASE = [

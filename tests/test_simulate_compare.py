@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from sim.workload import WORKLOADS
 from gate import registry
+from sim.workload import WORKLOADS
 
 SMALL = [
     "--dp-size", "2",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from sim_builders import sim_args
 
-from deployment.cache_aware import CacheAwareConfig
 from cli.main import main
+from deployment.cache_aware import CacheAwareConfig
 from sim.report import summarize
 from sim.round_costs import PRESETS
 from sim.sessions import SessionPreset, SessionSpec, first_turns, make_sessions

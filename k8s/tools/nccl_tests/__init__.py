@@ -15,7 +15,13 @@ from k8s.tools.nccl_tests.calibrate import (
 )
 from k8s.tools.nccl_tests.command import all_gather_command
 from k8s.tools.nccl_tests.json_report import parse_json
-from k8s.tools.nccl_tests.result import Measurement, NcclTestsResult, RankInfo, RunParams, SizeResult
+from k8s.tools.nccl_tests.result import (
+    Measurement,
+    NcclTestsResult,
+    RankInfo,
+    RunParams,
+    SizeResult,
+)
 from k8s.tools.nccl_tests.text import parse_text
 from k8s.tools.nccl_tests.verdict import FabricVerdict, check_fabric, small_latency_us
 

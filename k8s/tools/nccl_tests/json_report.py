@@ -12,7 +12,13 @@ import json
 import os
 from typing import Any
 
-from k8s.tools.nccl_tests.result import Measurement, NcclTestsResult, RankInfo, RunParams, SizeResult
+from k8s.tools.nccl_tests.result import (
+    Measurement,
+    NcclTestsResult,
+    RankInfo,
+    RunParams,
+    SizeResult,
+)
 
 
 def parse_json(text: str) -> NcclTestsResult:

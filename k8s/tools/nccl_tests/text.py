@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import re
 
-from k8s.tools.nccl_tests.result import Measurement, NcclTestsResult, RankInfo, RunParams, SizeResult
+from k8s.tools.nccl_tests.result import (
+    Measurement,
+    NcclTestsResult,
+    RankInfo,
+    RunParams,
+    SizeResult,
+)
 
 _HALF_FIELDS = ("time", "algbw", "busbw", "wrong")
 ROW_FIELDS = (
