@@ -62,10 +62,10 @@ def test_the_simulator_runs_the_control_plane_without_torch() -> None:
 
 
 @pytest.mark.parametrize("folder", SOURCE_DIRS)
-def test_no_module_over_300_lines(folder: str) -> None:
+def test_no_module_over_500_lines(folder: str) -> None:
     long = {
         str(path.relative_to(REPO)): n
         for path in (REPO / folder).rglob("*.py")
-        if (n := len(path.read_text().splitlines())) > 300
+        if (n := len(path.read_text().splitlines())) > 500
     }
     assert not long, f"split these modules: {long}"
