@@ -161,14 +161,14 @@ def advance(
     samples = array("d")
     add = samples.append
     finished: list[Request] = []
-    for loop, grants in zip(loops, needs, strict=True):
+    for loop, grants, left in zip(loops, needs, lefts, strict=True):
         s = loop.scheduler
         for req in s.running:
             rec = records[req.request_id]
             add((first - rec.last_token_s) * 1000.0)
             rec.last_token_s = end_s
             rec.num_output += k
-        for req in s.skip_decode_rounds(k, grants, SIM_TOKEN):
+        for req in s.skip_decode_rounds(k, grants, SIM_TOKEN, left):
             records[req.request_id].finish_s = end_s
             finished.append(req)
         observe_steady(loop.policy, k)

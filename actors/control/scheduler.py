@@ -228,7 +228,7 @@ class Scheduler:
                 req = self.requests.get(request_id)
                 if req is not None:
                     ends.fail(req, error)
-        events = ends.take_events()
+        events = ends.take_events() if ends.events else []
         if self.prefix.enabled and plan.num_extends:
             self.prefix.keep_prefilled(plan)
         sampled = result.sampled
@@ -306,7 +306,16 @@ class Scheduler:
         (and nothing changed) when the rank has other work, the token budget would cut the
         decodes short or a decode would need a retraction: then ``plan`` decides."""
         running = self.running
-        if self.waiting or not self.is_steady or len(running) > self.args.max_scheduled_tokens:
+        ends = self.ends
+        # ``is_steady`` and an empty queue, inlined: asked of every rank every full round.
+        if (
+            self.waiting
+            or self.queues.partial
+            or self.retracted
+            or ends.pending_aborts
+            or ends.events
+            or len(running) > self.args.max_scheduled_tokens
+        ):
             return None
         pool = self.pool
         page_size = pool.page_size
@@ -394,35 +403,39 @@ class Scheduler:
         return grants
 
     def skip_decode_rounds(
-        self, k: int, grants: list[tuple[int, int, Request]], token: int
+        self, k: int, grants: list[tuple[int, int, Request]], token: int, horizon: int
     ) -> list[Request]:
         """Apply k steady decode rounds at once; returns the requests the last one finished,
         in running order.
 
         Every running request gets k tokens ``token`` (one that stops none of them), the pool
         takes ``grants`` (``decode_page_grants(k)``), the waits count k plans, and the round
-        counter moves by k. The caller has checked that no request finishes before round k
-        (``decode_horizon``) and that no vote admits a waiting prompt in those rounds.
+        counter moves by k. ``horizon`` is ``decode_horizon()[0]``: the caller skips no
+        further (k <= horizon), and only at k == horizon does the last round finish requests.
+        It has also checked that no vote admits a waiting prompt in those rounds.
         """
-        # The probe the k rounds publish: the grants keep the pool on its side of the watermark.
-        wants_prefill = self.probe().wants_prefill
         tokens = [token] * k
         for req in self.running:
             req.output_token_ids.extend(tokens)
             req.num_computed_tokens += k
         if grants:
             self._grant(grants, k)
-        # Each plan counts an excused round before its probe publishes a want: round 0's
-        # count comes before the stamp of a held prompt's first want, the rest after.
-        waits = self.waits
-        excused = self.planner.is_excused
-        if excused:
-            waits.excused_rounds += 1
-        if wants_prefill:
-            waits.wanted(self.round + 1)  # round 0 publishes a held prompt's first want
-        if excused:
-            waits.excused_rounds += k - 1
+        if self.waiting:
+            # Each plan counts an excused round before its probe publishes a want: round 0's
+            # count comes before the stamp of a held prompt's first want, the rest after. The
+            # grants keep the pool on its side of the watermark, so every round agrees.
+            waits = self.waits
+            over = self.pool.occupancy > PREFILL_WATERMARK
+            excused = over or len(self.running) >= self.max_batch_size  # ``is_excused``
+            if excused:
+                waits.excused_rounds += 1
+            if not over:  # the probe wants prefill for the held prompt
+                waits.wanted(self.round + 1)  # round 0 publishes a held prompt's first want
+            if excused:
+                waits.excused_rounds += k - 1
         self.round += k
+        if k < horizon:
+            return []
         max_len = self.max_sequence_len
         done = [
             req
