@@ -125,13 +125,14 @@ def test_a_rank_with_other_work_is_left_to_the_full_plan(
 
 
 def test_a_retracting_pool_is_left_to_the_full_plan() -> None:
-    sched, a, b, c = pressured_trio(b_max_tokens=16)
+    sched, a, _, c = pressured_trio(b_max_tokens=16)
     assert sched.is_steady
     before = state(sched)
-    assert sched.plan_decode_round() is None  # a needs a page only a retraction frees
+    assert sched.plan_decode_round() is None  # a needs a page only retracting c frees
     assert state(sched) == before
     run_round(sched, HOLD_ALL)
-    assert sched.retracted and not sched.is_steady and sched.plan_decode_round() is None
+    assert list(sched.retracted) == [c] and len(a.page_ids) == 2
+    assert not sched.is_steady and sched.plan_decode_round() is None
 
 
 def test_a_budget_that_cuts_the_decodes_short_is_left_to_the_full_plan() -> None:
@@ -180,9 +181,7 @@ def test_k_skipped_rounds_are_k_full_rounds(
     for _ in range(rounds):
         events = full_round(full)
     finished = fast.skip_decode_rounds(rounds, grants, TOKEN, horizon)
-    assert [r.request_id for r in finished] == [
-        rid for rid, _, done in summary(events) if done
-    ]
+    assert [r.request_id for r in finished] == [rid for rid, _, done in summary(events) if done]
     assert bool(finished) == (k == "horizon")
     assert state(fast) == state(full)
 
