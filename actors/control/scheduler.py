@@ -297,8 +297,7 @@ class Scheduler:
     def is_steady(self) -> bool:
         """Whether every running request decodes and no resident chunk, retracted request,
         pending abort or final event could change the next plans (prompts may wait)."""
-        ends = self.ends
-        return not (self.queues.partial or self.retracted or ends.pending_aborts or ends.events)
+        return not (self.queues.partial or self.retracted or self.ends.has_pending)
 
     def plan_decode_round(self) -> list[tuple[Request, int]] | None:
         """``plan`` for a steady rank with nothing waiting (it can only decode, whatever the
