@@ -1,9 +1,10 @@
 """The ingress's state and request logic: checks, tokens in, one ``GenerateRequest`` per choice.
 
-The routes (``deployment.app``) call into ``Ingress``: it checks the key, the model and the
-request against the one context length, builds ``SamplingParams`` once, forwards each choice
-to a rank through the configured router and detokenizes what streams back. A failed DP group
-answers 503 with ``Retry-After`` while the gang restarts.
+The routes (``deployment.app``, bodies in ``deployment.openai``) call into ``Ingress``: it
+checks the key and the model, checks the request against the model's limits (prompt count,
+vocabulary, context length: here and nowhere else on this side), builds ``SamplingParams``,
+forwards each choice to a rank through the configured router and detokenizes what streams
+back. A failed DP group answers 503 with ``Retry-After`` while the gang restarts.
 """
 
 from __future__ import annotations
@@ -11,22 +12,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
+from pydantic import BaseModel
 
 from actors.control.messages import GenerateRequest
 from actors.control.request import SamplingParams
-from deployment.choices import merge
-from deployment.generation import Choice, Delta, RequestFailed, run_choices
-from deployment.http_api import read_json
-from deployment.protocol import APIError, CompletionRequest, parse
+from deployment.openai.api import read_json
+from deployment.openai.choices import Choice, Delta, RequestFailed, merge, run_choices
+from deployment.openai.errors import APIError
+from deployment.openai.logprobs import TokenTexts
+from deployment.openai.protocol import parse
+from deployment.openai.sampling import GenerateBody, sampling_params
 from deployment.request_metrics import RequestRecorder
-from deployment.responses import TokenTexts
-from deployment.sampling_fields import grammar_of, logit_bias_of, logprobs_of
 from deployment.serve_context import rank_health, set_serve_request_id
+
+if TYPE_CHECKING:  # Ray is not imported for a type (the ingress is tested without it)
+    from ray.serve.handle import DeploymentHandle
 
 # Fields whose refusal by SamplingParams starts with their name (the 400's ``param``).
 _SAMPLING_FIELDS = ("min_tokens", "logit_bias", "stop_token_ids", "logprobs")
@@ -35,13 +40,14 @@ HEALTH_CACHE_S = 2.0
 logger = logging.getLogger("roundgate.ingress")
 
 
-T = TypeVar("T")
+Body = TypeVar("Body", bound=BaseModel)
 
 
 class Ingress:
     """State and logic behind the routes; ``deployment.app`` wraps it in a Serve deployment."""
 
-    def __init__(self, ranks: Any, app_args: dict[str, Any]) -> None:
+    def __init__(self, ranks: DeploymentHandle, app_args: dict[str, Any]) -> None:
+        """``ranks``: the rank deployment's handle; ``app_args``: the bound ``AppArgs``."""
         from actors.model.generation_config import read_generation_config
         from actors.model.tokenizer import load_tokenizer, stop_token_ids
         from deployment.config import AppArgs
@@ -97,12 +103,12 @@ class Ingress:
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
 
-    async def read_request(self, request: Request, model: type[T]) -> T:
+    async def read_request(self, request: Request, model: type[Body]) -> Body:
         """An endpoint's body: the caller's key checked first, then the JSON parsed into
         ``model`` (size-capped) and its ``model`` name checked."""
         self.check_auth(request)
         req = parse(model, await read_json(request, self.app_args.max_request_bytes))
-        self.check_model(req.model)
+        self.check_model(getattr(req, "model", None))
         return req
 
     def check_model(self, name: str | None) -> None:
@@ -114,42 +120,22 @@ class Ingress:
                 code="model_not_found",
             )
 
-    def prompts_of(self, req: CompletionRequest) -> list[list[int]]:
-        p = req.prompt
-        if isinstance(p, str):
-            prompts = [self.tokenizer.encode(p)]
-        elif p and all(isinstance(x, str) for x in p):
-            prompts = [self.tokenizer.encode(x) for x in p]
-        elif p and all(isinstance(x, int) for x in p):
-            prompts = [list(p)]
-        elif p and all(isinstance(x, list) for x in p):
-            prompts = [list(x) for x in p]
-        else:
-            prompts = []
-        if not prompts or any(not ids for ids in prompts):
-            raise APIError(400, "prompt must not be empty", param="prompt")
-        cap = self.app_args.max_prompts_per_request
-        if len(prompts) > cap:
-            raise APIError(
-                400,
-                f"{len(prompts)} prompts in one request; at most {cap} (max_prompts_per_request)",
-                param="prompt",
-            )
+    # ---- limits: each checked here, once, before any rank sees the request -------------
+
+    def check_vocab(self, ids: Sequence[int], param: str, what: str = "token id") -> None:
+        """A 400 naming the first id outside the model's vocabulary."""
         vocab = self.vocab_size
-        for ids in prompts:
-            bad = next((t for t in ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise APIError(
-                    400,
-                    f"prompt token id {bad} is outside the model's vocabulary [0, {vocab})",
-                    param="prompt",
-                )
-        return prompts
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(
+                400, f"{what} {bad} is outside the model's vocabulary [0, {vocab})", param=param
+            )
 
     def sampling_of(
-        self, req: Any, prompt_len: int, param: str, max_tokens: int | None
+        self, req: GenerateBody, prompt_len: int, param: str, max_tokens: int | None
     ) -> SamplingParams:
-        """The request's ``SamplingParams``, built and validated once, here."""
+        """The request's ``SamplingParams`` for a prompt of ``prompt_len`` tokens, built and
+        checked against the context length and the vocabulary, here."""
         room = self.max_model_len - prompt_len
         if room < 1:
             raise APIError(
@@ -166,36 +152,10 @@ class Ingress:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
-        stop_ids = list(req.stop_token_ids or [])
-        if not req.ignore_eos:
-            stop_ids += self.eos_token_ids
-        # generation_config.json's defaults fill what the request left unset.
-        given = req.model_fields_set
-        defaults = self.defaults
-        temperature = req.temperature
-        if "temperature" not in given and defaults.temperature is not None:
-            temperature = defaults.temperature
-        top_p = req.top_p if "top_p" in given or defaults.top_p is None else defaults.top_p
-        top_k = req.top_k if "top_k" in given or defaults.top_k is None else defaults.top_k
         # What the rank would refuse is refused here: an exception on the rank reads as a
         # group failure (503 for everyone), never as this client's mistake.
         try:
-            sampling = SamplingParams(
-                max_tokens=max_tokens or room,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=max(0, top_k),
-                seed=req.seed,
-                stop_token_ids=tuple(dict.fromkeys(stop_ids)),
-                min_p=req.min_p,
-                min_tokens=req.min_tokens,
-                presence_penalty=req.presence_penalty,
-                frequency_penalty=req.frequency_penalty,
-                repetition_penalty=req.repetition_penalty,
-                logit_bias=logit_bias_of(req.logit_bias),
-                logprobs=logprobs_of(req),
-                grammar=grammar_of(req),
-            )
+            sampling = sampling_params(req, max_tokens or room, self.defaults, self.eos_token_ids)
             sampling.check_vocab(self.vocab_size)
         except ValueError as exc:
             param = next((f for f in _SAMPLING_FIELDS if str(exc).startswith(f)), None)
@@ -239,23 +199,32 @@ class Ingress:
         self,
         request_id: str,
         prompts: list[list[int]],
-        req: Any,
+        req: GenerateBody,
         max_tokens: int | None,
         param: str,
     ) -> tuple[list[Choice], AsyncIterator[Delta]]:
-        """Validate every choice up front (no partial work on a bad request), then stream.
+        """Check every limit and build every choice up front (no partial work on a bad
+        request), then stream.
 
         ``request_id`` is the response's id; each choice's rank request is that id (with
         ``-i`` appended when a completion has several prompts), so the id a client sees is
         the one in the rank's scheduler, metrics and logs.
         """
+        cap = self.app_args.max_prompts_per_request
+        if len(prompts) > cap:
+            raise APIError(
+                400,
+                f"{len(prompts)} prompts in one request; at most {cap} (max_prompts_per_request)",
+                param="prompt",
+            )
+        for ids in prompts:
+            self.check_vocab(ids, param, "prompt token id")
         if req.dp_rank is not None and req.dp_rank >= self.engine_args.dp_size:
             raise APIError(
                 400, f"dp_rank must be < dp_size {self.engine_args.dp_size}", param="dp_rank"
             )
         several = len(prompts) > 1
         n = req.n
-        cap = self.app_args.max_prompts_per_request
         if len(prompts) * n > cap:
             raise APIError(
                 400,

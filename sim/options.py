@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.server_args import ServerArgs
-from deployment.cache_aware import CacheAwareConfig
+from deployment.routing.cache_aware import CacheAwareConfig
 from gate import registry
 from sim.round_costs import COST_FIELDS, RoundCosts, load_costs
 from sim.sessions import SESSION_WORKLOADS, SessionSpec, first_turns, max_prompt_tokens

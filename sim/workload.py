@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deployment.cache_aware import CacheAwareConfig, CacheAwarePolicy
+from deployment.routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
 from sim.vllm_lb import VllmBalancer
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ class Router:
     """Chooses a rank for each arrival: round-robin, least-loaded, fixed skewed weights, or
     vLLM's internal load balancer (``vllm-lb``: least ``4 x waiting + running`` on counts
     refreshed every 100 ms, so requests sent since the engines last reported are invisible
-    to it after a refresh), or cache-aware (``deployment.cache_aware``)."""
+    to it after a refresh), or cache-aware (``deployment.routing.cache_aware``)."""
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from actors.control.messages import GenerateChunk, Usage
 from actors.model.detokenizer import Detokenizer
 from actors.model.tokenizer import ByteTokenizer
-from deployment.generation import Choice, run_choices
+from deployment.openai.choices import Choice, run_choices
 
 TOK = ByteTokenizer()
 

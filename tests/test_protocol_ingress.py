@@ -18,9 +18,8 @@ from ingress_fakes import (
 from actors.control.messages import GenerateChunk, GenerateRequest, Usage
 from actors.control.request import SamplingParams
 from deployment import ingress
-from deployment.choices import usage
-from deployment.generation import Choice
-from deployment.protocol import CompletionRequest, parse
+from deployment.openai.choices import Choice, usage
+from deployment.openai.protocol import CompletionRequest, parse
 
 # ---- request checks ------------------------------------------------------------------------
 

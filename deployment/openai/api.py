@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deployment.protocol import APIError, ChatRequest, CompletionRequest
+from deployment.openai.errors import APIError
+from deployment.openai.protocol import ChatRequest, CompletionRequest
 
 api = FastAPI(title="roundgate", version="0.1.0")
 # Every route's body model (``json_body`` adds each route's), for the OpenAPI document.
@@ -108,8 +109,3 @@ async def _drain(stream: AsyncIterator[bytes], seen: int) -> None:
         seen += len(chunk)
         if seen > DRAIN_LIMIT_BYTES:
             return
-
-
-def sse(obj: Any) -> str:
-    """One server-sent event carrying ``obj`` as compact JSON."""
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"

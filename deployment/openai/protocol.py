@@ -11,7 +11,7 @@ implemented: the cache-aware router's session key.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -24,9 +24,7 @@ from pydantic import (
 )
 
 from actors.control.request import MAX_N
-from deployment.api_errors import APIError, describe_error
-
-__all__ = ["APIError", "ChatRequest", "CompletionRequest", "describe_error", "parse"]
+from deployment.openai.errors import APIError, describe_error
 
 MAX_INT32 = 2**31 - 1
 MAX_STOP_CHARS = 256  # the detokenizer holds back up to this many characters
@@ -273,7 +271,35 @@ class ChatRequest(_Common):
     }
 
 
-def parse(model: type[BaseModel], body: Any) -> Any:
+class TokenizeRequest(BaseModel):
+    """``/tokenize``: exactly one of ``prompt`` and ``messages``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool = Field(True, description="prompt only: BOS/EOS as the model adds")
+    add_generation_prompt: bool = Field(
+        True, description="messages only; false is refused (chat always adds it)"
+    )
+    tools: list[dict[str, Any]] | None = None
+    return_token_strs: bool = False
+
+    _tools = field_validator("tools")(check_tools)
+
+
+class DetokenizeRequest(BaseModel):
+    """``/detokenize``: token ids to text."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str | None = None
+    tokens: list[Int]
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def parse(model: type[Body], body: object) -> Body:
     """``body`` (decoded JSON) as ``model``, or a 400 naming the first bad or refused field."""
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")

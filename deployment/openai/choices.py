@@ -1,11 +1,14 @@
-"""The choices of one rank request: detokenize incrementally, apply stop strings.
+"""The choices of one HTTP request: text from the ranks' token streams, and what they add up to.
 
-The rank stops on token ids (EOS, ``stop_token_ids``, ``max_tokens``); stop *strings* are
-applied here, on text, and end the rank's stream early, which aborts the request there.
+Each choice is detokenized incrementally and cut at its stop strings: the rank stops on token
+ids (EOS, ``stop_token_ids``, ``max_tokens``); stop *strings* are applied here, on text, and
+end the rank's stream early, which aborts the request there. The choices of several rank
+requests (one per prompt) run at once (``merge``); their ``usage`` is the ranks' counts.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -147,3 +150,61 @@ def first_stop(text: str, stops: list[str]) -> int | None:
     text arrived one character at a time), so the cut never depends on how it was chunked."""
     hits = [(i + len(s), i) for s in stops if (i := text.find(s)) >= 0]
     return min(hits)[1] if hits else None
+
+
+async def merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[Delta]:
+    """Interleave several choices' deltas as they come."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(stream: AsyncIterator[Delta]) -> None:
+        try:
+            async for item in stream:
+                await queue.put(item)
+        except BaseException as exc:
+            await queue.put(exc)
+        finally:
+            await queue.put(done)
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def usage(choices: list[Choice]) -> dict[str, int]:
+    """OpenAI's ``usage`` over the choices, from the ranks' counts (a choice that got no chunk
+    counts its prompt and nothing generated; the n choices of one prompt count it once)."""
+    prompt = completion = 0
+    for c in choices:
+        if c.usage is None:
+            prompt += len(c.prompt_token_ids) if c.counts_prompt else 0
+        else:
+            prompt += c.usage.prompt_tokens if c.counts_prompt else 0
+            completion += c.usage.completion_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def token_ids_of(choice: Choice, return_token_ids: bool) -> dict[str, list[int]]:
+    """The ids a choice's body carries when the request asked for them (``return_token_ids``)."""
+    if not return_token_ids:
+        return {}
+    return {"prompt_token_ids": choice.prompt_token_ids, "token_ids": choice.output_token_ids}

@@ -1,0 +1,273 @@
+"""The files and data shapes one chat completion crosses, from the HTTP body to the scheduler
+and back (issue 22: "the request path, shorter").
+
+One chat completion, non-streamed and then streamed, is driven in-process through the real
+route (``deployment.app.OpenAIServer.chat``), the real ``Ingress`` and the real rank side:
+``RankReplica.generate`` (its Serve shell is skipped: no Ray actor, no process group) over an
+``EngineCore`` whose executor is the simulator's ``CostExecutor`` (no model weights). While it
+runs, ``sys.setprofile`` records
+
+- files: every project module (``co_filename`` under the repository) with a frame on the path;
+- shapes: the type of every argument and return value of a frame in the request path's own
+  modules (the HTTP layer, the ingress, the messages, the rank's intake and chunking), except
+  objects that existed before the request (the ingress, tokenizer, scheduler...), scalars
+  (``int``, ``str``, ...), callables and coroutines: what the request's data is carried as.
+
+Run from the repository root (either layout, before or after the re-housing)::
+
+    PYTHONPATH=$PWD python benchmarks/request_path.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import inspect
+import json
+import sys
+import types
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path.cwd().resolve()
+# The request path's own modules (shapes are recorded in their frames): the HTTP surface and
+# ingress, the ingress <-> rank messages, the rank's intake and chunking. The scheduler's
+# internals (round plans, pages) are the scheduler's, not the request's.
+SHAPE_PARTS = ("deployment/", "actors/control/messages.py", "actors/replica/")
+SCALARS = (int, float, str, bool, bytes, type(None))
+APP_ARGS = {"model": "tiny-moe", "dp_size": 1, "max_num_seqs": 4, "device": "cpu"}
+BODY = {"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 4}
+
+
+def describe(value: Any) -> str:
+    """A value's shape: its type, with the element type of a container (``list[int]``)."""
+    kind = type(value)
+    name = kind.__qualname__
+    module = kind.__module__
+    if module not in ("builtins",) and not module.startswith(("deployment", "actors", "sim")):
+        name = f"{module.split('.')[0]}.{name}"
+    if isinstance(value, list | tuple | set | frozenset):
+        inner = sorted({describe(v) for v in list(value)[:8]})
+        return f"{name}[{' | '.join(inner)}]" if inner else f"{name}[]"
+    if isinstance(value, dict):
+        keys = sorted({describe(k) for k in list(value)[:8]})
+        return f"{name}[{' | '.join(keys) or '?'}, ...]"
+    return name
+
+
+class Tracer:
+    """Files with a frame on the path, and the shapes the request's data takes in them."""
+
+    def __init__(self, existing: list[Any]) -> None:
+        self.existing = {id(o) for o in existing}
+        self._keep = existing  # held so no id is reused by a new object
+        self.files: set[str] = set()
+        self.shapes: dict[str, set[str]] = {}
+
+    def _note(self, value: Any, where: str) -> None:
+        skip = (
+            types.FunctionType,
+            types.MethodType,
+            types.BuiltinFunctionType,
+            types.ModuleType,
+            type,
+            types.CoroutineType,
+            types.AsyncGeneratorType,
+            types.GeneratorType,
+            BaseException,
+            *SCALARS,
+        )
+        if isinstance(value, skip) or id(value) in self.existing:
+            return
+        if inspect.isawaitable(value) or callable(value) or hasattr(value, "__next__"):
+            return  # control flow (iterators, wrapped awaitables), not data
+        if type(value).__module__ == __name__ or type(value).__name__.endswith("wrapped_value"):
+            return  # this script's stand-in for Serve's streaming handle; asyncio internals
+        if isinstance(value, list | tuple | dict | set) and not value:
+            return  # an empty container carries nothing of the request
+        if type(value) is tuple and len({type(v) for v in value}) > 1:
+            return  # several return values at once (each is recorded where it is used)
+        self.shapes.setdefault(describe(value), set()).add(where)
+
+    def __call__(self, frame: types.FrameType, event: str, arg: Any) -> None:
+        if event not in ("call", "return"):
+            return
+        path = frame.f_code.co_filename
+        if not path.startswith(str(REPO)) or path == __file__:
+            return
+        rel = str(Path(path).relative_to(REPO))
+        if "/.venv/" in path or rel.startswith(".venv"):
+            return
+        self.files.add(rel)
+        if not rel.startswith(SHAPE_PARTS):
+            return
+        where = f"{rel}:{frame.f_code.co_name}"
+        if event == "call":
+            code = frame.f_code
+            count = code.co_argcount + code.co_kwonlyargcount
+            for name in code.co_varnames[:count]:
+                if name in ("self", "cls"):
+                    continue
+                self._note(frame.f_locals.get(name), where)
+        else:
+            self._note(arg, where)
+
+
+def _cost_executor() -> Any:
+    try:
+        from sim.cost_executor import CostExecutor
+        from sim.round_costs import TOY
+    except ImportError:  # the layout before the re-housing
+        from deployment.sim.cost_executor import CostExecutor  # type: ignore[no-redef]
+        from deployment.sim.round_costs import TOY  # type: ignore[no-redef]
+    return CostExecutor(TOY)
+
+
+class _NoMetrics:
+    def note_arrival(self, request_id: str) -> None:
+        pass
+
+
+class LocalRanks:
+    """A rank deployment handle that runs ``RankReplica.generate`` on a local ``EngineCore``."""
+
+    def __init__(self) -> None:
+        from actors.control.engine_core import EngineCore
+        from actors.replica.rank_replica import RankReplica
+        from actors.server_args import ServerArgs
+
+        replica = object.__new__(RankReplica)  # the Serve shell (gang, rendezvous) is skipped
+        replica.args = ServerArgs(**APP_ARGS)
+        replica._streams = {}
+        replica._error = None
+        replica.metrics = _NoMetrics()
+        replica.core = EngineCore(replica.args, _cost_executor(), on_event=replica._on_event)
+        self.replica = replica
+
+    def options(self, **_: Any) -> LocalRanks:
+        return self
+
+    @property
+    def generate(self) -> LocalRanks:
+        return self
+
+    def remote(self, message: Any) -> _Call:
+        self.replica._loop = asyncio.get_running_loop()
+        return _Call(self.replica, message)
+
+
+class _Call:
+    """One streaming call: the replica's ``generate`` while a task steps its engine."""
+
+    def __init__(self, replica: Any, message: Any) -> None:
+        self.replica = replica
+        self.message = message
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._run()
+
+    async def _run(self) -> AsyncIterator[Any]:
+        core = self.replica.core
+        stop = asyncio.Event()
+
+        async def step() -> None:
+            while not stop.is_set():
+                if core.has_local_work:
+                    core.step()
+                await asyncio.sleep(0)
+
+        stepper = asyncio.create_task(step())
+        try:
+            async for chunk in self.replica.generate(self.message):
+                yield chunk
+        finally:
+            stop.set()
+            await stepper
+
+    def cancel(self) -> None:
+        pass
+
+
+def _http_request(body: dict[str, Any]) -> Any:
+    from starlette.requests import Request
+
+    raw = json.dumps(body).encode()
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
+    return Request(scope, receive)
+
+
+async def _one_chat(server: Any, stream: bool) -> str:
+    """The response's body text, as the client would read it."""
+    from starlette.responses import StreamingResponse
+
+    out = await server.chat(_http_request({**BODY, "stream": stream}))
+    if isinstance(out, StreamingResponse):
+        parts = [p async for p in out.body_iterator]
+        return "".join(p if isinstance(p, str) else p.decode() for p in parts)
+    return json.dumps(out)
+
+
+_SERVERS: list[Any] = []
+
+
+def measure(stream: bool) -> tuple[list[str], dict[str, set[str]], str]:
+    """(files, shapes -> where seen, response text) of one chat completion."""
+    from deployment.app import OpenAIServer
+    from deployment.ingress import Ingress
+
+    server = object.__new__(OpenAIServer)  # the route's class without Serve's wrapper
+    _SERVERS.append(server)  # Serve's wrapper has an async ``__del__``: never collect it
+    server.core = Ingress(LocalRanks(), dict(APP_ARGS))
+    asyncio.run(_one_chat(server, stream))  # warm-up: lazy imports and caches
+    gc.collect()
+    tracer = Tracer(gc.get_objects())
+    sys.setprofile(tracer)
+    try:
+        text = asyncio.run(_one_chat(server, stream))
+    finally:
+        sys.setprofile(None)
+    return sorted(tracer.files), tracer.shapes, text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    parser.add_argument("--where", action="store_true", help="where each shape was seen")
+    args = parser.parse_args()
+    report: dict[str, Any] = {}
+    for stream in (False, True):
+        files, shapes, text = measure(stream)
+        report["streamed" if stream else "non_streamed"] = {
+            "files": files,
+            "shapes": {k: sorted(v) for k, v in sorted(shapes.items())},
+            "response": text[:200],
+        }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    for name, part in report.items():
+        print(f"== {name}: {len(part['files'])} files, {len(part['shapes'])} shapes")
+        for f in part["files"]:
+            print(f"  {f}")
+        print("  -- shapes")
+        for shape, where in part["shapes"].items():
+            print(f"  {shape}" + (f"    <- {', '.join(where)}" if args.where else ""))
+    files = sorted(set(report["non_streamed"]["files"]) | set(report["streamed"]["files"]))
+    shapes = sorted(set(report["non_streamed"]["shapes"]) | set(report["streamed"]["shapes"]))
+    print(f"== both: {len(files)} files, {len(shapes)} shapes")
+
+
+if __name__ == "__main__":
+    main()
