@@ -72,7 +72,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 DRAIN_LIMIT_BYTES = 256 << 20
 
 
-async def read_json(request: Request, max_bytes: int) -> Any:
+async def read_json(request: Request, max_bytes: int) -> object:
     """The body as JSON, or a 4xx naming what is wrong with it."""
     too_large = APIError(413, f"request body exceeds {max_bytes} bytes", code="body_too_large")
     declared = request.headers.get("content-length")

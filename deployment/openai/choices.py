@@ -158,7 +158,7 @@ async def merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[Delta]:
         async for item in streams[0]:
             yield item
         return
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[Delta | BaseException | object] = asyncio.Queue()
     done = object()
 
     async def pump(stream: AsyncIterator[Delta]) -> None:

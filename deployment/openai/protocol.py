@@ -30,7 +30,7 @@ MAX_INT32 = 2**31 - 1
 MAX_STOP_CHARS = 256  # the detokenizer holds back up to this many characters
 
 
-def _integral(value: Any) -> Any:
+def _integral(value: object) -> object:
     """``2.0`` is an integer in JSON (and in JSON Schema); ``2.5`` and ``true`` are not."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
