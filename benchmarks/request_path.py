@@ -8,10 +8,11 @@ route (``deployment.app.OpenAIServer.chat``), the real ``Ingress`` and the real 
 runs, ``sys.setprofile`` records
 
 - files: every project module (``co_filename`` under the repository) with a frame on the path;
-- shapes: the type of every argument and return value of a frame in the request path's own
-  modules (the HTTP layer, the ingress, the messages, the rank's intake and chunking), except
-  objects that existed before the request (the ingress, tokenizer, scheduler...), scalars
-  (``int``, ``str``, ...), callables and coroutines: what the request's data is carried as.
+- shapes: the type (with a container's element types) of every argument and return value of a
+  frame in the request path's own modules (the HTTP layer, the ingress, the messages, the rank's
+  intake and chunking), except objects that existed before the request (the ingress, tokenizer,
+  scheduler...), scalars (``int``, ``str``, ...), callables and coroutines: what the request's
+  data is carried as.
 
 Run from the repository root (either layout, before or after the re-housing)::
 
@@ -25,6 +26,7 @@ import asyncio
 import gc
 import inspect
 import json
+import re
 import sys
 import types
 from collections.abc import AsyncIterator
@@ -57,11 +59,22 @@ def describe(value: Any) -> str:
     return name
 
 
+def _is_flow(value: Any) -> bool:
+    return isinstance(value, types.AsyncGeneratorType | types.GeneratorType | types.CoroutineType)
+
+
+def classes(shapes: list[str]) -> list[str]:
+    """The distinct Python types the shapes name (``list[Choice]``: ``list`` and ``Choice``)."""
+    return sorted({t for s in shapes for t in re.findall(r"[A-Za-z_][\w.]*", s)} - {"NoneType"})
+
+
 class Tracer:
     """Files with a frame on the path, and the shapes the request's data takes in them."""
 
     def __init__(self, existing: list[Any]) -> None:
+        # gc tracks containers only: what they hold (tuples of ints, strings) is pre-existing too.
         self.existing = {id(o) for o in existing}
+        self.existing.update(id(r) for o in existing for r in gc.get_referents(o))
         self._keep = existing  # held so no id is reused by a new object
         self.files: set[str] = set()
         self.shapes: dict[str, set[str]] = {}
@@ -87,6 +100,8 @@ class Tracer:
             return  # this script's stand-in for Serve's streaming handle; asyncio internals
         if isinstance(value, list | tuple | dict | set) and not value:
             return  # an empty container carries nothing of the request
+        if isinstance(value, list) and all(_is_flow(v) for v in value):
+            return  # a list of streams: control flow too
         if type(value) is tuple and len({type(v) for v in value}) > 1:
             return  # several return values at once (each is recorded where it is used)
         self.shapes.setdefault(describe(value), set()).add(where)
@@ -98,8 +113,8 @@ class Tracer:
         if not path.startswith(str(REPO)) or path == __file__:
             return
         rel = str(Path(path).relative_to(REPO))
-        if "/.venv/" in path or rel.startswith(".venv"):
-            return
+        if rel.startswith((".venv", "sim/", "deployment/sim/")):
+            return  # the venv; the simulator's executor stands in for the model runner
         self.files.add(rel)
         if not rel.startswith(SHAPE_PARTS):
             return
@@ -266,7 +281,8 @@ def main() -> None:
             print(f"  {shape}" + (f"    <- {', '.join(where)}" if args.where else ""))
     files = sorted(set(report["non_streamed"]["files"]) | set(report["streamed"]["files"]))
     shapes = sorted(set(report["non_streamed"]["shapes"]) | set(report["streamed"]["shapes"]))
-    print(f"== both: {len(files)} files, {len(shapes)} shapes")
+    names = classes(shapes)
+    print(f"== both: {len(files)} files, {len(shapes)} shapes, {len(names)} types: {names}")
 
 
 if __name__ == "__main__":
