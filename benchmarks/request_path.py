@@ -29,6 +29,7 @@ import json
 import re
 import sys
 import types
+import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -257,6 +258,8 @@ def measure(stream: bool) -> tuple[list[str], dict[str, set[str]], str]:
 
 
 def main() -> None:
+    # The route classes are never collected by Serve here; their async ``__del__`` would warn.
+    warnings.filterwarnings("ignore", message="coroutine .*__del__' was never awaited")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="one JSON object instead of text")
     parser.add_argument("--where", action="store_true", help="where each shape was seen")
