@@ -22,13 +22,13 @@ from deployment.openai.api import api, json_body
 from deployment.openai.chat import create_chat_completion
 from deployment.openai.completions import create_completion
 from deployment.openai.models import list_models
-from deployment.openai.protocol import (
-    ChatRequest,
-    CompletionRequest,
+from deployment.openai.protocol import ChatRequest, CompletionRequest
+from deployment.openai.tokenization import (
     DetokenizeRequest,
     TokenizeRequest,
+    detokenize_route,
+    tokenize_route,
 )
-from deployment.openai.tokenization import detokenize_route, tokenize_route
 from deployment.request_metrics import exposition
 from deployment.routing.routers import ROUTER_CLASSES
 

@@ -7,13 +7,13 @@ import pytest
 from ingress_fakes import error_of, make_ingress
 
 from deployment.openai.completions import prompt_ids
-from deployment.openai.protocol import (
-    CompletionRequest,
+from deployment.openai.protocol import CompletionRequest, parse
+from deployment.openai.tokenization import (
     DetokenizeRequest,
     TokenizeRequest,
-    parse,
+    detokenize,
+    tokenize,
 )
-from deployment.openai.tokenization import detokenize, tokenize
 
 
 @pytest.fixture(scope="module")

@@ -271,31 +271,6 @@ class ChatRequest(_Common):
     }
 
 
-class TokenizeRequest(BaseModel):
-    """``/tokenize``: exactly one of ``prompt`` and ``messages``."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = Field(None, min_length=1)
-    add_special_tokens: bool = Field(True, description="prompt only: BOS/EOS as the model adds")
-    add_generation_prompt: bool = Field(
-        True, description="messages only; false is refused (chat always adds it)"
-    )
-    tools: list[dict[str, Any]] | None = None
-    return_token_strs: bool = False
-
-    _tools = field_validator("tools")(check_tools)
-
-
-class DetokenizeRequest(BaseModel):
-    """``/detokenize``: token ids to text."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    model: str | None = None
-    tokens: list[Int]
-
-
 Body = TypeVar("Body", bound=BaseModel)
 
 

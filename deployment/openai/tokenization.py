@@ -11,11 +11,37 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from deployment.ingress import Ingress
 from deployment.openai.chat import chat_prompt_ids
 from deployment.openai.errors import APIError
-from deployment.openai.protocol import DetokenizeRequest, TokenizeRequest
+from deployment.openai.protocol import ChatMessage, Int, check_tools
+
+
+class TokenizeRequest(BaseModel):
+    """``/tokenize``: exactly one of ``prompt`` and ``messages``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool = Field(True, description="prompt only: BOS/EOS as the model adds")
+    add_generation_prompt: bool = Field(
+        True, description="messages only; false is refused (chat always adds it)"
+    )
+    tools: list[dict[str, Any]] | None = None
+    return_token_strs: bool = False
+
+    _tools = field_validator("tools")(check_tools)
+
+
+class DetokenizeRequest(BaseModel):
+    """``/detokenize``: token ids to text."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str | None = None
+    tokens: list[Int]
 
 
 async def tokenize_route(core: Ingress, request: Request) -> dict[str, Any]:
