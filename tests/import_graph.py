@@ -153,7 +153,7 @@ class ProjectGraph:
         statements = _ImportStatements()
         statements.visit(self.trees[module])
         for node, lazy, typing_only in statements.found:
-            for target in self._targets(module, node):
+            for target in dict.fromkeys(self._targets(module, node)):  # once per statement
                 yield Import(module, target, node.lineno, lazy, target in self.paths, typing_only)
 
     def _targets(self, module: str, node: ast.Import | ast.ImportFrom) -> Iterator[str]:
@@ -197,10 +197,13 @@ class ProjectGraph:
                 for alias in node.names:
                     if alias.asname:
                         names[alias.asname] = self.resolve(module, alias.name)
+                    else:  # ``import a.b`` binds ``a``
+                        first = alias.name.split(".")[0]
+                        names[first] = self.resolve(module, first)
             elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
                 base = self.resolve(module, self._absolute(module, node.module or "", node.level))
                 for alias in node.names:
-                    sub = self.resolve(module, f"{base}.{alias.name}")
+                    sub = f"{base}.{alias.name}"
                     names[alias.asname or alias.name] = (
                         sub if sub in self.paths else f"{base}:{alias.name}"
                     )
@@ -241,13 +244,12 @@ class ProjectGraph:
     def circle_imports(self, circle: Iterable[str], typing_too: bool = False) -> list[Import]:
         """The imports that close a circle: those between two of its modules."""
         members = set(circle)
-        found = {
-            (imp.source, imp.target, imp.line): imp
+        return [
+            imp
             for m in sorted(members)
             for imp in self.project_imports(m, typing_too)
             if imp.target in members
-        }
-        return list(found.values())
+        ]
 
     def closure(self, starts: Iterable[str]) -> dict[str, str | None]:
         """Every project module importing ``starts`` runs, lazily or not, with the module that
