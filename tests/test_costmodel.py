@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.costmodel import (
+from gate.costmodel import (
     added_delay,
     iteration_time,
     stall_factor,
