@@ -1,10 +1,10 @@
 """One simulation run, typed: a frozen ``SimSpec`` in, a ``SimResult`` out.
 
-Everything that drives the simulator (``roundgate simulate`` and ``tune``, ``calibrate``'s live
-check, the scenario replays, the benchmarks) builds a ``SimSpec`` and calls ``simulate``; only
-the command line reads flags (``sim.options``). A spec refuses what it cannot run when it is
-built, and its arrivals when they are drawn, with messages that name the flag that supplies
-the value, as the commands report them.
+Everything that drives the simulator (``roundgate simulate`` and ``tune``, the scenario
+replays, the live check of a bench run, the benchmarks) builds a ``SimSpec`` and calls
+``simulate``; only the command line reads flags (``sim.options``). A spec refuses what it
+cannot run when it is built, and its arrivals when they are drawn, with messages that name
+the flag that supplies the value, as the commands report them.
 """
 
 from __future__ import annotations
