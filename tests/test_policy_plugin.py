@@ -22,9 +22,10 @@ from deployment.config import AppArgs
 from gate import RankRow, RoundView, registry
 from gate.spec import PolicyContext, PolicySpec
 from gate.vote import CLOSED, OPEN, GateVote
+from sim.arrivals import Arrival
 from sim.round_costs import TOY
+from sim.router import Router
 from sim.simulator import POINT_CODES, GroupSimulator
-from sim.workload import Arrival, Router
 
 
 @dataclass(frozen=True)
