@@ -67,7 +67,7 @@ def test_the_gate_is_stdlib_only() -> None:
 
 
 def test_the_simulator_runs_the_control_plane_without_torch() -> None:
-    loaded = _imported_after("import sim.simulator, sim.cost_executor")
+    loaded = _imported_after("import sim.spec, sim.simulator, sim.cost_executor")
     assert not loaded & {"torch", "ray"}
 
 
