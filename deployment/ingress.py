@@ -3,8 +3,9 @@
 The routes (``deployment.app``, bodies in ``deployment.openai``) call into ``Ingress``: it
 checks the key and the model, checks the request against the model's limits (prompt count,
 vocabulary, context length: here and nowhere else on this side), builds ``SamplingParams``,
-forwards each prompt (its ``n`` choices) to a rank through the configured router and detokenizes what streams
-back. A failed DP group answers 503 with ``Retry-After`` while the gang restarts.
+forwards each prompt (its ``n`` choices) to a rank through the configured router and
+detokenizes what streams back. A failed DP group answers 503 with ``Retry-After`` while the
+gang restarts.
 """
 
 from __future__ import annotations
