@@ -4,7 +4,8 @@ A ``ServerArgs`` that exists is valid: ``__init__`` validates, and nothing can c
 afterwards (``replace`` builds a new, validated copy). Each process builds it once from the
 flat dict ``to_dict`` sends (``build_app``, the ingress, every rank), so each process boundary
 validates exactly once. The prefill policy's flags are not fields: the policy registry
-declares them, and they live in ``policy_flags`` (read back as attributes, ``None`` if unset).
+declares them, and they live in ``policy_flags`` as given. Code reads them typed, through the
+selected policy's frozen config (``policy_config``, ``policy_config_as``) or ``prefill_delay``.
 """
 
 from __future__ import annotations
@@ -15,19 +16,34 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from actors import kv_budget
-from actors.arg_choices import CHOICES, POSITIVE
+from actors.model.config import ModelConfig
 from actors.model.resolve import resolve_model_config
 from gate import registry
+from gate.delay import PrefillDelay
 from gate.policy import PrefillPolicy
 from gate.spec import PolicyContext, annotation_type
 
+# The closed sets of values some flags take (``_validate`` checks them, argparse lists them).
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
+DEVICES = ("auto", "cpu", "cuda")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
+MOE_BACKENDS = ("auto", "local", "torch", "deepep")
+GGUF_WEIGHTS = ("packed", "float")
 
-def _flag(help_text: str, default: Any) -> Any:
-    """A dataclass field whose metadata carries its CLI help."""
-    return field(default=default, metadata={"help": help_text})
+C = TypeVar("C")
+
+
+def _flag(
+    help_text: str, default: Any, *, choices: tuple[str, ...] = (), positive: bool = False
+) -> Any:
+    """A dataclass field whose metadata carries its CLI help, its choices, whether it must be a
+    positive integer."""
+    return field(
+        default=default, metadata={"help": help_text, "choices": choices, "positive": positive}
+    )
 
 
 @dataclass(frozen=True, init=False)
@@ -37,13 +53,15 @@ class ServerArgs:
     model: str = _flag(
         "preset name (tiny-llama, tiny-moe) or a local HF model directory", "tiny-moe"
     )
-    dp_size: int = _flag("attention data-parallel ranks in one group", 1)
-    max_num_seqs: int = _flag("running requests across the group (split over dp ranks)", 64)
-    max_scheduled_tokens: int = _flag(
-        "token budget of one round on one rank (chunked prefill)", 2048
+    dp_size: int = _flag("attention data-parallel ranks in one group", 1, positive=True)
+    max_num_seqs: int = _flag(
+        "running requests across the group (split over dp ranks)", 64, positive=True
     )
-    page_size: int = _flag("tokens per KV-cache page", 16)
-    num_kv_pages: int = _flag("KV-cache pages per rank", 1024)
+    max_scheduled_tokens: int = _flag(
+        "token budget of one round on one rank (chunked prefill)", 2048, positive=True
+    )
+    page_size: int = _flag("tokens per KV-cache page", 16, positive=True)
+    num_kv_pages: int = _flag("KV-cache pages per rank", 1024, positive=True)
     kv_cache_memory_gb: float | None = _flag(
         "KV budget per rank, GiB (sets --num-kv-pages; needs --device cpu|cuda)", None
     )
@@ -68,23 +86,32 @@ class ServerArgs:
         "prefills in full, for comparisons)",
         True,
     )
-    disaggregation_mode: str = _flag("fused (null), prefill or decode role", "null")
-    device: str = _flag("compute device", "auto")
-    attention_backend: str = _flag("paged attention backend", "auto")
-    moe_backend: str = _flag("MoE dispatch/combine backend", "auto")
+    disaggregation_mode: str = _flag(
+        "fused (null), prefill or decode role", "null", choices=DISAGGREGATION_MODES
+    )
+    device: str = _flag("compute device", "auto", choices=DEVICES)
+    attention_backend: str = _flag("paged attention backend", "auto", choices=ATTENTION_BACKENDS)
+    moe_backend: str = _flag("MoE dispatch/combine backend", "auto", choices=MOE_BACKENDS)
     gguf_weights: str = _flag(
         "GGUF Q4_1/Q8_0 linear weights on CPU: packed (the file's blocks, an AVX2 kernel) or "
         "float (dequantized)",
         "packed",
+        choices=GGUF_WEIGHTS,
     )
     seed: int = _flag("seed for preset weights and sampling", 0)
-    stream_interval: int = _flag("tokens batched per streamed chunk under load", 1)
+    stream_interval: int = _flag("tokens batched per streamed chunk under load", 1, positive=True)
     collective_timeout_s: float = _flag("timeout of one group collective, seconds", 30.0)
     log_gate_windows: bool = _flag(
         "log one JSON line per gate window (round, point, ranks that prefilled, tokens)", False
     )
     # The selected policy's flags as given, by flag name (``prefill_schedule_interval``...).
     policy_flags: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    # Derived once in ``__init__`` from the flags above: not flags, and not compared (their
+    # inputs are). The selected policy (named, or implied by its flags), its frozen config
+    # (e.g. ``PrefillDelay``), and the model's config (vocabulary, context, stop ids).
+    prefill_policy_name: str = field(init=False, compare=False, repr=False)
+    policy_config: object = field(init=False, compare=False, repr=False)
+    model_config: ModelConfig = field(init=False, compare=False, repr=False)
 
     def __init__(self, **values: Any) -> None:
         given = dict(values.pop("policy_flags", None) or {})
@@ -99,19 +126,10 @@ class ServerArgs:
         unknown = sorted(set(values) - set(CORE_FIELDS))
         if unknown:
             raise TypeError(f"unknown engine argument(s) {unknown}")
-        for f in dataclasses.fields(self):
-            if f.name != "policy_flags":
-                object.__setattr__(self, f.name, values.get(f.name, f.default))
+        for name in CORE_FIELDS:
+            object.__setattr__(self, name, values.get(name, _DEFAULTS[name]))
         object.__setattr__(self, "policy_flags", MappingProxyType(given))
         self._validate()
-
-    def __getattr__(self, name: str) -> Any:
-        """A policy flag by name (``None`` when not given)."""
-        if name.startswith("_") or name == "policy_flags":
-            raise AttributeError(name)
-        if name in registry.all_flags():
-            return self.policy_flags.get(name)
-        raise AttributeError(f"ServerArgs has no field {name!r}")
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
         """Pickled as its flat dict: the receiving process rebuilds (and validates) it."""
@@ -121,14 +139,14 @@ class ServerArgs:
 
     def _validate(self) -> None:
         """Raise ``ValueError`` naming the flag for any refused setting."""
-        for name in (*POSITIVE, "stream_interval"):
+        for name in _POSITIVE:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{_cli(name)} must be a positive integer, got {value!r}")
         timeout = self.collective_timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise ValueError(f"--collective-timeout-s must be a number > 0, got {timeout!r}")
-        for name, choices in CHOICES.items():
+        for name, choices in _CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ValueError(
                     f"{_cli(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}"
@@ -197,6 +215,22 @@ class ServerArgs:
         """Running requests one rank may hold: ``max_num_seqs // dp_size``."""
         return self.max_num_seqs // self.dp_size
 
+    @property
+    def prefill_delay(self) -> PrefillDelay | None:
+        """The group gate's two intervals: ``None`` when both are unset.
+
+        Never half a pair: construction (and so ``replace``) refuses one interval without the
+        other, and either with another policy's flag or a disaggregated role, so the intervals
+        are set exactly when the gate is the selected policy and this is its config.
+        """
+        return self.policy_config_as(PrefillDelay)
+
+    def policy_config_as(self, kind: type[C]) -> C | None:
+        """The selected policy's config if it is a ``kind`` (``LocalIntervalConfig``...), else
+        ``None``: a policy's flags read typed, without a branch on the policy's name."""
+        config = self.policy_config
+        return config if isinstance(config, kind) else None
+
     def build_policy(self, rank: int) -> PrefillPolicy:
         """The selected prefill policy, for one rank of the group."""
         spec = registry.get(self.prefill_policy_name)
@@ -218,16 +252,14 @@ class ServerArgs:
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         """One ``--flag`` per field and per registered policy flag."""
-        for f in dataclasses.fields(cls):
-            if f.name == "policy_flags":
-                continue
+        for f in _flag_fields():
             flag, help_text = _cli(f.name), f.metadata["help"]
             if f.type in ("bool", bool):
                 parser.add_argument(
                     flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
                 )
                 continue
-            choices = registry.names() if f.name == "prefill_policy" else CHOICES.get(f.name)
+            choices = registry.names() if f.name == "prefill_policy" else _CHOICES.get(f.name)
             parser.add_argument(
                 flag,
                 type=annotation_type(f.type),
@@ -279,7 +311,15 @@ class ServerArgs:
         return argv
 
 
-CORE_FIELDS = tuple(f.name for f in dataclasses.fields(ServerArgs) if f.name != "policy_flags")
+def _flag_fields() -> tuple[dataclasses.Field[Any], ...]:
+    """The fields that are flags: neither ``policy_flags`` nor a derived field."""
+    return tuple(f for f in dataclasses.fields(ServerArgs) if f.init and f.name != "policy_flags")
+
+
+CORE_FIELDS = tuple(f.name for f in _flag_fields())
+_DEFAULTS = {f.name: f.default for f in _flag_fields()}
+_CHOICES = {f.name: f.metadata["choices"] for f in _flag_fields() if f.metadata["choices"]}
+_POSITIVE = tuple(f.name for f in _flag_fields() if f.metadata["positive"])
 
 
 def _rebuild(values: dict[str, Any]) -> ServerArgs:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from sim.workload import Arrival
+from sim.arrivals import Arrival
 
 
 @dataclass

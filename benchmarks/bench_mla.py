@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_model
 
 from actors.model.config import ModelConfig
+from actors.model.families import read_model_dir
 
 SHAPE = {
     "vocab_size": 4096,
@@ -82,7 +83,7 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         del model
-        kv_report(ModelConfig.from_dir(tmp))
+        kv_report(read_model_dir(tmp))
         defaults = ["--batch-sizes", "8", "32", "--new-tokens", "32", "--prefill-len", "512"]
         bench_model.main(["--model", tmp, *defaults, *argv])
 

@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         costs, table = predict(ns.bench, ns.metrics_dir, fit_from, costs_path)
     except ValueError as exc:
         p.error(str(exc))
+    print(f"wrote {costs_path}")
     print(json.dumps({k: v for k, v in costs.items() if k != "_source"}, sort_keys=True))
     print(f"{'run':<34} {'figure':<10} {'live':>9} {'sim':>9} {'error':>8}")
     for r in table:

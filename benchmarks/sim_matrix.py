@@ -20,8 +20,9 @@ from actors.server_args import ServerArgs
 from gate import registry
 from sim.report import summarize
 from sim.round_costs import PRESETS
-from sim.simulator import GroupSimulator
-from sim.workload import Router, WorkloadSpec, generate
+from sim.router import RouterSpec
+from sim.spec import SimSpec, simulate
+from sim.workload import WorkloadSpec, generate
 
 DP = 8
 # (input, output, length_dist, light rate, heavy rate): heavy is near each workload's knee on
@@ -35,7 +36,7 @@ WORKLOADS = {
 ROUTERS = {
     "round-robin": ("round-robin", None),
     "least-loaded": ("least-loaded", None),
-    "skewed 8:1": ("skewed", [8, 1, 1, 1, 1, 1, 1, 1]),
+    "skewed 8:1": ("skewed", (8, 1, 1, 1, 1, 1, 1, 1)),
 }
 AUTO = "roundgate-auto"
 METRICS = ("output_tokens_per_s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "decode_frac")
@@ -60,7 +61,7 @@ def run_cell(workload: str, router: str, load: str, num_requests: int) -> dict:
     spec = WorkloadSpec(
         num_requests=n, rate=rate, input_len=inp, output_len=out, length_dist=dist, seed=0
     )
-    arrivals = generate(spec)
+    arrivals = tuple(generate(spec))  # one draw, every policy
     name, weights = ROUTERS[router]
     results = {}
     for policy in registry.names():
@@ -76,10 +77,8 @@ def run_cell(workload: str, router: str, load: str, num_requests: int) -> dict:
             prefill_policy=policy,
             **flags,
         )
-        sim = GroupSimulator(
-            args, PRESETS["gb200-dsv3"], Router(name, DP, weights, 0), policy, False
-        )
-        results[policy] = cell_summary(summarize(sim.run(arrivals)))
+        run = SimSpec(args, arrivals, PRESETS["gb200-dsv3"], RouterSpec(name, weights))
+        results[policy] = cell_summary(summarize(simulate(run)))
     budget = registry.comparison_flags(AUTO, {})["prefill_max_wait_ms"]
     return {
         "workload": workload,

@@ -1,9 +1,11 @@
-"""The ingress's state and request logic: checks, tokens in, one ``GenerateRequest`` per choice.
+"""The ingress's state and request logic: checks, tokens in, one ``GenerateRequest`` per prompt.
 
-The routes (``deployment.app``) call into ``Ingress``: it checks the key, the model and the
-request against the one context length, builds ``SamplingParams`` once, forwards each choice
-to a rank through the configured router and detokenizes what streams back. A failed DP group
-answers 503 with ``Retry-After`` while the gang restarts.
+The routes (``deployment.app``, bodies in ``deployment.openai``) call into ``Ingress``: it
+checks the key and the model, checks the request against the model's limits (prompt count,
+vocabulary, context length: here and nowhere else on this side), builds ``SamplingParams``,
+forwards each prompt (its ``n`` choices) to a rank through the configured router and
+detokenizes what streams back. A failed DP group answers 503 with ``Retry-After`` while the
+gang restarts.
 """
 
 from __future__ import annotations
@@ -11,22 +13,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
+from pydantic import BaseModel
 
 from actors.control.messages import GenerateRequest
 from actors.control.request import SamplingParams
-from deployment.choices import merge
-from deployment.generation import Choice, Delta, RequestFailed, run_choices
-from deployment.http_api import read_json
-from deployment.protocol import APIError, CompletionRequest, parse
+from deployment.openai.api import read_json
+from deployment.openai.choices import Choice, Delta, RequestFailed, merge, run_choices
+from deployment.openai.errors import APIError
+from deployment.openai.logprobs import TokenTexts
+from deployment.openai.protocol import parse
+from deployment.openai.sampling import GenerateBody, sampling_params
 from deployment.request_metrics import RequestRecorder
-from deployment.responses import TokenTexts
-from deployment.sampling_fields import grammar_of, logit_bias_of, logprobs_of
 from deployment.serve_context import rank_health, set_serve_request_id
+
+if TYPE_CHECKING:  # Ray is not imported for a type (the ingress is tested without it)
+    from ray.serve.handle import DeploymentHandle
 
 # Fields whose refusal by SamplingParams starts with their name (the 400's ``param``).
 _SAMPLING_FIELDS = ("min_tokens", "logit_bias", "stop_token_ids", "logprobs")
@@ -35,13 +41,14 @@ HEALTH_CACHE_S = 2.0
 logger = logging.getLogger("roundgate.ingress")
 
 
-T = TypeVar("T")
+Body = TypeVar("Body", bound=BaseModel)
 
 
 class Ingress:
     """State and logic behind the routes; ``deployment.app`` wraps it in a Serve deployment."""
 
-    def __init__(self, ranks: Any, app_args: dict[str, Any]) -> None:
+    def __init__(self, ranks: DeploymentHandle, app_args: dict[str, Any]) -> None:
+        """``ranks``: the rank deployment's handle; ``app_args``: the bound ``AppArgs``."""
         from actors.model.generation_config import read_generation_config
         from actors.model.tokenizer import load_tokenizer, stop_token_ids
         from deployment.config import AppArgs
@@ -97,12 +104,12 @@ class Ingress:
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
 
-    async def read_request(self, request: Request, model: type[T]) -> T:
+    async def read_request(self, request: Request, model: type[Body]) -> Body:
         """An endpoint's body: the caller's key checked first, then the JSON parsed into
         ``model`` (size-capped) and its ``model`` name checked."""
         self.check_auth(request)
         req = parse(model, await read_json(request, self.app_args.max_request_bytes))
-        self.check_model(req.model)
+        self.check_model(getattr(req, "model", None))
         return req
 
     def check_model(self, name: str | None) -> None:
@@ -114,42 +121,22 @@ class Ingress:
                 code="model_not_found",
             )
 
-    def prompts_of(self, req: CompletionRequest) -> list[list[int]]:
-        p = req.prompt
-        if isinstance(p, str):
-            prompts = [self.tokenizer.encode(p)]
-        elif p and all(isinstance(x, str) for x in p):
-            prompts = [self.tokenizer.encode(x) for x in p]
-        elif p and all(isinstance(x, int) for x in p):
-            prompts = [list(p)]
-        elif p and all(isinstance(x, list) for x in p):
-            prompts = [list(x) for x in p]
-        else:
-            prompts = []
-        if not prompts or any(not ids for ids in prompts):
-            raise APIError(400, "prompt must not be empty", param="prompt")
-        cap = self.app_args.max_prompts_per_request
-        if len(prompts) > cap:
-            raise APIError(
-                400,
-                f"{len(prompts)} prompts in one request; at most {cap} (max_prompts_per_request)",
-                param="prompt",
-            )
+    # ---- limits: each checked here, once, before any rank sees the request -------------
+
+    def check_vocab(self, ids: Sequence[int], param: str, what: str = "token id") -> None:
+        """A 400 naming the first id outside the model's vocabulary."""
         vocab = self.vocab_size
-        for ids in prompts:
-            bad = next((t for t in ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise APIError(
-                    400,
-                    f"prompt token id {bad} is outside the model's vocabulary [0, {vocab})",
-                    param="prompt",
-                )
-        return prompts
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(
+                400, f"{what} {bad} is outside the model's vocabulary [0, {vocab})", param=param
+            )
 
     def sampling_of(
-        self, req: Any, prompt_len: int, param: str, max_tokens: int | None
+        self, req: GenerateBody, prompt_len: int, param: str, max_tokens: int | None
     ) -> SamplingParams:
-        """The request's ``SamplingParams``, built and validated once, here."""
+        """The request's ``SamplingParams`` for a prompt of ``prompt_len`` tokens, built and
+        checked against the context length and the vocabulary, here."""
         room = self.max_model_len - prompt_len
         if room < 1:
             raise APIError(
@@ -166,36 +153,10 @@ class Ingress:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
-        stop_ids = list(req.stop_token_ids or [])
-        if not req.ignore_eos:
-            stop_ids += self.eos_token_ids
-        # generation_config.json's defaults fill what the request left unset.
-        given = req.model_fields_set
-        defaults = self.defaults
-        temperature = req.temperature
-        if "temperature" not in given and defaults.temperature is not None:
-            temperature = defaults.temperature
-        top_p = req.top_p if "top_p" in given or defaults.top_p is None else defaults.top_p
-        top_k = req.top_k if "top_k" in given or defaults.top_k is None else defaults.top_k
         # What the rank would refuse is refused here: an exception on the rank reads as a
         # group failure (503 for everyone), never as this client's mistake.
         try:
-            sampling = SamplingParams(
-                max_tokens=max_tokens or room,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=max(0, top_k),
-                seed=req.seed,
-                stop_token_ids=tuple(dict.fromkeys(stop_ids)),
-                min_p=req.min_p,
-                min_tokens=req.min_tokens,
-                presence_penalty=req.presence_penalty,
-                frequency_penalty=req.frequency_penalty,
-                repetition_penalty=req.repetition_penalty,
-                logit_bias=logit_bias_of(req.logit_bias),
-                logprobs=logprobs_of(req),
-                grammar=grammar_of(req),
-            )
+            sampling = sampling_params(req, max_tokens or room, self.defaults, self.eos_token_ids)
             sampling.check_vocab(self.vocab_size)
         except ValueError as exc:
             param = next((f for f in _SAMPLING_FIELDS if str(exc).startswith(f)), None)
@@ -205,14 +166,14 @@ class Ingress:
     # ---- generation ----------------------------------------------------------------------
 
     async def _choice_stream(
-        self, choices: list[Choice], message: GenerateRequest, stops: list[str], own_id: bool
+        self, choices: list[Choice], message: GenerateRequest, own_id: bool
     ) -> AsyncIterator[Delta]:
         if own_id:
             set_serve_request_id(message.request_id)
         gen = self.ranks.generate.remote(message)
         timer = self.metrics.timer()
         try:
-            async for delta in run_choices(gen, choices, self.tokenizer, stops):
+            async for delta in run_choices(gen, choices):
                 timer.tokens(len(delta.token_ids))
                 yield delta
         except APIError:
@@ -235,50 +196,97 @@ class Ingress:
             outputs = sum(len(c.output_token_ids) for c in choices)
             timer.finish(first.finish_reason, len(first.prompt_token_ids), outputs)
 
-    async def generate(
-        self,
-        request_id: str,
-        prompts: list[list[int]],
-        req: Any,
-        max_tokens: int | None,
-        param: str,
-    ) -> tuple[list[Choice], AsyncIterator[Delta]]:
-        """Validate every choice up front (no partial work on a bad request), then stream.
-
-        ``request_id`` is the response's id; each choice's rank request is that id (with
-        ``-i`` appended when a completion has several prompts), so the id a client sees is
-        the one in the rank's scheduler, metrics and logs.
-        """
+    def _check_choices(self, num_prompts: int, req: GenerateBody) -> None:
+        """``dp_rank`` within the group, and ``num_prompts`` x ``n`` choices within the cap."""
         if req.dp_rank is not None and req.dp_rank >= self.engine_args.dp_size:
             raise APIError(
                 400, f"dp_rank must be < dp_size {self.engine_args.dp_size}", param="dp_rank"
             )
-        several = len(prompts) > 1
-        n = req.n
-        cap = self.app_args.max_prompts_per_request
-        if len(prompts) * n > cap:
+        cap, n = self.app_args.max_prompts_per_request, req.n
+        if num_prompts * n > cap:
             raise APIError(
                 400,
-                f"{len(prompts)} prompts x n={n} choices; at most {cap} (max_prompts_per_request)",
+                f"{num_prompts} prompts x n={n} choices; at most {cap} (max_prompts_per_request)",
                 param="n",
             )
-        plans = []
-        for i, ids in enumerate(prompts):
-            sampling = self.sampling_of(req, len(ids), param, max_tokens)
-            # The n choices of a prompt share one rank request (one prefill); only the first
-            # counts the prompt in usage.
-            choices = [Choice(i * n + j, ids, counts_prompt=j == 0) for j in range(n)]
-            rank_id = f"{request_id}-{i}" if several else request_id
-            message = GenerateRequest(
-                rank_id,
-                tuple(ids),
-                replace(sampling, n=n) if n > 1 else sampling,
-                req.dp_rank,
-                req.user,
+
+    def _rank_request(
+        self,
+        rank_id: str,
+        first_index: int,
+        prompt_ids: list[int],
+        req: GenerateBody,
+        max_tokens: int | None,
+        param: str,
+    ) -> tuple[list[Choice], GenerateRequest]:
+        """One prompt's ``n`` choices (indexed from ``first_index``) and the rank request that
+        generates them, its sampling checked against the context length."""
+        sampling = self.sampling_of(req, len(prompt_ids), param, max_tokens)
+        n, stops = req.n, req.stop_strings
+        # The n choices of a prompt share one rank request (one prefill); only the first
+        # counts the prompt in usage.
+        choices = [
+            Choice(first_index + j, prompt_ids, self.tokenizer, stops, counts_prompt=j == 0)
+            for j in range(n)
+        ]
+        message = GenerateRequest(
+            rank_id,
+            tuple(prompt_ids),
+            replace(sampling, n=n) if n > 1 else sampling,
+            req.dp_rank,
+            req.user,
+        )
+        return choices, message
+
+    def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        req: GenerateBody,
+        max_tokens: int | None,
+        param: str,
+    ) -> tuple[list[Choice], AsyncIterator[Delta]]:
+        """One prompt's choices and their stream (a chat; a completion of one prompt).
+
+        Every limit is checked and every choice built before anything streams (no partial
+        work on a bad request). The rank request's id is ``request_id``, the response's, so
+        the id a client sees is the one in the rank's scheduler, metrics and logs.
+        """
+        self.check_vocab(prompt_ids, param, "prompt token id")
+        self._check_choices(1, req)
+        choices, message = self._rank_request(request_id, 0, prompt_ids, req, max_tokens, param)
+        self.check_available()
+        return choices, self._choice_stream(choices, message, own_id=False)
+
+    def generate_each(
+        self,
+        request_id: str,
+        prompts: list[list[int]],
+        req: GenerateBody,
+        max_tokens: int | None,
+        param: str,
+    ) -> tuple[list[Choice], AsyncIterator[Delta]]:
+        """A completion's prompts: one rank request per prompt, their deltas merged.
+
+        As ``generate``, all checked up front; prompt ``i``'s rank request is
+        ``{request_id}-{i}`` when there are several.
+        """
+        cap = self.app_args.max_prompts_per_request
+        if len(prompts) > cap:
+            raise APIError(
+                400,
+                f"{len(prompts)} prompts in one request; at most {cap} (max_prompts_per_request)",
+                param="prompt",
             )
-            plans.append((choices, message))
+        if len(prompts) == 1:
+            return self.generate(request_id, prompts[0], req, max_tokens, param)
+        for ids in prompts:
+            self.check_vocab(ids, param, "prompt token id")
+        self._check_choices(len(prompts), req)
+        plans = [
+            self._rank_request(f"{request_id}-{i}", i * req.n, ids, req, max_tokens, param)
+            for i, ids in enumerate(prompts)
+        ]
         self.check_available()
         choices = [c for group, _ in plans for c in group]
-        return choices, merge(
-            [self._choice_stream(g, m, req.stop_strings, several) for g, m in plans]
-        )
+        return choices, merge([self._choice_stream(g, m, own_id=True) for g, m in plans])

@@ -1,5 +1,6 @@
-"""Where the simulator's requests come from: a fixed arrival list (open loop) or N clients
-that each send their next request when the previous one finishes (closed loop).
+"""Where the simulator's requests come from: one ``Arrival`` each, from a fixed arrival list
+(open loop) or N clients that each send their next request when the previous one finishes
+(closed loop); ``sim.sessions`` adds multi-turn sessions.
 
 Both hand the simulator requests in send order; the simulator routes each when it is sent
 and hands it to its rank's scheduler ``schedule_lag_ms`` later.
@@ -9,11 +10,39 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from actors.control.request import Request
-from sim.workload import Arrival
 
 INF = float("inf")
+
+
+class Conversation(Protocol):
+    """What an arrival knows of the session it is a turn of (``sim.sessions.Session``): its
+    id (the cache-aware router's affinity key) and how to build the turn after it."""
+
+    @property
+    def session_id(self) -> int: ...
+
+    def next_turn(
+        self, previous: Arrival, finish_s: float, output_ids: Sequence[int]
+    ) -> Arrival | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One request of the workload: when it arrives and how long its prompt and output are."""
+
+    time_s: float
+    prompt_tokens: int
+    output_tokens: int
+    rank: int | None = None  # a pinned rank (traces may pin); None lets the router choose
+    # A session's turn carries its prompt (a shared prefix and the conversation so far);
+    # otherwise every prompt is distinct filler of ``prompt_tokens`` tokens.
+    token_ids: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
+    session: Conversation | None = field(default=None, repr=False, compare=False)
+    turn: int = 0
 
 
 class OpenLoop:

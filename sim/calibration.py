@@ -16,12 +16,18 @@ number came from under ``_source`` (ignored by ``--costs``).
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from gate import registry
 from gate.rows import NUM_COLUMNS
 from gate.spec import PolicyContext
 from k8s.tools.nccl_tests import calibrate_metadata_gather, parse
+from sim.cost_fit import fit_round_costs, kind_totals
+from sim.round_costs import PRESETS, load_costs
 
 
 def gather_columns(policy: str, dp_size: int) -> int:
@@ -57,3 +63,53 @@ def gather_from_nccl(text: str, dp_size: int, policy: str) -> tuple[float, dict]
         "time_us": round(cal.time_us, 3),
     }
     return round(cal.time_us / 1000.0, 6), source
+
+
+def calibrate(
+    dp_size: int = 8,
+    policy: str = "roundgate",
+    base: str = "toy",
+    nccl_log: Path | None = None,
+    metrics: Sequence[Path] = (),
+    baselines: Sequence[Path] = (),
+) -> dict[str, Any]:
+    """The ``--costs`` object of ``roundgate calibrate``: the gather from ``nccl_log``, the
+    round costs fitted over the ``metrics`` scrapes (each less the run's baseline scrape at
+    the same position), ``base`` for the rest, and ``_source``."""
+    if nccl_log is None and not metrics:
+        raise ValueError("give --nccl-log FILE and/or --metrics FILE")
+    if dp_size < 1:
+        raise ValueError(f"--dp-size must be >= 1, got {dp_size}")
+    if base not in PRESETS:
+        raise ValueError(f"--base must be one of {', '.join(PRESETS)}, got {base!r}")
+    out: dict[str, Any] = {"base": base}
+    source: dict[str, Any] = {}
+    if nccl_log is not None:
+        gather_ms, source["nccl"] = gather_from_nccl(_read("--nccl-log", nccl_log), dp_size, policy)
+        out["gather_ms"] = gather_ms
+    if metrics:
+        costs, source["metrics"] = fit_round_costs(_runs(metrics, baselines))
+        out |= costs
+    out["_source"] = source
+    load_costs("calibrated", json.dumps(out))  # the file must load as --costs
+    return out
+
+
+def _read(flag: str, path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: cannot read ({exc.strerror})") from exc
+
+
+def _runs(scrapes: Sequence[Path], baselines: Sequence[Path]) -> list[dict]:
+    """Each run's per-kind totals, its baseline's subtracted."""
+    if len(baselines) > len(scrapes):
+        raise ValueError(
+            f"--metrics-baseline given {len(baselines)} times for {len(scrapes)} --metrics"
+        )
+    runs = []
+    for i, path in enumerate(scrapes):
+        baseline = _read("--metrics-baseline", baselines[i]) if i < len(baselines) else None
+        runs.append(kind_totals(_read("--metrics", path), baseline))
+    return runs

@@ -10,33 +10,40 @@ from pathlib import Path
 
 from gate import registry
 from sim.options import (
+    BALANCE_ABS_THRESHOLD,
+    BALANCE_REL_THRESHOLD,
+    BASE_LENGTHS,
     COST_FLAGS,
-    RunSetup,
-    arrivals_of,
-    check_arrivals,
-    make_router,
-    prepare,
+    GROUP_DEFAULTS,
+    WORKLOAD_DEFAULTS,
     resolve_costs,
+    resolve_lengths,
+    sim_specs,
 )
+from sim.records import SimResult
 from sim.report import format_table, ratios_to, summarize, write_plots
 from sim.round_costs import PRESETS, RoundCosts
+from sim.router import ROUTERS
 from sim.scenarios import SCENARIOS, format_rows, replay
 from sim.sessions import SESSION_WORKLOADS
-from sim.simulator import GroupSimulator, SimResult
-from sim.workload import ARRIVALS, LENGTH_DISTS, ROUTERS, WORKLOADS
-
-# Kept importable from here: older callers and tests read these names from the CLI module.
-__all__ = ["COST_FLAGS", "add_common_args", "add_parser", "run", "simulate_policy"]
+from sim.spec import SimSpec, simulate
+from sim.workload import ARRIVALS, LENGTH_DISTS, WORKLOADS
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
     """The group, cost and workload flags shared by ``simulate`` and ``tune``."""
+    group = GROUP_DEFAULTS
     g = p.add_argument_group("group")
-    g.add_argument("--dp-size", type=int, default=8)
-    g.add_argument("--max-num-seqs", type=int, default=1024, help="running requests, whole group")
-    g.add_argument("--max-scheduled-tokens", type=int, default=8192)
-    g.add_argument("--page-size", type=int, default=64)
-    g.add_argument("--num-kv-pages", type=int, default=4096, help="per rank")
+    g.add_argument("--dp-size", type=int, default=group["dp_size"])
+    g.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=group["max_num_seqs"],
+        help="running requests, whole group",
+    )
+    g.add_argument("--max-scheduled-tokens", type=int, default=group["max_scheduled_tokens"])
+    g.add_argument("--page-size", type=int, default=group["page_size"])
+    g.add_argument("--num-kv-pages", type=int, default=group["num_kv_pages"], help="per rank")
     g.add_argument("--enable-mixed-prefill-decode", action="store_true")
     g.add_argument(
         "--enable-prefix-caching",
@@ -63,9 +70,10 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
         default=64,
         help="sessions of a session workload (--rate: new sessions/s)",
     )
-    g.add_argument("--num-requests", type=int, default=500)
-    g.add_argument("--arrival", default="poisson", choices=ARRIVALS)
-    g.add_argument("--rate", type=float, default=20.0, help="requests/s")
+    workload = WORKLOAD_DEFAULTS
+    g.add_argument("--num-requests", type=int, default=workload["num_requests"])
+    g.add_argument("--arrival", default=workload["arrival"], choices=ARRIVALS)
+    g.add_argument("--rate", type=float, default=workload["rate"], help="requests/s")
     g.add_argument(
         "--concurrency",
         type=int,
@@ -73,10 +81,18 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
         help="closed loop: N clients, each sending its next request when its last finishes "
         "(lengths from the workload; --rate and --arrival are then unused)",
     )
-    g.add_argument("--burst-size", type=int, default=8)
-    g.add_argument("--input-len", type=int, default=None, help="mean prompt tokens (1000)")
-    g.add_argument("--output-len", type=int, default=None, help="mean output tokens (200)")
-    g.add_argument("--length-dist", default=None, choices=LENGTH_DISTS, help="(fixed)")
+    g.add_argument("--burst-size", type=int, default=workload["burst_size"])
+    # Unset lengths come from --workload, else BASE_LENGTHS (named in the help).
+    lengths = BASE_LENGTHS
+    g.add_argument(
+        "--input-len", type=int, default=None, help=f"mean prompt tokens ({lengths['input_len']})"
+    )
+    g.add_argument(
+        "--output-len", type=int, default=None, help=f"mean output tokens ({lengths['output_len']})"
+    )
+    g.add_argument(
+        "--length-dist", default=None, choices=LENGTH_DISTS, help=f"({lengths['length_dist']})"
+    )
     g.add_argument("--trace", default=None, help="JSONL arrivals (with --arrival trace)")
     g.add_argument("--router", default="round-robin", choices=ROUTERS)
     g.add_argument("--route-weights", default=None, help="e.g. 8,1,1,1 (skewed router)")
@@ -87,12 +103,19 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
         help="vllm-lb: API servers, each balancing on its own view (default 1; vLLM starts "
         "--dp-size of them under internal load balancing)",
     )
-    g.add_argument("--balance-abs-threshold", type=int, default=32, help="cache-aware router")
-    g.add_argument("--balance-rel-threshold", type=float, default=1.0001, help="cache-aware")
+    g.add_argument(
+        "--balance-abs-threshold",
+        type=int,
+        default=BALANCE_ABS_THRESHOLD,
+        help="cache-aware router",
+    )
+    g.add_argument(
+        "--balance-rel-threshold", type=float, default=BALANCE_REL_THRESHOLD, help="cache-aware"
+    )
     g.add_argument(
         "--session-affinity", action="store_true", help="cache-aware: a session's turns stick"
     )
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=workload["seed"])
 
 
 def add_policy_args(p: argparse.ArgumentParser) -> None:
@@ -134,43 +157,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, parser=p)
 
 
-def simulate_policy(
-    setup: RunSetup,
-    policy: str,
-    arrivals: list,
-    ns: argparse.Namespace,
-    keep_timeline: bool = False,
-    progress: bool = False,
-) -> SimResult:
-    """One policy over the shared arrivals (a fresh router with the same seed each time)."""
-    sim = GroupSimulator(
-        setup.args[policy],
-        setup.costs,
-        make_router(ns, setup.weights),
-        policy,
-        keep_timeline=keep_timeline,
-    )
-    bar = None
-    if progress and sys.stderr.isatty():
-        from tqdm import tqdm
+def simulate_with_progress(spec: SimSpec, progress: bool = False) -> SimResult:
+    """One run, with a progress bar on a terminal."""
+    if not (progress and sys.stderr.isatty()):
+        return simulate(spec)
+    from tqdm import tqdm
 
-        bar = tqdm(total=len(arrivals), desc=policy, unit="req", leave=False)
+    arrivals = spec.workload if isinstance(spec.workload, tuple) else None
+    total = None if arrivals is None else len(arrivals)
     done = [0]
+    with tqdm(total=total, desc=spec.policy, unit="req", leave=False) as bar:
 
-    def on_round(_rounds: int, finished: int) -> None:
-        if bar is not None and finished != done[0]:
-            bar.update(finished - done[0])
-            done[0] = finished
+        def on_round(_rounds: int, finished: int) -> None:
+            if finished != done[0]:
+                bar.update(finished - done[0])
+                done[0] = finished
 
-    result = sim.run(
-        arrivals,
-        getattr(ns, "max_rounds", None),
-        on_round if bar else None,
-        concurrency=getattr(ns, "concurrency", None),
-    )
-    if bar is not None:
-        bar.close()
-    return result
+        return simulate(spec, on_round)
 
 
 def run_scenario(ns: argparse.Namespace) -> int:
@@ -178,10 +181,11 @@ def run_scenario(ns: argparse.Namespace) -> int:
     if ns.scenario not in SCENARIOS:
         ns.parser.error(f"--scenario must be one of {', '.join(SCENARIOS)}, got {ns.scenario!r}")
     scenario = SCENARIOS[ns.scenario]
+    overrides = {name: getattr(ns, name, None) for name in COST_FLAGS}
     costs = None
-    if ns.costs != "toy" or any(getattr(ns, n, None) is not None for n in COST_FLAGS):
+    if ns.costs != "toy" or any(value is not None for value in overrides.values()):
         try:
-            costs = resolve_costs(ns)
+            costs = resolve_costs(ns.costs, overrides)
         except ValueError as exc:
             ns.parser.error(str(exc))
     rows, summaries = replay(ns.scenario, costs, seed=ns.seed)
@@ -205,20 +209,15 @@ def run(ns: argparse.Namespace) -> int:
     if getattr(ns, "scenario", None) is not None:
         return run_scenario(ns)
     try:
-        setup = prepare(ns)
-        arrivals = arrivals_of(ns, setup)
-        check_arrivals(arrivals, setup.args[setup.policies[0]], ns)
+        specs = sim_specs(ns)
     except ValueError as exc:
         ns.parser.error(str(exc))
-    results = [
-        simulate_policy(setup, p, arrivals, ns, ns.plot is not None, not ns.no_progress)
-        for p in setup.policies
-    ]
+    results = [simulate_with_progress(spec, not ns.no_progress) for spec in specs]
     summaries = [summarize(r) for r in results]
     baseline = "none" if len(summaries) > 1 else None
     print(format_table(summaries, baseline=baseline))
     if ns.json is not None:
-        report = {"config": _config(ns, setup.costs), "results": summaries}
+        report = {"config": _config(ns, specs[0].costs), "results": summaries}
         if baseline is not None:
             report["ratios_to_none"] = ratios_to(summaries, baseline)
         ns.json.parent.mkdir(parents=True, exist_ok=True)
@@ -230,7 +229,9 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _config(ns: argparse.Namespace, costs: RoundCosts) -> dict:
+    """The JSON report's ``config``: every flag, the lengths and costs as resolved."""
     cfg = {k: v for k, v in vars(ns).items() if k not in ("func", "parser")}
+    cfg |= resolve_lengths(ns.workload, ns.input_len, ns.output_len, ns.length_dist)
     cfg = {k: str(v) if isinstance(v, Path) else v for k, v in cfg.items()}
     cfg["resolved_costs"] = {n: getattr(costs, n) for n in COST_FLAGS}
     return cfg

@@ -43,7 +43,7 @@ from sim.round_costs import RoundCosts
 from sim.steady_policies import held_rounds, observe_steady
 
 if TYPE_CHECKING:
-    from sim.simulator import RequestRecord
+    from sim.records import RequestRecord
 
 # A decoding rank's row, by (batch size, wants_prefill, has_decode_work): rows are immutable
 # and repeat call after call, and building one costs more than the lookup.

@@ -3,93 +3,59 @@
 ``roundgate bench --compare ... --metrics-dir DIR`` leaves the workload it sent, the exact
 deployment config of every policy, what the client measured, and a scrape of the engine before
 and after each policy's load. ``predict`` fits one ``--costs`` file over those scrapes
-(``roundgate calibrate``), replays each run's workload with ``roundgate simulate`` (the same
-seed, so the same arrivals and lengths; the same dp size, router, limits and policy flags) and
+(``roundgate calibrate``), replays each run's workload in the simulator as ``roundgate
+simulate`` would with those flags (the same seed, so the same arrivals and lengths; the same dp
+size, router, limits and policy flags; simulate's defaults for what the report leaves unset) and
 pairs the simulated figures with the measured ones. ``benchmarks/close_the_loop.py`` prints it.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cli.main import build_parser, main
+from gate import registry
+from sim.calibration import calibrate
+from sim.options import BASE_LENGTHS, GROUP_DEFAULTS, WORKLOAD_DEFAULTS, policy_args, router_spec
+from sim.report import summarize
+from sim.round_costs import RoundCosts, load_costs
+from sim.spec import SimSpec, simulate
+from sim.workload import WorkloadSpec
 
-# Deployment args that are also simulate flags (the group's shape and limits); policy flags are
-# added from the gate registry.
-GROUP_FLAGS = (
-    "dp_size",
-    "max_num_seqs",
-    "max_scheduled_tokens",
-    "page_size",
-    "num_kv_pages",
-    "router",
-)
-WORKLOAD_FLAGS = (
-    "num_requests",
-    "arrival",
-    "rate",
-    "concurrency",
-    "burst_size",
-    "input_len",
-    "output_len",
-    "length_dist",
-    "seed",
-)
 FIGURES = (("ttft_ms", "p50"), ("itl_ms", "p50"), ("ttft_ms", "p99"), ("itl_ms", "p99"))
 TOLERANCE = 0.25  # the issue's bound on TTFT p50 and ITL p50
 
 
-def simulate_flags() -> set[str]:
-    """The ``dest`` of every ``roundgate simulate`` option."""
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return {a.dest for a in sub.choices["simulate"]._actions}
+def _given(values: Mapping[str, Any], name: str, default: Any) -> Any:
+    """A recorded flag's value; ``default`` where it is missing or unset (None)."""
+    value = values.get(name)
+    return default if value is None else value
 
 
-def flag_args(values: dict[str, Any], names: set[str]) -> list[str]:
-    """``--name value`` for each set value whose name simulate knows."""
-    argv: list[str] = []
-    for name, value in sorted(values.items()):
-        if name not in names or value is None:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            argv.append(flag if value else "--no-" + flag[2:])
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
-def calibrate(runs: list[tuple[Path, str]], out: Path) -> dict:
-    argv = ["calibrate", "--dp-size", "2", "--base", "toy", "--out", str(out)]
-    for directory, policy in runs:
-        argv += ["--metrics", str(directory / f"{policy}.after.prom")]
-        argv += ["--metrics-baseline", str(directory / f"{policy}.before.prom")]
-    if main(argv) != 0:
-        raise SystemExit("calibrate failed")
-    return json.loads(out.read_text())
-
-
-def simulate(costs: Path, workload: dict, config: dict, policy: str, known: set[str]) -> dict:
-    group = {k: config.get(k) for k in GROUP_FLAGS}
-    policy_flags = {k: v for k, v in config.items() if k.startswith("prefill_")}
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "sim.json"
-        argv = ["simulate", "--costs", str(costs), "--policy", policy, "--no-progress"]
-        argv += [
-            "--enable-prefix-caching"
-            if config.get("enable_prefix_caching", True)
-            else "--no-enable-prefix-caching"
-        ]
-        argv += flag_args(group | policy_flags, known)
-        argv += flag_args({k: workload.get(k) for k in WORKLOAD_FLAGS}, known)
-        argv += ["--json", str(out)]
-        if main(argv) != 0:
-            raise SystemExit(f"simulate failed: {argv}")
-        return json.loads(out.read_text())["results"][0]
+def replay_spec(
+    costs: RoundCosts, workload: Mapping[str, Any], config: Mapping[str, Any], policy: str
+) -> SimSpec:
+    """One live run as a simulation: the bench's workload flags, the deployment's group shape,
+    router and ``policy``'s own flags (by flag name; the others are not its to read)."""
+    group = {name: _given(config, name, default) for name, default in GROUP_DEFAULTS.items()}
+    args = policy_args(
+        policy,
+        {name: value for name, value in config.items() if name in registry.all_flags()},
+        enable_prefix_caching=bool(config.get("enable_prefix_caching", True)),
+        **group,
+    )
+    sent = {name: _given(workload, name, v) for name, v in WORKLOAD_DEFAULTS.items()}
+    sent |= {name: _given(workload, name, v) for name, v in BASE_LENGTHS.items()}
+    return SimSpec(
+        args,
+        WorkloadSpec(**sent),
+        costs,
+        router_spec(_given(config, "router", "round-robin"), args),
+        seed=sent["seed"],
+        concurrency=workload.get("concurrency"),
+    )
 
 
 def compare(live: dict, sim: dict) -> list[dict]:
@@ -112,7 +78,8 @@ def compare(live: dict, sim: dict) -> list[dict]:
 def predict(
     benches: list[Path], metrics_dirs: list[Path], fit_from: set[str] | None, costs_out: Path
 ) -> tuple[dict, list[dict]]:
-    """The fitted costs and one row per (run, policy, figure): live, simulated, error."""
+    """The fitted costs (also written to ``costs_out``) and one row per (run, policy,
+    figure): live, simulated, error."""
     if len(benches) != len(metrics_dirs):
         raise ValueError("give one metrics dir per bench report")
     reports = [json.loads(path.read_text()) for path in benches]
@@ -122,15 +89,22 @@ def predict(
         for policy in report["results"]
         if fit_from is None or policy in fit_from
     ]
-    costs = calibrate(runs, costs_out)
-    known = simulate_flags()
-    missing = sorted(set(GROUP_FLAGS + WORKLOAD_FLAGS) - known)
-    if missing:
-        raise ValueError(f"roundgate simulate has no flag for {missing}")
+    fitted = calibrate(
+        dp_size=2,
+        base="toy",
+        metrics=[directory / f"{policy}.after.prom" for directory, policy in runs],
+        baselines=[directory / f"{policy}.before.prom" for directory, policy in runs],
+    )
+    text = json.dumps(fitted, indent=2, sort_keys=True) + "\n"
+    costs_out.parent.mkdir(parents=True, exist_ok=True)
+    costs_out.write_text(text)
+    costs = json.loads(text)  # as the file reads back (what --costs FILE would run)
+    priced = load_costs(str(costs_out), text)
     table = []
     for path, report in zip(benches, reports, strict=True):
         for policy, live in report["results"].items():
-            sim = simulate(costs_out, report["workload"], report["configs"][policy], policy, known)
+            spec = replay_spec(priced, report["workload"], report["configs"][policy], policy)
+            sim = summarize(simulate(spec))
             for row in compare(live, sim):
                 table.append({"bench": path.name, "policy": policy, **row})
     return costs, table

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.simulator import SimResult
+from sim.records import SimResult
 
 KIND_COLORS = ["#eeeeee", "#4c72b0", "#dd8452", "#c44e52"]  # idle, decode, prefill, mixed
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from sim import plots
-from sim.simulator import SimResult
+from sim.records import SimResult
 
 PERCENTILES = (50, 90, 99)
 

@@ -8,11 +8,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
+from gate.costmodel import DECODE_COST_MS, PREFILL_COST_MS, iteration_time
+
 
 @dataclass(frozen=True)
 class RoundCosts:
     """Milliseconds. A rank's forward costs ``decode_base + per_seq * decodes +
-    per_kv_token * (context tokens the decodes attend over) + per_token * prefill_tokens``;
+    per_token * prefill_tokens + per_kv_token * (context tokens the decodes attend over)``
+    (the toy model's ``iteration_time`` with a fixed and a context-length term; the defaults,
+    the ``toy`` preset, are the toy model itself);
     the group's round costs the slowest rank, plus ``extend_overhead`` when any rank extends
     (eager path and DeepEP normal legs instead of the decode graph and low-latency legs),
     plus the metadata gather.
@@ -25,8 +29,8 @@ class RoundCosts:
     """
 
     decode_base_ms: float = 0.0
-    decode_per_seq_ms: float = 1.0
-    prefill_per_token_ms: float = 0.1
+    decode_per_seq_ms: float = DECODE_COST_MS
+    prefill_per_token_ms: float = PREFILL_COST_MS
     extend_overhead_ms: float = 0.0
     gather_ms: float = 0.0
     decode_per_kv_token_ms: float = 0.0
@@ -52,12 +56,10 @@ class RoundCosts:
         """One rank's forward; an idle rank costs nothing of its own."""
         if decodes == 0 and prefill_tokens == 0:
             return 0.0
-        return (
-            self.decode_base_ms
-            + self.decode_per_seq_ms * decodes
-            + self.decode_per_kv_token_ms * kv_tokens
-            + self.prefill_per_token_ms * prefill_tokens
+        work = iteration_time(
+            decodes, prefill_tokens, self.decode_per_seq_ms, self.prefill_per_token_ms
         )
+        return self.decode_base_ms + work + self.decode_per_kv_token_ms * kv_tokens
 
     def group_ms(self, rank_ms: Iterable[float], any_extend: bool) -> float:
         """The group's round: the slowest rank plus the shared overheads."""

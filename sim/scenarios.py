@@ -13,9 +13,10 @@ from actors.server_args import ServerArgs
 from sim.published import SCENARIOS
 from sim.report import summarize
 from sim.round_costs import PRESETS, RoundCosts
+from sim.router import RouterSpec
 from sim.scenario_spec import FIGURE_LABELS, FIGURES, Arm, Scenario
-from sim.simulator import GroupSimulator
-from sim.workload import Router, WorkloadSpec, generate
+from sim.spec import SimSpec, simulate
+from sim.workload import WorkloadSpec
 
 __all__ = ["SCENARIOS", "FigureRow", "format_rows", "replay", "run_arm"]
 
@@ -38,17 +39,16 @@ def run_arm(
     # only add bookkeeping, so it is off here, as when the presets were fitted.
     engine = {"enable_prefix_caching": False, **scenario.engine}
     args = ServerArgs(dp_size=scenario.dp_size, prefill_policy=arm.policy, **engine, **arm.flags)
-    spec = scenario.workload
     changes = {"seed": seed} | ({"num_requests": num_requests} if num_requests else {})
-    spec = WorkloadSpec(**(vars_of(spec) | changes))
-    sim = GroupSimulator(
+    spec = SimSpec(
         args,
+        WorkloadSpec(**(vars_of(scenario.workload) | changes)),
         costs or PRESETS[scenario.costs],
-        Router(scenario.router, scenario.dp_size, scenario.route_weights, seed=seed),
-        arm.policy,
-        keep_timeline=False,
+        RouterSpec(scenario.router, scenario.route_weights),
+        seed=seed,
+        concurrency=scenario.concurrency,
     )
-    return summarize(sim.run(generate(spec), concurrency=scenario.concurrency))
+    return summarize(simulate(spec))
 
 
 def vars_of(spec: WorkloadSpec) -> dict[str, Any]:

@@ -19,8 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from actors.control.request import Request
-from sim.arrivals import INF, ClosedLoop, OpenLoop
-from sim.workload import Arrival
+from sim.arrivals import INF, Arrival, ClosedLoop, OpenLoop
 
 
 @dataclass(frozen=True)

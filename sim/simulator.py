@@ -18,7 +18,7 @@ from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
 from gate import read_rows
 from sim import decode_ranks, fast_forward, steady_policies
-from sim.arrivals import OpenLoop
+from sim.arrivals import Arrival, OpenLoop
 from sim.cost_executor import CostExecutor
 from sim.records import (
     KIND_CODES,
@@ -28,8 +28,8 @@ from sim.records import (
     Timeline,
 )
 from sim.round_costs import RoundCosts
+from sim.router import Router
 from sim.sessions import arrival_source
-from sim.workload import Arrival, Router
 
 # A round in which no rank runs a forward still costs the scheduler pass; keeps time moving.
 IDLE_ROUND_MS = 0.01

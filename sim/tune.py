@@ -13,17 +13,11 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sim.cli import add_common_args, simulate_policy
-from sim.options import (
-    RunSetup,
-    arrivals_of,
-    check_arrivals,
-    policies_of,
-    prepare,
-    server_args_for,
-)
+from sim.cli import add_common_args
+from sim.options import sim_specs
+from sim.records import SimResult
 from sim.report import summarize
-from sim.simulator import SimResult
+from sim.spec import SimSpec, simulate
 
 
 @dataclass(frozen=True)
@@ -87,10 +81,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, parser=p, num_requests=300, compare=None, policy="none")
 
 
-def candidates(ns: argparse.Namespace) -> list[tuple[int, int]]:
+def candidates(attempt_intervals: str, any_intervals: str) -> list[tuple[int, int]]:
     """The (attempt, any) grid, any >= attempt (the gate refuses the rest)."""
-    attempts = _ints(ns.attempt_intervals, "--attempt-intervals")
-    anys = _ints(ns.any_intervals, "--any-intervals")
+    attempts = _ints(attempt_intervals, "--attempt-intervals")
+    anys = _ints(any_intervals, "--any-intervals")
     pairs = [(a, b) for a in attempts for b in anys if b >= a]
     if not pairs:
         raise ValueError(
@@ -99,20 +93,26 @@ def candidates(ns: argparse.Namespace) -> list[tuple[int, int]]:
     return pairs
 
 
-def _validate(ns: argparse.Namespace) -> tuple[RunSetup, list[tuple[int, int]]]:
-    for flag, value in (("--ttft-slo-ms", ns.ttft_slo_ms), ("--itl-slo-ms", ns.itl_slo_ms)):
-        if not value > 0:
-            raise ValueError(f"{flag} must be > 0, got {value}")
-    if ns.top < 1:
-        raise ValueError(f"--top must be >= 1, got {ns.top}")
-    ns.max_rounds = None
-    policies_of(ns)
-    return prepare(ns), candidates(ns)
+def search(
+    base: SimSpec, pairs: list[tuple[int, int]], ttft_slo_ms: float, itl_slo_ms: float
+) -> tuple[Candidate, list[Candidate]]:
+    """``base`` (the ``none`` run) measured, and the gate at every pair, best goodput first
+    (ties: the lower TTFT p99, then the smaller intervals)."""
+    baseline = _measure(simulate(base), ttft_slo_ms, itl_slo_ms, None)
+    found = []
+    for attempt, any_ in pairs:
+        given = {"prefill_attempt_interval": attempt, "prefill_any_attempt_interval": any_}
+        result = simulate(base.with_policy("roundgate", given))
+        found.append(_measure(result, ttft_slo_ms, itl_slo_ms, (attempt, any_)))
+    found.sort(key=lambda c: (-c.goodput_rps, c.ttft_p99_ms or 0.0, c.attempt_interval))
+    return baseline, found
 
 
-def _measure(result: SimResult, ns: argparse.Namespace, pair: tuple | None) -> Candidate:
+def _measure(
+    result: SimResult, ttft_slo_ms: float, itl_slo_ms: float, pair: tuple[int, int] | None
+) -> Candidate:
     summary = summarize(result)
-    rps, fraction = goodput(result, ns.ttft_slo_ms, ns.itl_slo_ms)
+    rps, fraction = goodput(result, ttft_slo_ms, itl_slo_ms)
     return Candidate(
         pair[0] if pair else None,
         pair[1] if pair else None,
@@ -126,20 +126,16 @@ def _measure(result: SimResult, ns: argparse.Namespace, pair: tuple | None) -> C
 
 def run(ns: argparse.Namespace) -> int:
     try:
-        setup, pairs = _validate(ns)
-        arrivals = arrivals_of(ns, setup)
-        check_arrivals(arrivals, setup.args["none"], ns)
+        for flag, value in (("--ttft-slo-ms", ns.ttft_slo_ms), ("--itl-slo-ms", ns.itl_slo_ms)):
+            if not value > 0:
+                raise ValueError(f"{flag} must be > 0, got {value}")
+        if ns.top < 1:
+            raise ValueError(f"--top must be >= 1, got {ns.top}")
+        (base,) = sim_specs(ns)  # the ``none`` run (tune's --policy default)
+        pairs = candidates(ns.attempt_intervals, ns.any_intervals)
     except ValueError as exc:
         ns.parser.error(str(exc))
-    baseline = _measure(simulate_policy(setup, "none", arrivals, ns), ns, None)
-    found = []
-    for attempt, any_ in pairs:
-        ns.prefill_attempt_interval, ns.prefill_any_attempt_interval = attempt, any_
-        setup.args["roundgate"] = server_args_for(ns, "roundgate")
-        result = simulate_policy(setup, "roundgate", arrivals, ns)
-        found.append(_measure(result, ns, (attempt, any_)))
-    # Best goodput first; ties go to the lower TTFT p99, then the smaller intervals.
-    found.sort(key=lambda c: (-c.goodput_rps, c.ttft_p99_ms or 0.0, c.attempt_interval))
+    baseline, found = search(base, pairs, ns.ttft_slo_ms, ns.itl_slo_ms)
     best = found[0]
     print(
         f"recommended: --prefill-attempt-interval {best.attempt_interval} "

@@ -11,7 +11,9 @@ from starlette.requests import Request
 
 from actors.control.messages import GenerateChunk, GenerateRequest, Usage
 from deployment.ingress import Ingress
-from deployment.protocol import APIError, CompletionRequest, parse
+from deployment.openai.completions import prompt_ids
+from deployment.openai.errors import APIError
+from deployment.openai.protocol import CompletionRequest, parse
 
 APP_ARGS = {"model": "tiny-moe", "dp_size": 2, "max_num_seqs": 4, "device": "cpu"}
 CONTEXT = 4096  # tiny-moe's max_position
@@ -101,8 +103,8 @@ def complete(core: Ingress, request_id: str = "req-1", **body: Any) -> tuple[lis
 
     async def run() -> tuple[list, list]:
         req = parse(CompletionRequest, body)
-        prompts = core.prompts_of(req)
-        choices, stream = await core.generate(request_id, prompts, req, req.max_tokens, "prompt")
+        prompts = prompt_ids(req, core.tokenizer)
+        choices, stream = core.generate_each(request_id, prompts, req, req.max_tokens, "prompt")
         return choices, [d async for d in stream]
 
     return asyncio.run(run())

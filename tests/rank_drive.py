@@ -10,6 +10,7 @@ from actors.control.rank_loop import RankLoop, RoundOutcome
 from actors.control.request import Request
 from actors.control.round import RoundKind
 from actors.server_args import ServerArgs
+from gate.local_interval import LocalIntervalConfig
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ def round_bound(args: ServerArgs, jobs: list[Job]) -> int:
     Serialised worst case: every prompt token its own chunk, each chunk waiting a full gate
     window, then every output token its own round. A livelock blows through it.
     """
-    window = (args.prefill_any_attempt_interval or 0) + (args.prefill_decode_interval or 0) + 2
+    delay, local = args.prefill_delay, args.policy_config_as(LocalIntervalConfig)
+    window = (delay.any_interval if delay else 0) + (local.interval if local else 0) + 2
     work = sum((j.prompt_len + 1) * window + j.max_tokens + (j.load_rounds or 0) for j in jobs)
     return 4 * work + 200
 

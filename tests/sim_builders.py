@@ -10,8 +10,10 @@ from builders import make_args
 from actors.server_args import ServerArgs
 from sim.report import summarize
 from sim.round_costs import PRESETS, RoundCosts
-from sim.simulator import GroupSimulator
-from sim.workload import Router, WorkloadSpec, generate
+from sim.router import RouterSpec
+from sim.spec import SimSpec
+from sim.spec import simulate as simulate_spec
+from sim.workload import WorkloadSpec
 
 # A larger group than the builders' default: 16 running requests a rank, a 256-token round.
 SIM_GROUP = {"max_scheduled_tokens": 256, "page_size": 16, "num_kv_pages": 256}
@@ -47,15 +49,17 @@ def simulate(
     costs: RoundCosts | None = None,
     **arg_overrides,
 ) -> dict:
-    args = sim_args(policy, **arg_overrides)
-    sim = GroupSimulator(
-        args,
+    """One run's summary on the builders' group (the h100 preset unless ``costs``)."""
+    workload = spec or make_spec()
+    run = SimSpec(
+        sim_args(policy, **arg_overrides),
+        workload,
         costs or PRESETS["h100-dsv3"],
-        Router(router, args.dp_size, weights, seed=(spec or make_spec()).seed),
-        policy,
+        RouterSpec(router, None if weights is None else tuple(weights)),
+        seed=workload.seed,
         keep_timeline=True,
     )
-    return summarize(sim.run(generate(spec or make_spec())))
+    return summarize(simulate_spec(run))
 
 
 def write_trace(path: Path, records: list[dict | str]) -> Path:

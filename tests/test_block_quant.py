@@ -10,6 +10,7 @@ import torch
 from actors.engine import Engine, SamplingParams
 from actors.model import gguf_blocks, gguf_file
 from actors.model.gguf_blocks import pack_gguf, read_blocks
+from actors.model.gguf_source import GGUFSource
 from actors.model.runner import ModelRunner
 from actors.server_args import ServerArgs
 from kernels import quant
@@ -59,9 +60,9 @@ def test_cat_stacks_rows_and_fills_a_missing_offset() -> None:
 
 
 @pytest.fixture(scope="module")
-def source() -> gguf_file.GGUFSource:
+def source() -> GGUFSource:
     path = gguf_file.packaged_path(MODEL)
-    return gguf_file.GGUFSource(path, gguf_file.read_config(path))
+    return GGUFSource(path, gguf_file.read_config(path))
 
 
 @pytest.mark.parametrize(
@@ -74,7 +75,7 @@ def source() -> gguf_file.GGUFSource:
     ],
 )
 def test_the_files_blocks_dequantize_to_what_the_float_loader_reads(
-    source: gguf_file.GGUFSource, name: str
+    source: GGUFSource, name: str
 ) -> None:
     blocks = read_blocks(source, name)
     assert blocks is not None
@@ -82,7 +83,7 @@ def test_the_files_blocks_dequantize_to_what_the_float_loader_reads(
     assert torch.equal(blocks.dequantize(), expected)
 
 
-def test_a_float32_tensor_has_no_blocks(source: gguf_file.GGUFSource) -> None:
+def test_a_float32_tensor_has_no_blocks(source: GGUFSource) -> None:
     assert read_blocks(source, "model.norm.weight") is None
 
 

@@ -12,7 +12,7 @@ from ingress_fakes import complete, make_ingress
 from actors.control.messages import GenerateRequest, RankTarget
 from actors.control.request import SamplingParams
 from deployment.config import AppArgs
-from deployment.routers import CacheAwareRouter
+from deployment.routing.routers import CacheAwareRouter
 
 ENGINE = {"model": "tiny-moe", "dp_size": 2, "page_size": 4, "num_kv_pages": 64}
 

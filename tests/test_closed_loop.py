@@ -10,9 +10,10 @@ from sim_builders import make_spec, sim_args
 
 from cli.main import main
 from sim.round_costs import PRESETS
+from sim.router import Router
 from sim.scenarios import replay
 from sim.simulator import GroupSimulator
-from sim.workload import Router, generate
+from sim.workload import generate
 
 
 def run_closed(concurrency: int, policy: str = "none"):

@@ -1,4 +1,5 @@
-"""The toy cost model: the worked numbers of docs/cost-model.md."""
+"""The toy cost model: the worked numbers of docs/cost-model.md, and the simulator's ``toy``
+preset pricing rounds with it."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.costmodel import (
+from gate.costmodel import (
     added_delay,
     iteration_time,
     stall_factor,
     total_prompt_cost,
     utilization,
 )
+from sim.round_costs import PRESETS
 
 # Two slots serving A, B, C with output lengths 2, 1, 2 (docs/cost-model.md).
 STATIC = [["A", "B"], ["A", None], ["C", None], ["C", None]]
@@ -109,3 +111,14 @@ def test_static_utilization_is_exact() -> None:
 def test_utilization_of_an_empty_schedule_raises() -> None:
     with pytest.raises(ValueError):
         utilization([])
+
+
+@pytest.mark.parametrize(
+    ("decodes", "prefill_tokens"), [(4, 0), (4, 2000), (0, 2000), (128, 0), (4, 512), (0, 0)]
+)
+def test_the_simulators_toy_preset_prices_a_forward_with_the_toy_model(
+    decodes: int, prefill_tokens: int
+) -> None:
+    # ``roundgate simulate --costs toy``: a rank's forward is exactly ``iteration_time``.
+    toy = PRESETS["toy"]
+    assert toy.rank_ms(decodes, prefill_tokens) == iteration_time(decodes, prefill_tokens)

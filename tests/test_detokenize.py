@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from actors.control.messages import GenerateChunk, Usage
 from actors.model.detokenizer import Detokenizer
 from actors.model.tokenizer import ByteTokenizer
-from deployment.generation import Choice, run_choices
+from deployment.openai.choices import Choice, run_choices
 
 TOK = ByteTokenizer()
 
@@ -44,8 +44,8 @@ async def stream(parts: list[list[int]]) -> AsyncIterator[GenerateChunk]:
 
 def run(parts: list[list[int]], stops: list[str]) -> tuple[list[str], Choice]:
     async def go() -> tuple[list[str], Choice]:
-        choice = Choice(0, [1, 2, 3])
-        deltas = [d.text async for d in run_choices(stream(parts), [choice], TOK, stops)]
+        choice = Choice(0, [1, 2, 3], TOK, stops)
+        deltas = [d.text async for d in run_choices(stream(parts), [choice])]
         return deltas, choice
 
     return asyncio.run(go())

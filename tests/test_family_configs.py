@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from family_models import build_family
 
-from actors.model.config import ModelConfig
+from actors.model.families import read_model_dir
 from actors.server_args import ServerArgs
 
 pytest.importorskip("transformers")
@@ -80,7 +80,7 @@ def test_mla_kv_bytes_per_token_is_the_latent(saved) -> None:
 
 
 def test_gqa_kv_bytes_per_token_counts_k_and_v(saved) -> None:
-    config = ModelConfig.from_dir(saved["qwen2"])
+    config = read_model_dir(saved["qwen2"])
     assert config.kv_bytes_per_token(4) == 2 * 2 * 16 * config.num_layers * 4
 
 
@@ -135,7 +135,7 @@ def test_routers_stay_float32_in_a_bf16_model(saved) -> None:
     from actors.model.weights import SafetensorsSource
 
     path = saved["deepseek_v3"]
-    config = ModelConfig.from_dir(path)
+    config = read_model_dir(path)
     full = build_model(config, SafetensorsSource(path))
     half = build_model(config, SafetensorsSource(path), dtype=torch.bfloat16)
     gate, half_gate = full.layers[1].mlp.gate, half.layers[1].mlp.gate

@@ -10,8 +10,9 @@ from sim_builders import make_spec, sim_args
 
 from sim.report import summarize
 from sim.round_costs import PRESETS
+from sim.router import Router
 from sim.simulator import GroupSimulator
-from sim.workload import Router, generate
+from sim.workload import generate
 
 CASES = [
     pytest.param("roundgate", {}, "h100-dsv3", None, id="gate"),

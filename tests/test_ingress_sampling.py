@@ -97,7 +97,7 @@ def interleaved(message: GenerateRequest) -> list[Any]:
 
 
 def test_n_choices_share_one_rank_request_and_count_the_prompt_once() -> None:
-    from deployment.choices import usage
+    from deployment.openai.choices import usage
 
     core, ranks = make_ingress(reply=interleaved)
     choices, _ = complete(core, prompt=["ab", "cde"], max_tokens=3, n=3)

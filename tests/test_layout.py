@@ -1,27 +1,34 @@
-"""The layout's promises, checked: which parts import what, and how big a module may grow."""
+"""The layout's promises, checked: what imports what, how big a module grows, how classes are
+built. The static checks read every module with ``ast`` (``tests/import_graph.py``), so a lazy
+import inside a function counts as much as one at the top; imports under ``if TYPE_CHECKING:``
+count for circles and layers (a type-only import is still a dependency in the design) but not
+for what the control plane loads, since they never run.
+"""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from class_graph import Classes, annotation_only
+from import_graph import ProjectGraph, line_count
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCE_DIRS = (
-    "gate",
-    "actors",
-    "kernels",
-    "deployment",
-    "sim",
-    "bench",
-    "cli",
-    "dashboards",
-    "k8s",
-    "benchmarks",
-    "tests",
-)
+# Lowest first: a package may import from its own layer and the ones below, never above.
+LAYERS = ("gate", "kernels", "actors", "deployment", "k8s", "sim", "bench", "cli")
+STANDALONE = ("dashboards",)  # imports no other package, and none imports it
+PACKAGES = (*LAYERS, *STANDALONE)
+SOURCE_DIRS = (*PACKAGES, "benchmarks", "tests")
+MAX_LINES = 500
+HEAVY = frozenset({"torch", "ray", "numpy", "prometheus_client"})
+
+
+@pytest.fixture(scope="module")
+def graph() -> ProjectGraph:
+    return ProjectGraph(REPO, SOURCE_DIRS)
 
 
 def _imported_after(statement: str) -> set[str]:
@@ -32,6 +39,9 @@ def _imported_after(statement: str) -> set[str]:
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
     return set(out.stdout.split())
+
+
+# --- what actually loads (a fresh interpreter) ----------------------------------------------
 
 
 def test_the_control_plane_imports_neither_torch_nor_ray() -> None:
@@ -46,7 +56,7 @@ def test_the_control_plane_imports_neither_torch_nor_ray() -> None:
     )
     loaded = _imported_after(f"{imports}\n{build}")
     assert "actors" in loaded
-    assert not loaded & {"torch", "ray", "numpy", "prometheus_client"}
+    assert not loaded & HEAVY
 
 
 def test_the_gate_is_stdlib_only() -> None:
@@ -57,15 +67,112 @@ def test_the_gate_is_stdlib_only() -> None:
 
 
 def test_the_simulator_runs_the_control_plane_without_torch() -> None:
-    loaded = _imported_after("import sim.simulator, sim.cost_executor")
+    loaded = _imported_after("import sim.spec, sim.simulator, sim.cost_executor")
     assert not loaded & {"torch", "ray"}
 
 
-@pytest.mark.parametrize("folder", SOURCE_DIRS)
-def test_no_module_over_500_lines(folder: str) -> None:
+# --- what the source says (ast) -------------------------------------------------------------
+
+
+def test_every_source_folder_is_read(graph: ProjectGraph) -> None:
+    assert set(graph.packages) == set(PACKAGES)
+    assert {graph.top(m) for m in graph.paths} == set(SOURCE_DIRS)
+
+
+def test_no_module_over_500_lines(graph: ProjectGraph) -> None:
     long = {
         str(path.relative_to(REPO)): n
-        for path in (REPO / folder).rglob("*.py")
-        if (n := len(path.read_text().splitlines())) > 500
+        for path in graph.paths.values()
+        if (n := line_count(path)) > MAX_LINES
     }
-    assert not long, f"split these modules: {long}"
+    assert not long, f"modules over {MAX_LINES} lines (find the second concept): {long}"
+
+
+def test_no_import_circle(graph: ProjectGraph) -> None:
+    """Among the packages' modules, lazy imports and ``from package import submodule`` too."""
+    circles = graph.circles(PACKAGES, typing_too=True)
+    culprits = "\n".join(
+        " <-> ".join(c) + "".join(f"\n    {i}" for i in graph.circle_imports(c, typing_too=True))
+        for c in circles
+    )
+    assert not circles, f"{len(circles)} import circle(s):\n{culprits}"
+
+
+def test_no_import_up_the_layers(graph: ProjectGraph) -> None:
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    upward = []
+    for module in graph.paths:
+        source = graph.top(module)
+        if source not in PACKAGES:
+            continue
+        for imp in graph.project_imports(module, typing_too=True):
+            target = graph.top(imp.target)
+            if target == source or target not in PACKAGES:
+                continue
+            if source in STANDALONE or target in STANDALONE or rank[target] > rank[source]:
+                upward.append(str(imp))
+    layers = " < ".join(LAYERS)
+    assert not upward, f"imports up the layers ({layers}; {STANDALONE} standalone):\n" + (
+        "\n".join(upward)
+    )
+
+
+def test_the_control_plane_closure_reaches_no_torch_ray_numpy(graph: ProjectGraph) -> None:
+    """Everything ``actors.control`` imports, lazily or not, transitively (package
+    ``__init__`` modules on the way included): none of it imports a heavy library."""
+    starts = [m for m in graph.paths if m == "actors.control" or m.startswith("actors.control.")]
+    came_from = graph.closure(starts)
+    heavy = [
+        f"{imp}  via  {' -> '.join(graph.chain(came_from, module))}"
+        for module in sorted(came_from)
+        for imp in graph.imports[module]
+        if imp.target in HEAVY and not imp.is_typing_only
+    ]
+    assert not heavy, "the control plane's imports reach:\n" + "\n".join(heavy)
+
+
+def test_no_module_shadows_the_standard_library(graph: ProjectGraph) -> None:
+    shadowing = sorted(
+        str(path.relative_to(REPO))
+        for name, path in graph.paths.items()
+        if name.rpartition(".")[2] in sys.stdlib_module_names
+    )
+    assert not shadowing, f"modules named like a standard library module: {shadowing}"
+
+
+# --- classes --------------------------------------------------------------------------------
+
+
+def test_no_class_has_two_project_bases(graph: ProjectGraph) -> None:
+    """One class, one file: a class is not assembled from several of the project's classes
+    (mixins); it composes the parts it owns."""
+    classes = Classes(graph)
+    mixed = [
+        f"{graph.paths[module].relative_to(REPO)}:{node.lineno} {node.name}"
+        f"({', '.join(b[1] for b in bases)})"
+        for module, node in classes.every()
+        if len(bases := classes.project_bases(module, node)) > 1
+    ]
+    assert not mixed, "classes with more than one base class of this project:\n" + (
+        "\n".join(mixed)
+    )
+
+
+def test_no_annotation_stands_in_for_another_class_state(graph: ProjectGraph) -> None:
+    """A class-level annotation without a value declares a field in a dataclass, NamedTuple,
+    Protocol, TypedDict, Enum or pydantic model; in any other class it must name an attribute
+    that the class (or one of its project ancestors) sets, else it is a stub for state that
+    some other class owns (a mixin reading its host's attributes)."""
+    classes = Classes(graph)
+    stubs = []
+    for module, node in classes.every():
+        declared = annotation_only(node)
+        if not declared or classes.is_record(module, node):
+            continue
+        assigned = classes.assigned(module, node)
+        stubs += [
+            f"{graph.paths[module].relative_to(REPO)}:{s.lineno} {node.name}.{s.target.id}"
+            for s in declared
+            if isinstance(s.target, ast.Name) and s.target.id not in assigned
+        ]
+    assert not stubs, "annotations for state this class never sets:\n" + "\n".join(stubs)

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from actors.model.config import PRESETS, ModelConfig
+from actors.model.families import read_hf_config, read_model_dir
 from actors.model.resolve import resolve_model_config
 from actors.model.runner import ModelRunner
 from actors.model.weights import hf_param_shapes, random_hf_state, save_hf_dir
@@ -30,7 +31,7 @@ TINY = ModelConfig(
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_presets_round_trip_through_config_json(name: str) -> None:
     config = PRESETS[name]
-    assert ModelConfig.from_hf_dict(config.to_hf_dict()) == config
+    assert read_hf_config(config.to_hf_dict()) == config
     assert config.max_position >= 2048 + 256  # the prefill benchmark fits
 
 
@@ -44,7 +45,7 @@ def test_transformers_4_style_rope_theta_is_read() -> None:
     body = TINY.to_hf_dict()
     del body["rope_parameters"]
     body["rope_theta"] = 5e5
-    assert ModelConfig.from_hf_dict(body).rope_theta == 5e5
+    assert read_hf_config(body).rope_theta == 5e5
 
 
 def write_dir(path: Path, config: ModelConfig = TINY) -> Path:
@@ -173,7 +174,7 @@ def test_fused_expert_names_load_like_per_expert_names(tmp_path: Path) -> None:
         )
     )
     hf.save_pretrained(tmp_path)  # per-expert w1/w2/w3 names on disk
-    config = ModelConfig.from_dir(tmp_path)
+    config = read_model_dir(tmp_path)
     for rank in (0, 1):  # and each rank of a 2-way split reads only its own experts
         place = ExpertPlacement(4, 2, rank)
         fused = build_model(config, DictSource(hf.state_dict(), "memory"), place)

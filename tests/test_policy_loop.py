@@ -16,8 +16,9 @@ from gate import registry
 from gate.permission import ALLOW_ALL, CHUNKS_ONLY, HOLD_ALL, NEW_ONLY
 from sim.report import summarize
 from sim.round_costs import PRESETS
+from sim.router import Router
 from sim.simulator import GroupSimulator
-from sim.workload import Router, WorkloadSpec, generate
+from sim.workload import WorkloadSpec, generate
 
 # Policies whose decision must be identical on every rank (vLLM's defer is per rank by design;
 # the local interval looks at its own rank only).

@@ -22,9 +22,10 @@ from deployment.config import AppArgs
 from gate import RankRow, RoundView, registry
 from gate.spec import PolicyContext, PolicySpec
 from gate.vote import CLOSED, OPEN, GateVote
+from sim.arrivals import Arrival
 from sim.round_costs import TOY
+from sim.router import Router
 from sim.simulator import POINT_CODES, GroupSimulator
-from sim.workload import Arrival, Router
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,11 @@ def test_the_registry_derives_its_flag_everywhere(plugin: PolicySpec) -> None:
     assert "every-nth" in registry.names()
     args = ServerArgs.from_cli(["--prefill-policy", "every-nth", "--every-nth-period", "5"])
     assert args.prefill_policy_name == "every-nth"
-    assert args.every_nth_period == 5 and args.policy_config == EveryNthConfig(5)
+    assert args.policy_flags["every_nth_period"] == 5
+    assert args.policy_config_as(EveryNthConfig) == EveryNthConfig(5)
     assert isinstance(args.build_policy(1), EveryNth)
     served = AppArgs.model_validate({"prefill_policy": "every-nth", "every_nth_period": 2})
-    assert served.server_args().policy_config.period == 2
+    assert served.server_args().policy_config == EveryNthConfig(2)
     assert ServerArgs(**args.to_dict()) == args
 
 

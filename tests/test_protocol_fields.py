@@ -15,8 +15,9 @@ import pytest
 from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_params
 
-from deployment import http_api
-from deployment.protocol import APIError, ChatRequest, CompletionRequest, parse
+from deployment.openai.api import api
+from deployment.openai.errors import APIError
+from deployment.openai.protocol import ChatRequest, CompletionRequest, parse
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 BASE = {CompletionRequest: {"prompt": "hi"}, ChatRequest: {"messages": MESSAGES}}
@@ -48,7 +49,7 @@ ASKING = {
 def openapi_schema(model: type) -> dict[str, Any]:
     import deployment.app  # noqa: F401  (registers the routes before the document is cached)
 
-    return http_api.api.openapi()["components"]["schemas"][model.__name__]
+    return api.openapi()["components"]["schemas"][model.__name__]
 
 
 def refusal(model: type, body: dict[str, Any]) -> APIError:

@@ -8,9 +8,10 @@ import json
 import pytest
 from ingress_fakes import error_of, make_request
 
-from deployment import http_api
-from deployment.http_api import read_json
-from deployment.protocol import APIError, ChatRequest, CompletionRequest, describe_error, parse
+from deployment.openai.api import api, read_json
+from deployment.openai.errors import APIError, describe_error
+from deployment.openai.protocol import ChatRequest, CompletionRequest, parse
+from deployment.openai.sse import sse
 
 # ---- bodies and types ----------------------------------------------------------------------
 
@@ -130,7 +131,7 @@ def test_chat_messages_reach_the_template_as_text_with_their_tool_fields() -> No
 
 
 def test_sse_events_are_compact_json_lines() -> None:
-    event = http_api.sse({"a": [1, 2]})
+    event = sse({"a": [1, 2]})
     assert event == 'data: {"a":[1,2]}\n\n'
     assert json.loads(event[len("data: ") :]) == {"a": [1, 2]}
 
@@ -138,7 +139,7 @@ def test_sse_events_are_compact_json_lines() -> None:
 def test_openapi_declares_the_request_bodies() -> None:
     import deployment.app  # noqa: F401  (registers the routes)
 
-    doc = http_api.api.openapi()
+    doc = api.openapi()
     for path, model in (
         ("/v1/completions", "CompletionRequest"),
         ("/v1/chat/completions", "ChatRequest"),

@@ -62,7 +62,8 @@ def test_gate_admits_within_any_interval_plus_one(case) -> None:
     """
     args, jobs = case
     run = drive(args, jobs)
-    bound = args.prefill_any_attempt_interval + 1
+    assert args.prefill_delay is not None
+    bound = args.prefill_delay.any_interval + 1
     assert run.max_occupancy <= PREFILL_WATERMARK
     for loop in run.loops:
         assert loop.scheduler.excused_rounds == 0  # never held by pressure or a full batch

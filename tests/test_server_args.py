@@ -15,6 +15,7 @@ from actors.model.config import PRESETS, with_overrides
 from actors.server_args import ServerArgs
 from gate import PrefillDelay
 from gate.no_gate import NoGateConfig
+from gate.vllm_interval import VllmIntervalConfig
 
 # --- frozen: no assignment, ``replace`` builds a validated copy ---------------------------------
 
@@ -44,7 +45,7 @@ def test_policy_flags_cannot_be_edited_in_place() -> None:
     args = ServerArgs(**GATE)
     with pytest.raises(TypeError):
         args.policy_flags["prefill_attempt_interval"] = 8  # type: ignore[index]
-    assert args.prefill_attempt_interval == 4
+    assert args.policy_flags["prefill_attempt_interval"] == 4
 
 
 def test_replace_returns_a_validated_copy() -> None:
@@ -65,7 +66,7 @@ def test_replace_with_none_unsets_a_policy_flag() -> None:
         prefill_attempt_interval=None, prefill_any_attempt_interval=None
     )
     assert dict(args.policy_flags) == {}
-    assert args.prefill_attempt_interval is None
+    assert args.prefill_delay is None
     assert args.prefill_policy_name == "none"
     assert args == ServerArgs()
 
@@ -96,7 +97,7 @@ def test_unset_pair_means_no_gate() -> None:
     args = ServerArgs()
     assert args.prefill_policy_name == "none"
     assert args.policy_config == NoGateConfig()
-    assert (args.prefill_attempt_interval, args.prefill_any_attempt_interval) == (None, None)
+    assert args.prefill_delay is None
     assert dict(args.policy_flags) == {}
 
 
@@ -109,7 +110,8 @@ def test_complete_pair_gives_a_delay(attempt: int, any_: int) -> None:
         "prefill_attempt_interval": attempt,
         "prefill_any_attempt_interval": any_,
     }
-    assert args.prefill_schedule_interval is None  # another policy's flag reads as unset
+    assert args.prefill_delay == PrefillDelay(attempt, any_)
+    assert args.policy_config_as(VllmIntervalConfig) is None  # another policy's config
 
 
 @pytest.mark.parametrize(
@@ -125,6 +127,81 @@ def test_incomplete_pair_is_refused(attempt: int | None, any_: int | None, missi
 def test_any_below_attempt_is_refused(attempt: int, any_: int) -> None:
     with refuses(f"{ANY} ({any_}) must be >= {ATTEMPT} ({attempt})"):
         ServerArgs(prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_)
+
+
+# --- ``prefill_delay``: the design's property, computed from the current flags ----------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({}, None),  # both intervals unset: no gate
+        (GATE, PrefillDelay(4, 16)),
+        ({"prefill_attempt_interval": 1, "prefill_any_attempt_interval": 1}, PrefillDelay(1, 1)),
+        ({"prefill_policy": "roundgate", **GATE}, PrefillDelay(4, 16)),
+        ({"prefill_decode_interval": 3}, None),  # another policy
+        ({"prefill_policy": "roundgate-auto"}, None),  # the adaptive gate has its own flags
+        ({"prefill_policy": "sglang-delayer"}, None),
+        ({"disaggregation_mode": "prefill"}, None),
+        ({"disaggregation_mode": "decode"}, None),
+        ({**GATE, "prefill_decode_interval": None}, PrefillDelay(4, 16)),  # None is unset
+    ],
+)
+def test_prefill_delay(changes: dict[str, Any], expected: PrefillDelay | None) -> None:
+    args = ServerArgs(**changes)
+    assert args.prefill_delay == expected
+    # A copy recomputes it from its own flags, whichever way it is made.
+    assert ServerArgs().replace(**changes).prefill_delay == expected
+    assert dataclasses.replace(ServerArgs(), **changes).prefill_delay == expected
+
+
+@pytest.mark.parametrize("copy", [ServerArgs.replace, dataclasses.replace])
+def test_prefill_delay_follows_a_copy(copy: Any) -> None:
+    gated = ServerArgs(**GATE)
+    assert copy(gated, prefill_attempt_interval=2).prefill_delay == PrefillDelay(2, 16)
+    unset = {"prefill_attempt_interval": None, "prefill_any_attempt_interval": None}
+    assert copy(gated, **unset).prefill_delay is None
+    assert gated.prefill_delay == PrefillDelay(4, 16)  # the original is untouched
+
+
+@pytest.mark.parametrize(
+    ("changes", "flag"),
+    [
+        ({"prefill_attempt_interval": 4}, f"--prefill-policy roundgate needs {ANY}"),
+        ({"prefill_any_attempt_interval": 16}, f"--prefill-policy roundgate needs {ATTEMPT}"),
+        ({**GATE, "prefill_any_attempt_interval": None}, ANY),
+        ({**GATE, "prefill_attempt_interval": None}, ATTEMPT),
+        ({**GATE, "disaggregation_mode": "prefill"}, "--disaggregation-mode prefill"),
+        ({**GATE, "disaggregation_mode": "decode"}, "--disaggregation-mode decode"),
+        ({**GATE, "prefill_decode_interval": 2}, LOCAL_ONLY + " (selected: roundgate)"),
+    ],
+)
+def test_prefill_delay_refusals(changes: dict[str, Any], flag: str) -> None:
+    """An incomplete pair, or the gate where it cannot run, is refused wherever it is built:
+    at construction, by ``ServerArgs.replace`` and by ``dataclasses.replace`` alike."""
+    with refuses(flag):
+        ServerArgs(**changes)
+    with refuses(flag):
+        ServerArgs().replace(**changes)
+    with refuses(flag):
+        dataclasses.replace(ServerArgs(), **changes)
+
+
+@pytest.mark.parametrize("copy", [ServerArgs.replace, dataclasses.replace])
+@pytest.mark.parametrize(
+    ("changes", "flag"),
+    [
+        ({"prefill_attempt_interval": None}, ATTEMPT),
+        ({"prefill_any_attempt_interval": None}, ANY),
+        ({"disaggregation_mode": "decode"}, "--disaggregation-mode"),
+        ({"prefill_decode_interval": 2}, LOCAL_ONLY),
+    ],
+)
+def test_a_gated_copy_that_breaks_the_pair_is_refused(
+    copy: Any, changes: dict[str, Any], flag: str
+) -> None:
+    with refuses(flag):
+        copy(ServerArgs(**GATE), **changes)
 
 
 # --- validation at construction -----------------------------------------------------------------

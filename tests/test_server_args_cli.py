@@ -11,9 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_args_cases import ANY, ATTEMPT, CONTEXT, GATE, GATE_CLI, LOCAL_ONLY, flag_of
 
-from actors.arg_choices import ATTENTION_BACKENDS, DEVICES, DISAGGREGATION_MODES, MOE_BACKENDS
 from actors.model.config import PRESETS
-from actors.server_args import ServerArgs
+from actors.server_args import (
+    ATTENTION_BACKENDS,
+    DEVICES,
+    DISAGGREGATION_MODES,
+    MOE_BACKENDS,
+    ServerArgs,
+)
 from gate import PrefillDelay, registry
 
 # --- the CLI ----------------------------------------------------------------------------------
@@ -133,8 +138,8 @@ def help_entries(capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
 def test_help_lists_every_flag_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
     entries = help_entries(capsys)
     for f in dataclasses.fields(ServerArgs):
-        if f.name == "policy_flags":
-            continue  # the registered policies' flags, checked below
+        if f.name == "policy_flags" or not f.init:
+            continue  # the registered policies' flags (checked below) and derived fields
         flag = flag_of(f.name)
         assert flag in entries, f"{flag} missing from --help"
         assert f"(default: {f.default})" in entries[flag], entries[flag]

@@ -16,7 +16,7 @@ from gate.no_gate import NoGateConfig
 from gate.sglang_delayer import SGLangDelayerConfig
 from gate.trtllm_balance import TrtllmBalanceConfig
 from gate.vllm_interval import VllmIntervalConfig
-from sim.options import prepare
+from sim.options import sim_specs
 
 # A small, fast run: 2 ranks, 24 short requests.
 BASE = [
@@ -115,11 +115,14 @@ def test_each_policy_runs_with_its_simulate_defaults_and_only_its_own_flags(
     extra: tuple[str, ...], changed: dict
 ) -> None:
     ns = build_parser().parse_args([*BASE, "--compare", "all", *extra])
-    setup = prepare(ns)
-    assert setup.policies == list(registry.names())
-    configs = {name: setup.args[name].policy_config for name in SIM_CONFIGS}
+    specs = sim_specs(ns)
+    assert [spec.policy for spec in specs] == list(registry.names())
+    args_of = {spec.policy: spec.args for spec in specs}
+    configs = {name: args_of[name].policy_config for name in SIM_CONFIGS}
     assert configs == SIM_CONFIGS | changed
-    for name, args in setup.args.items():
+    # One workload, drawn once, for every policy.
+    assert len({id(spec.workload) for spec in specs}) == 1
+    for name, args in args_of.items():
         assert args.prefill_policy_name == name
         # A policy's run carries its own flags only: another's flag would be refused.
         assert all(registry.all_flags()[flag][1] == name for flag in args.policy_flags)

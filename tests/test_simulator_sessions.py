@@ -10,12 +10,12 @@ import pytest
 from sim_builders import sim_args
 
 from cli.main import main
-from deployment.cache_aware import CacheAwareConfig
+from deployment.routing.cache_aware import CacheAwareConfig
 from sim.report import summarize
 from sim.round_costs import PRESETS
+from sim.router import Router
 from sim.sessions import SessionPreset, SessionSpec, first_turns, make_sessions
 from sim.simulator import GroupSimulator
-from sim.workload import Router
 
 SMALL = SessionPreset(
     system_len=64, first_user_len=20, user_len=24, output_len=8, turns=4, think_s=0.2

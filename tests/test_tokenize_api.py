@@ -6,8 +6,14 @@ from __future__ import annotations
 import pytest
 from ingress_fakes import error_of, make_ingress
 
-from deployment.protocol import CompletionRequest, parse
-from deployment.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+from deployment.openai.completions import prompt_ids
+from deployment.openai.protocol import CompletionRequest, parse
+from deployment.openai.tokenization import (
+    DetokenizeRequest,
+    TokenizeRequest,
+    detokenize,
+    tokenize,
+)
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +23,7 @@ def core():
 
 def test_a_prompt_tokenizes_as_completions_would(core) -> None:
     out = tokenize(core, parse(TokenizeRequest, {"prompt": "héllo", "return_token_strs": True}))
-    ids = core.prompts_of(parse(CompletionRequest, {"prompt": "héllo"}))[0]
+    ids = prompt_ids(parse(CompletionRequest, {"prompt": "héllo"}), core.tokenizer)[0]
     assert out["tokens"] == ids and out["count"] == len(ids)
     assert out["max_model_len"] == core.max_model_len
     assert "".join(out["token_strs"]).replace("\ufffd", "") == "hllo"  # é is two byte tokens

@@ -1,8 +1,8 @@
-"""The shape of a model: one frozen dataclass, presets, and the HF ``config.json`` entry point.
+"""The shape of a model: one frozen dataclass and the presets.
 
-The per-architecture readers live in ``actors/model/families/`` (one module per family); this
-module holds only what every family shares, so the runner, the KV pool sizing and the loader
-read one dataclass whatever the checkpoint.
+The readers of a HF ``config.json`` live in ``actors/model/families/`` (one module per family,
+``read_model_dir`` the entry point); this module holds only what every family shares, so the
+runner, the KV pool sizing and the loader read one dataclass whatever the checkpoint.
 """
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ class ModelConfig:
         return width * self.num_layers * element_size
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """A Llama/Mixtral ``config.json`` body that transformers (and ``from_hf_dict``) read
-        back equal (the presets are written this way)."""
+        """A Llama/Mixtral ``config.json`` body that transformers (and
+        ``families.read_hf_config``) read back equal (the presets are written this way)."""
         if self.architecture not in ("LlamaForCausalLM", "MixtralForCausalLM"):
             raise ValueError(f"to_hf_dict writes Llama/Mixtral configs, not {self.architecture}")
         body: dict[str, Any] = {
@@ -170,24 +170,6 @@ class ModelConfig:
             body["attention_bias"] = self.attention_bias
             body["mlp_bias"] = self.mlp_bias
         return body
-
-    @classmethod
-    def from_hf_dict(cls, body: dict[str, Any], source: str = "config.json") -> ModelConfig:
-        """Read a transformers ``config.json`` body; ``ValueError`` names ``source`` and field
-        (an unsupported architecture or config value included)."""
-        from actors.model.families import read_hf_config
-
-        return read_hf_config(body, source)
-
-    @classmethod
-    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
-        """Read ``<model_dir>/config.json``; errors name the missing or malformed file."""
-        path = Path(model_dir) / "config.json"
-        if not Path(model_dir).is_dir():
-            raise ValueError(f"model directory {model_dir} does not exist")
-        if not path.is_file():
-            raise ValueError(f"{path}: missing (a HF model directory needs config.json)")
-        return cls.from_hf_dict(read_json_object(path), source=str(path))
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

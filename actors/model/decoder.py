@@ -2,7 +2,8 @@
 
 A block's attention is GQA (``layers.Attention``) or latent (``mla.MLAttention``); its MLP is
 SwiGLU (``layers.DenseMLP``) or sparse (``moe.SparseMoE``), per layer as the config says.
-Each module loads its own HF-named tensors, so a family differs only in its config reader.
+Each module loads its own HF-named tensors, so a family differs only in its config reader;
+``open_source`` picks the reader of those tensors for ``--model`` (preset, GGUF, safetensors).
 """
 
 from __future__ import annotations
@@ -10,12 +11,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from actors.model.config import ModelConfig
+from actors.model.config import PRESETS, ModelConfig
+from actors.model.fp8 import BlockFP8Source
+from actors.model.gguf_file import find_gguf
+from actors.model.gguf_source import GGUFSource
 from actors.model.layers import Attention, DenseMLP, ForwardContext, RMSNorm, fill
 from actors.model.mla import MLAttention
 from actors.model.moe import Router, SparseMoE
 from actors.model.rope import RotaryTable
-from actors.model.weights import ReadTracker, TensorSource, unread_tensors
+from actors.model.weights import (
+    DictSource,
+    ReadTracker,
+    SafetensorsSource,
+    TensorSource,
+    random_hf_state,
+    unread_tensors,
+)
 from kernels.moe import ExpertPlacement, MoEBackend
 
 
@@ -87,6 +98,20 @@ class CausalLM(nn.Module):
 
 def rotary_table(config: ModelConfig) -> RotaryTable:
     return RotaryTable(config.rope_dim, config.max_position, config.rope_theta, config.rope_scaling)
+
+
+def open_source(model: str, config: ModelConfig, seed: int) -> TensorSource:
+    """The weights behind ``--model``: a seeded preset, a GGUF file, or safetensors (FP8
+    block-scaled ones dequantized as they are read)."""
+    if model in PRESETS:
+        return DictSource(random_hf_state(config, seed), f"preset {model}")
+    path = find_gguf(model)
+    if path is not None:
+        return GGUFSource(path, config)
+    source = SafetensorsSource(model)
+    if config.weight_block_size is not None:
+        return BlockFP8Source(source, config.weight_block_size)
+    return source
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from actors.model.gguf_file import GGUFSource, _unpermute
+from actors.model.gguf_source import GGUFSource, unpermute
 from kernels.quant import BLOCK, BlockLinear, BlockWeights, kernel, kernel_failure
 
 logger = logging.getLogger("roundgate.model")
@@ -58,7 +58,7 @@ def read_blocks(source: GGUFSource, name: str) -> BlockWeights | None:
     heads = source.permuted_heads(tensor.name)
     arrays = [q, scale] + ([] if offset is None else [offset])
     if heads is not None:
-        arrays = [_unpermute(a, heads) for a in arrays]
+        arrays = [unpermute(a, heads) for a in arrays]
     tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
     return BlockWeights(tensors[0], tensors[1], tensors[2] if offset is not None else None)
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from actors.model import gguf_file
 from actors.model.config import PRESETS, ModelConfig
+from actors.model.families import read_model_dir
 
 
 def resolve_model_config(model: str) -> ModelConfig:
@@ -21,4 +22,4 @@ def resolve_model_config(model: str) -> ModelConfig:
     path = gguf_file.find_gguf(model)
     if path is not None:
         return gguf_file.read_config(path)
-    return ModelConfig.from_dir(model)
+    return read_model_dir(model)

@@ -23,13 +23,12 @@ import torch.distributed as dist
 
 from actors.control.request import Request, TokenLogprobs, sequence_id
 from actors.control.round import RoundPlan, RoundResult, ScheduledChunk
-from actors.model.decoder import build_model
+from actors.model.decoder import build_model, open_source
 from actors.model.gguf_blocks import pack_gguf
 from actors.model.grammar import Grammars
 from actors.model.kv_cache import allocate_cache, select_backend, size_for_gpu
 from actors.model.layers import ForwardContext
 from actors.model.round_sampling import sample_round
-from actors.model.weights import open_source
 from actors.server_args import ServerArgs
 from gate import RankRow, RoundView, read_rows
 from kernels.attention import build_attention_batch

@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from actors.model.config import ModelConfig
+from actors.model.config import ModelConfig, read_json_object
 
 
 class TensorSource(Protocol):
@@ -131,8 +131,6 @@ class SafetensorsSource:
                 raise ValueError(f"{path}: unreadable safetensors file ({exc})") from exc
 
     def _shards(self, index: Path) -> list[Path]:
-        from actors.model.config import read_json_object
-
         weight_map = read_json_object(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError(f"{index}: weight_map must be a non-empty object")
@@ -169,24 +167,6 @@ def _check_shape(
             f"{tuple(shape)}"
         )
     return tensor
-
-
-def open_source(model: str, config: ModelConfig, seed: int) -> TensorSource:
-    """The weights behind ``--model``: a seeded preset, a GGUF file, or safetensors."""
-    from actors.model import gguf_file
-    from actors.model.config import PRESETS
-
-    if model in PRESETS:
-        return DictSource(random_hf_state(config, seed), f"preset {model}")
-    path = gguf_file.find_gguf(model)
-    if path is not None:
-        return gguf_file.GGUFSource(path, config)
-    source = SafetensorsSource(model)
-    if config.weight_block_size is not None:
-        from actors.model.fp8 import BlockFP8Source
-
-        return BlockFP8Source(source, config.weight_block_size)
-    return source
 
 
 def save_hf_dir(config: ModelConfig, state: dict[str, torch.Tensor], path: str | Path) -> Path:

@@ -7,7 +7,6 @@ never rejoin the old (broken) process group.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -68,14 +67,6 @@ def lookup(gang_id: str, timeout_s: float, poll_s: float = 0.1) -> Meeting:
                 f"gang {gang_id}: rank 0 did not publish a rendezvous in {timeout_s:.0f}s"
             )
         time.sleep(poll_s)
-
-
-def unpublish(gang_id: str) -> None:
-    from ray.experimental.internal_kv import _internal_kv_del
-
-    # The KV store may already be gone at shutdown.
-    with contextlib.suppress(Exception):
-        _internal_kv_del((KEY_PREFIX + gang_id).encode())
 
 
 def join(meeting: Meeting, rank: int, world_size: int, timeout_s: float) -> None:

@@ -1,7 +1,7 @@
 """Every Prometheus metric of roundgate, defined once (name, type, labels, buckets).
 
 Each process (a rank replica, an ingress replica) builds its metrics into its own
-``CollectorRegistry``; ``deployment.metrics_hub`` merges the processes' samples so one scrape
+``CollectorRegistry``; ``actors.telemetry.metrics_hub`` merges the processes' samples so one scrape
 of ``/metrics`` shows every series once. Group-level series (rounds, votes) are identical on
 every rank of a group, so only rank 0 of each group exports them.
 """

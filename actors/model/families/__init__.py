@@ -1,17 +1,19 @@
 """HF architectures the engine implements, one reader module per family.
 
 ``read_hf_config`` turns a ``config.json`` body into a ``ModelConfig`` or refuses it naming
-the architecture or the field; ``ServerArgs`` calls it once in ``build_app``, so a model the
-engine cannot run never reaches a replica. Adding a family is one module here plus one line
-in ``ARCHITECTURES`` (its layers come from ``actors/model/layers.py``, ``mla.py``, ``moe.py``).
+the architecture or the field (``read_model_dir`` reads the file); ``ServerArgs`` calls it once
+in ``build_app``, so a model the engine cannot run never reaches a replica. Adding a family is
+one module here plus one line in ``ARCHITECTURES`` (its layers come from
+``actors/model/layers.py``, ``mla.py``, ``moe.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from actors.model.config import ModelConfig
+from actors.model.config import ModelConfig, read_json_object
 from actors.model.families import deepseek, llama, qwen2, qwen3, qwen_moe
 from actors.model.families.fields import FieldReader, common_fields
 
@@ -43,6 +45,16 @@ def read_hf_config(body: dict[str, Any], source: str = "config.json") -> ModelCo
         return ModelConfig(architecture=known[0], **kwargs)
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from exc
+
+
+def read_model_dir(model_dir: str | Path) -> ModelConfig:
+    """Read ``<model_dir>/config.json``; errors name the missing or malformed file."""
+    path = Path(model_dir) / "config.json"
+    if not Path(model_dir).is_dir():
+        raise ValueError(f"model directory {model_dir} does not exist")
+    if not path.is_file():
+        raise ValueError(f"{path}: missing (a HF model directory needs config.json)")
+    return read_hf_config(read_json_object(path), source=str(path))
 
 
 def _quantization(reader: FieldReader) -> tuple[int, int] | None:

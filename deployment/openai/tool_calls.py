@@ -18,7 +18,7 @@ import re
 import uuid
 from typing import Any
 
-from deployment.api_errors import APIError
+from deployment.openai.errors import APIError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -68,7 +68,9 @@ def _call_json(call: dict[str, Any]) -> dict[str, Any]:
     return {"name": fn.get("name"), "arguments": args}
 
 
-def tool_grammar(tools: list[dict[str, Any]] | None, choice: Any) -> tuple[str, str] | None:
+def tool_grammar(
+    tools: list[dict[str, Any]] | None, choice: str | dict[str, Any] | None
+) -> tuple[str, str] | None:
     """The grammar ``tool_choice`` asks for (None for ``auto`` / ``none``), or a 400."""
     if choice in (None, "auto", "none"):
         return None

@@ -75,7 +75,7 @@ def describe_error(exc: ValidationError) -> tuple[str | None, str]:
     return param, f"{_dotted(first)}: invalid type or value; expected one of {names}"
 
 
-def _is_union_tag(part: Any) -> bool:
+def _is_union_tag(part: str | int) -> bool:
     """pydantic's name of a union member in an error location (``str``, ``list[int]``)."""
     return isinstance(part, str) and (
         part in {"str", "int", "float", "bool"} or "[" in part or "-" in part

@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deployment.protocol import APIError, ChatRequest, CompletionRequest
+from deployment.openai.errors import APIError
+from deployment.openai.protocol import ChatRequest, CompletionRequest
 
 api = FastAPI(title="roundgate", version="0.1.0")
 # Every route's body model (``json_body`` adds each route's), for the OpenAPI document.
@@ -71,7 +72,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 DRAIN_LIMIT_BYTES = 256 << 20
 
 
-async def read_json(request: Request, max_bytes: int) -> Any:
+async def read_json(request: Request, max_bytes: int) -> object:
     """The body as JSON, or a 4xx naming what is wrong with it."""
     too_large = APIError(413, f"request body exceeds {max_bytes} bytes", code="body_too_large")
     declared = request.headers.get("content-length")
@@ -108,8 +109,3 @@ async def _drain(stream: AsyncIterator[bytes], seen: int) -> None:
         seen += len(chunk)
         if seen > DRAIN_LIMIT_BYTES:
             return
-
-
-def sse(obj: Any) -> str:
-    """One server-sent event carrying ``obj`` as compact JSON."""
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"

@@ -1,6 +1,6 @@
 """Cache-aware routing over the ranks of DP groups: send a prompt where its prefix is cached.
 
-Pure policy (no Ray), shared by the Serve router (``deployment.routers``) and the simulator.
+Pure policy (no Ray), shared by the Serve router (``deployment.routing.routers``) and the simulator.
 The router cannot see the ranks' pools, so it keeps an *approximate* index per rank of the
 page keys (``actors.control.page_keys``, the same chain the pools use) of the prompts it sent
 there, forgetting the least recently routed beyond the rank's pool size, as the pool evicts.

@@ -15,13 +15,13 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from deployment.cache_aware import CacheAwareConfig, CacheAwarePolicy
+from deployment.routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
 
 ROUTER_CLASSES = {
-    "round-robin": "deployment.routers:RoundRobinRouter",
-    "least-loaded": "deployment.routers:LeastLoadedRouter",
-    "skewed": "deployment.routers:SkewedRouter",
-    "cache-aware": "deployment.routers:CacheAwareRouter",
+    "round-robin": "deployment.routing.routers:RoundRobinRouter",
+    "least-loaded": "deployment.routing.routers:LeastLoadedRouter",
+    "skewed": "deployment.routing.routers:SkewedRouter",
+    "cache-aware": "deployment.routing.routers:CacheAwareRouter",
 }
 
 
@@ -118,7 +118,7 @@ class SkewedRouter(_RankRouter):
 
 class CacheAwareRouter(_RankRouter):
     """The replica whose rank holds the prompt's longest cached prefix, within load limits
-    (``deployment.cache_aware``); replicas are indexed by replica id, so a replaced replica
+    (``deployment.routing.cache_aware``); replicas are indexed by replica id, so a replaced replica
     starts empty. Calls that carry no prompt go to the least-loaded replica."""
 
     def initialize_state(self, **config: Any) -> None:

@@ -11,7 +11,7 @@ implemented: the cache-aware router's session key.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -24,15 +24,13 @@ from pydantic import (
 )
 
 from actors.control.request import MAX_N
-from deployment.api_errors import APIError, describe_error
-
-__all__ = ["APIError", "ChatRequest", "CompletionRequest", "describe_error", "parse"]
+from deployment.openai.errors import APIError, describe_error
 
 MAX_INT32 = 2**31 - 1
 MAX_STOP_CHARS = 256  # the detokenizer holds back up to this many characters
 
 
-def _integral(value: Any) -> Any:
+def _integral(value: object) -> object:
     """``2.0`` is an integer in JSON (and in JSON Schema); ``2.5`` and ``true`` are not."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
@@ -273,7 +271,10 @@ class ChatRequest(_Common):
     }
 
 
-def parse(model: type[BaseModel], body: Any) -> Any:
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def parse(model: type[Body], body: object) -> Body:
     """``body`` (decoded JSON) as ``model``, or a 400 naming the first bad or refused field."""
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from deployment.api_errors import APIError
-from deployment.protocol import ChatMessage, Int, check_tools
-from deployment.tools import render_inputs
+from deployment.ingress import Ingress
+from deployment.openai.chat import chat_prompt_ids
+from deployment.openai.errors import APIError
+from deployment.openai.protocol import ChatMessage, Int, check_tools
 
 
 class TokenizeRequest(BaseModel):
-    """Exactly one of ``prompt`` and ``messages``."""
+    """``/tokenize``: exactly one of ``prompt`` and ``messages``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None
@@ -35,12 +37,24 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
+    """``/detokenize``: token ids to text."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None
     tokens: list[Int]
 
 
-def tokenize(core: Any, req: TokenizeRequest) -> dict[str, Any]:
+async def tokenize_route(core: Ingress, request: Request) -> dict[str, Any]:
+    """The ``/tokenize`` route's body."""
+    return tokenize(core, await core.read_request(request, TokenizeRequest))
+
+
+async def detokenize_route(core: Ingress, request: Request) -> dict[str, Any]:
+    """The ``/detokenize`` route's body."""
+    return detokenize(core, await core.read_request(request, DetokenizeRequest))
+
+
+def tokenize(core: Ingress, req: TokenizeRequest) -> dict[str, Any]:
     """The token ids ``req`` would be generated from, with their count."""
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "give exactly one of prompt and messages", param="prompt")
@@ -59,12 +73,7 @@ def tokenize(core: Any, req: TokenizeRequest) -> dict[str, Any]:
             raise APIError(
                 400, "add_generation_prompt: false is not supported", "add_generation_prompt"
             )
-        try:
-            messages = [m.as_template_input() for m in req.messages]
-            template = getattr(tokenizer, "chat_template", None)
-            ids = tokenizer.render_chat(*render_inputs(messages, req.tools, template))
-        except ValueError as exc:
-            raise APIError(400, str(exc), param="messages") from None
+        ids = chat_prompt_ids(tokenizer, req.messages or [], req.tools)
     return {
         "count": len(ids),
         "max_model_len": core.max_model_len,
@@ -73,12 +82,7 @@ def tokenize(core: Any, req: TokenizeRequest) -> dict[str, Any]:
     }
 
 
-def detokenize(core: Any, req: DetokenizeRequest) -> dict[str, Any]:
+def detokenize(core: Ingress, req: DetokenizeRequest) -> dict[str, Any]:
     """The text of ``req.tokens`` (special tokens skipped, as in generated text)."""
-    vocab = core.vocab_size
-    bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise APIError(
-            400, f"token id {bad} is outside the model's vocabulary [0, {vocab})", "tokens"
-        )
+    core.check_vocab(req.tokens, "tokens")
     return {"prompt": core.tokenizer.decode(req.tokens)}

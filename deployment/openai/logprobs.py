@@ -1,4 +1,4 @@
-"""OpenAI's shapes for what a choice produced: logprobs objects and choice bodies.
+"""The ``logprobs`` objects of OpenAI's completion and chat choices, and each token's text.
 
 Logprobs are the raw model distribution (before penalties, bias, temperature and cuts; vLLM's
 default), so the same request with other sampling settings reports the same numbers for the

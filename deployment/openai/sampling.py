@@ -1,0 +1,116 @@
+"""An OpenAI request's ``SamplingParams``: its fields translated, the model's defaults filled in.
+
+The ingress checks the request against the model's limits and calls ``sampling_params`` once
+per prompt; a field that cannot be translated is a 400 naming it. Structured output:
+``response_format`` (``json_object``, ``json_schema``) and the vendor fields ``guided_json``,
+``guided_regex`` and ``guided_choice`` each become ``SamplingParams.grammar`` (compiled and
+enforced on the rank, see ``actors.model.grammar``); at most one may be given.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from actors.control.request import SamplingParams
+from actors.model.generation_config import GenerationConfig
+from deployment.openai.errors import APIError
+from deployment.openai.protocol import ChatRequest, CompletionRequest
+from deployment.openai.tool_calls import tool_grammar
+
+GenerateBody = CompletionRequest | ChatRequest
+
+
+def sampling_params(
+    req: GenerateBody,
+    max_tokens: int,
+    defaults: GenerationConfig,
+    eos_token_ids: tuple[int, ...],
+) -> SamplingParams:
+    """``req``'s sampling: ``generation_config.json``'s ``defaults`` fill what it left unset,
+    and the model's EOS ids stop it unless ``ignore_eos``. ``SamplingParams`` refuses what
+    no rank could run (``ValueError``, its message starting with the field's name)."""
+    stop_ids = list(req.stop_token_ids or [])
+    if not req.ignore_eos:
+        stop_ids += eos_token_ids
+    given = req.model_fields_set
+    temperature = req.temperature
+    if "temperature" not in given and defaults.temperature is not None:
+        temperature = defaults.temperature
+    top_p = req.top_p if "top_p" in given or defaults.top_p is None else defaults.top_p
+    top_k = req.top_k if "top_k" in given or defaults.top_k is None else defaults.top_k
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=max(0, top_k),
+        seed=req.seed,
+        stop_token_ids=tuple(dict.fromkeys(stop_ids)),
+        min_p=req.min_p,
+        min_tokens=req.min_tokens,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty,
+        logit_bias=logit_bias_of(req.logit_bias),
+        logprobs=logprobs_of(req),
+        grammar=grammar_of(req),
+    )
+
+
+def grammar_of(req: GenerateBody) -> tuple[str, str] | None:
+    """``(kind, spec)`` for the request's one structured-output field, or None."""
+    given: list[tuple[str, tuple[str, str]]] = []
+    fmt = req.response_format if isinstance(req, ChatRequest) else None
+    if fmt is not None and fmt.type == "json_object":
+        given.append(("response_format", ("json_object", "")))
+    elif fmt is not None and fmt.type == "json_schema":
+        schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
+        if schema is None:
+            raise APIError(
+                400, "response_format json_schema needs json_schema.schema", "response_format"
+            )
+        given.append(("response_format", ("json_schema", _dump(schema))))
+    if req.guided_json is not None:
+        given.append(("guided_json", ("json_schema", _dump(req.guided_json))))
+    if req.guided_regex is not None:
+        given.append(("guided_regex", ("regex", req.guided_regex)))
+    if req.guided_choice is not None:
+        given.append(("guided_choice", ("choice", json.dumps(req.guided_choice))))
+    tool = tool_grammar(req.tools, req.tool_choice) if isinstance(req, ChatRequest) else None
+    if tool is not None:
+        given.append(("tool_choice", tool))
+    if len(given) > 1:
+        names = ", ".join(name for name, _ in given)
+        raise APIError(400, f"give at most one of {names}", param=given[1][0])
+    return given[0][1] if given else None
+
+
+def _dump(schema: dict[str, Any]) -> str:
+    """One spelling per schema, so the rank's compiled-grammar cache sees equal schemas once."""
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+def logit_bias_of(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` as ``(id, bias)`` pairs; a key that is no id is a 400
+    (``"1"`` and ``"01"`` are the same id twice: ``SamplingParams`` refuses that)."""
+    if not bias:
+        return ()
+    pairs = []
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise APIError(
+                400, f"logit_bias: key {key!r} is not a token id", param="logit_bias"
+            ) from None
+        pairs.append((token, value))
+    return tuple(pairs)  # a repeated id is refused by ``SamplingParams``
+
+
+def logprobs_of(req: GenerateBody) -> int | None:
+    """How many top logprobs a request wants per token (None: no logprobs at all)."""
+    if isinstance(req, CompletionRequest):
+        return req.logprobs
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    return (req.top_logprobs or 0) if req.logprobs else None
