@@ -144,8 +144,10 @@ class Tracer:
         if not path.startswith(str(REPO)) or path == __file__:
             return
         rel = str(Path(path).relative_to(REPO))
-        if rel.startswith((".venv", "sim/", "deployment/sim/")):
-            return  # the venv; the simulator's executor stands in for the model runner
+        if rel.startswith((".venv", "sim/", "deployment/sim/")) or rel == "gate/costmodel.py":
+            # The venv; the simulator's cost executor (and the toy cost model that prices its
+            # forward) stands in for the model runner.
+            return
         self.files.add(rel)
         if not rel.startswith(SHAPE_PARTS):
             return
