@@ -29,7 +29,7 @@ from deployment.openai.logprobs import TokenTexts
 from deployment.openai.protocol import parse
 from deployment.openai.sampling import GenerateBody, sampling_params
 from deployment.request_metrics import RequestRecorder
-from deployment.serve_context import rank_health, set_serve_request_id
+from deployment.serve_context import client_request_id, rank_health, set_serve_request_id
 
 if TYPE_CHECKING:  # Ray is not imported for a type (the ingress is tested without it)
     from ray.serve.handle import DeploymentHandle
@@ -166,10 +166,9 @@ class Ingress:
     # ---- generation ----------------------------------------------------------------------
 
     async def _choice_stream(
-        self, choices: list[Choice], message: GenerateRequest, own_id: bool
+        self, choices: list[Choice], message: GenerateRequest
     ) -> AsyncIterator[Delta]:
-        if own_id:
-            set_serve_request_id(message.request_id)
+        set_serve_request_id(message.request_id)
         gen = self.ranks.generate.remote(message)
         timer = self.metrics.timer()
         try:
@@ -182,7 +181,12 @@ class Ingress:
             raise APIError(exc.status, f"the request could not run: {exc}") from None
         except Exception as exc:
             # The details (Ray's task repr) go to the log; the client gets a plain sentence.
-            logger.warning("request %s: DP group failed: %r", message.request_id, exc)
+            logger.warning(
+                "request %s (client id %s): DP group failed: %r",
+                message.request_id,
+                client_request_id(),
+                exc,
+            )
             self._degraded_until = time.monotonic() + RETRY_AFTER_S
             raise APIError(
                 503,
@@ -256,7 +260,7 @@ class Ingress:
         self._check_choices(1, req)
         choices, message = self._rank_request(request_id, 0, prompt_ids, req, max_tokens, param)
         self.check_available()
-        return choices, self._choice_stream(choices, message, own_id=False)
+        return choices, self._choice_stream(choices, message)
 
     def generate_each(
         self,
@@ -289,4 +293,4 @@ class Ingress:
         ]
         self.check_available()
         choices = [c for group, _ in plans for c in group]
-        return choices, merge([self._choice_stream(g, m, own_id=True) for g, m in plans])
+        return choices, merge([self._choice_stream(g, m) for g, m in plans])

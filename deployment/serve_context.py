@@ -6,18 +6,19 @@ import uuid
 
 
 def set_serve_request_id(request_id: str) -> None:
-    """Make ``request_id`` the Serve request id of this task's handle calls.
+    """Make ``request_id`` (the server's own, unique) the Serve-internal id of this task's
+    handle calls.
 
     Handle calls made while serving an HTTP request inherit its ``internal_request_id``, and
     Ray Serve 2.60's request router indexes pending requests by that id: two calls in flight
-    at once from one HTTP request (one per prompt of a batched completion) can leave the
-    second one never assigned to a replica, hanging the response. Each choice runs in a task
-    of its own (``merge``), so setting the context var here touches only that choice, and
-    Serve's logs of the call show the choice's id.
+    at once under one id (one per prompt of a batched completion, or two clients that sent
+    the same ``X-Request-Id``) can leave the second never assigned to a replica. Each choice
+    runs in a task of its own (``merge``), so setting the context var here touches only that
+    choice. The public ``request_id`` (the client's label) is left as it is.
     """
     from ray.serve.context import _set_request_context
 
-    _set_request_context(request_id=request_id, _internal_request_id=request_id)
+    _set_request_context(_internal_request_id=request_id)
 
 
 def rank_health() -> str | None:
@@ -49,14 +50,24 @@ def rank_health() -> str | None:
     return "no rank deployment found"
 
 
-def http_request_id() -> str:
-    """The id Serve gave this HTTP request (the client's ``X-Request-Id`` when it sent one,
-    and Serve's ``x-request-id`` response header): the one id of the request from the
-    proxy's log to the rank's scheduler. Outside Serve (tests), a fresh one."""
+def new_request_id() -> str:
+    """A fresh id for one HTTP request: the key of its rank requests, its Serve handle calls
+    and the response's ``id``.
+
+    Always the server's own. A client's ``X-Request-Id`` is a label, never a key: two clients
+    (or one retrying a request it believes lost) may send the same one, and a shared key
+    would collide in the router's pending table and in the rank's scheduler, which serve
+    every client of the DP group.
+    """
+    return uuid.uuid4().hex
+
+
+def client_request_id() -> str | None:
+    """The client's ``X-Request-Id`` (Serve's public request id, which its proxy echoes in the
+    ``x-request-id`` response header): a label for logs, None outside Serve."""
     try:
         from ray.serve.context import _get_serve_request_context
 
-        request_id = _get_serve_request_context().request_id
-    except ImportError:  # pragma: no cover - Serve is a dependency
-        request_id = ""
-    return request_id or uuid.uuid4().hex
+        return _get_serve_request_context().request_id or None
+    except Exception:  # outside a Serve request (tests) there is no context to read
+        return None

@@ -8,6 +8,7 @@ scheduler itself is only ever touched by one thread.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
 
 EventSink = Callable[[TokenEvent], None]
+logger = logging.getLogger("roundgate.engine")
 
 
 class EngineCore:
@@ -66,7 +68,29 @@ class EngineCore:
         if self._check_request is not None:
             self._check_request(request)  # what only the executor knows (a grammar compiles)
         with self._lock:
+            # Under the lock that also covers the move into the scheduler (``step``), so a
+            # request is either queued here or held there when the next one is checked.
+            if self._is_live(request.request_id):
+                raise ValueError(
+                    f"request id {request.request_id!r} is already in use on this rank"
+                )
             self._intake.append(request)
+
+    def _is_live(self, request_id: str) -> bool:
+        """Whether ``request_id`` is queued for intake or held by the scheduler (lock held)."""
+        if request_id in self.scheduler.requests:
+            return True
+        return any(req.request_id == request_id for req in self._intake)
+
+    def _add(self, request: Request) -> None:
+        """Hand one request to the scheduler. ``submit`` refused duplicates already; should
+        one still arrive (a caller bypassing it), it is dropped and logged, never raised:
+        the round loop serves every client of the group, and one request's id must not stop
+        it. (Its events could not be told from the live request's, so it gets none.)"""
+        try:
+            self.scheduler.add_request(request)
+        except ValueError as exc:
+            logger.error("rank %d: request dropped at intake: %s", self.rank, exc)
 
     def abort(self, request_id: str) -> None:
         """Cancel a request (any thread); its pages are freed at the next plan."""
@@ -90,8 +114,8 @@ class EngineCore:
         """Take in queued requests, run one round (``RankLoop.step``), hand out its events."""
         with self._lock:
             intake, self._intake = self._intake, deque()
-        for request in intake:
-            self.scheduler.add_request(request)
+            for request in intake:
+                self._add(request)
         outcome = self.loop.step()
         parked = self.scheduler.aborted_parked_ids
         while parked:

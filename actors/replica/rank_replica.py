@@ -144,6 +144,12 @@ class RankReplica:
             raise self._error
         request = message.to_request()
         request_id = request.request_id
+        if request_id in self._streams:
+            # Its events would reach the live stream of that id: refuse this one alone.
+            usage = Usage(request.num_prompt_tokens, 0)
+            error = f"request id {request_id!r} is already streaming on this rank"
+            yield GenerateChunk((), "error", usage, error)
+            return
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
         finished = False

@@ -18,7 +18,7 @@ from deployment.openai.logprobs import TokenTexts, chat_logprobs
 from deployment.openai.protocol import ChatMessage, ChatRequest
 from deployment.openai.sse import drain, stream
 from deployment.openai.tool_calls import ToolStream, parse_calls, render_inputs
-from deployment.serve_context import http_request_id
+from deployment.serve_context import new_request_id
 
 
 async def create_chat_completion(
@@ -28,7 +28,7 @@ async def create_chat_completion(
     req = await core.read_request(request, ChatRequest)
     ids = chat_prompt_ids(core.tokenizer, req.messages, req.tools)
     max_tokens = req.max_completion_tokens or req.max_tokens
-    rid, created = http_request_id(), int(time.time())
+    rid, created = new_request_id(), int(time.time())
     choices, deltas = core.generate(rid, ids, req, max_tokens, "messages")
     head = {
         "id": f"chatcmpl-{rid}",

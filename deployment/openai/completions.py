@@ -16,7 +16,7 @@ from deployment.openai.errors import APIError
 from deployment.openai.logprobs import completion_logprobs
 from deployment.openai.protocol import CompletionRequest
 from deployment.openai.sse import drain, stream
-from deployment.serve_context import http_request_id
+from deployment.serve_context import new_request_id
 
 
 async def create_completion(core: Ingress, request: Request) -> dict[str, Any] | StreamingResponse:
@@ -36,7 +36,7 @@ async def create_completion(core: Ingress, request: Request) -> dict[str, Any] |
             return None
         return completion_logprobs(texts, ids, lps, offsets)
 
-    rid, created = http_request_id(), int(time.time())
+    rid, created = new_request_id(), int(time.time())
     choices, deltas = core.generate_each(rid, prompts, req, req.max_tokens or 16, "prompt")
     # After ``generate_each``'s checks: an id outside the vocabulary is a 400, not a decode error.
     echoes = echo_texts(req, prompts, core.tokenizer) if req.echo else None
