@@ -12,7 +12,6 @@ import asyncio
 import logging
 import os
 import threading
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from actors.control.engine_core import EngineCore
 from actors.control.messages import GenerateChunk, GenerateRequest, RankTarget, Usage
 from actors.control.round import TokenEvent
 from actors.replica.chunks import ChunkBuilder
+from actors.replica.group_wake import STOP_CHECK_S, open_group_wake
 from actors.server_args import ServerArgs
 from actors.telemetry import gate_log
 from actors.telemetry.gate_log import log_gate_window
@@ -28,11 +28,6 @@ from actors.telemetry.rank_metrics import RankMetrics
 from actors.telemetry.rank_stats import RankStats
 
 logger = logging.getLogger("roundgate.rank")
-
-# Idle group: back off between empty rounds, 1 ms doubling to 8 ms. Every rank sees the same
-# idle rows, so every rank sleeps the same schedule and the group stays in step.
-IDLE_SLEEP_MIN_S = 0.001
-IDLE_SLEEP_MAX_S = 0.008
 
 
 class GroupFailure(RuntimeError):
@@ -66,6 +61,12 @@ class RankReplica:
         else:
             meeting = await asyncio.to_thread(rendezvous.lookup, self.gang_id, timeout)
         await asyncio.to_thread(rendezvous.join, meeting, self.rank, self.world_size, timeout)
+        self._wake = open_group_wake(meeting.init_method, self.gang_id, self.rank, self.world_size)
+        # The epoch of the group pause this rank is in (None while running rounds), and the
+        # last one a request woke: read and written by the engine thread and the event loop.
+        self._pause_epoch = 0
+        self._paused_at: int | None = None
+        self._woken = -1
         self._loop = asyncio.get_running_loop()
         self._streams: dict[str, asyncio.Queue] = {}
         self.stats = RankStats()
@@ -75,7 +76,9 @@ class RankReplica:
         model = os.path.basename(self.args.model.rstrip("/"))
         self.metrics = RankMetrics(self.gang_id, model, self.rank)
         self._pusher = Pusher(
-            f"rank:{self.gang_id}:{self.rank}", lambda: snapshot(self.metrics.set.registry)
+            f"rank:{self.gang_id}:{self.rank}",
+            lambda: snapshot(self.metrics.set.registry),
+            version=lambda: self.stats.rounds,
         )
         self._thread = threading.Thread(target=self._run, name=f"rank{self.rank}", daemon=True)
         self._thread.start()
@@ -103,7 +106,6 @@ class RankReplica:
         log_windows = self.args.log_gate_windows and self.rank == 0
         if log_windows:
             gate_log.enable()
-        idle_sleep = IDLE_SLEEP_MIN_S
         try:
             while not self._stop.is_set():
                 outcome = self.core.step()
@@ -116,15 +118,35 @@ class RankReplica:
                     self.core.loop.parts,
                     getattr(self.core.loop.policy, "rounds_since_prefill", None),
                 )
-                if outcome.view.all_idle and not self.core.has_local_work:
-                    time.sleep(idle_sleep)
-                    idle_sleep = min(idle_sleep * 2, IDLE_SLEEP_MAX_S)
-                else:
-                    idle_sleep = IDLE_SLEEP_MIN_S
+                if outcome.view.all_idle:
+                    self._pause()
         except BaseException as exc:  # a dead peer or a timed-out collective ends the group
             self._error = GroupFailure(f"rank {self.rank}: DP group failed: {exc}")
             logger.error("%s", self._error)
             self._loop.call_soon_threadsafe(self._fail_all, self._error)
+
+    def _pause(self) -> None:
+        """Sleep with the whole group until a request arrives on any rank.
+
+        Every rank sees the same idle rows and pauses on the same round, so the epochs agree.
+        ``_paused_at`` is set before the intake is looked at: a request submitted after that
+        look finds the epoch and wakes it (``_wake_group``); one submitted before is seen here.
+        """
+        self._pause_epoch += 1
+        epoch = self._paused_at = self._pause_epoch
+        try:
+            if self.core.has_local_work:
+                self._wake.wake(epoch)
+            self._wake.wait(epoch, self._stop)
+        finally:
+            self._paused_at = None
+
+    def _wake_group(self) -> None:
+        """A request was queued on this rank: end the group's pause, if it is in one."""
+        epoch = self._paused_at
+        if epoch is not None and epoch != self._woken:
+            self._woken = epoch
+            self._wake.wake(epoch)
 
     def _on_event(self, event: TokenEvent) -> None:
         request = event.request
@@ -161,6 +183,7 @@ class RankReplica:
                 finished = True
                 yield GenerateChunk((), "error", Usage(request.num_prompt_tokens, 0), str(exc))
                 return
+            self._wake_group()
             self.metrics.note_arrival(request_id)
             builder = ChunkBuilder(request, self.args.stream_interval)
             while not builder.done:
@@ -229,6 +252,10 @@ class RankReplica:
     def __del__(self) -> None:
         if hasattr(self, "_stop"):
             self._stop.set()
+        if hasattr(self, "_thread"):
+            self._thread.join(timeout=2 * STOP_CHECK_S)
+        if hasattr(self, "_wake"):
+            self._wake.close()
         if hasattr(self, "_pusher"):
             self._pusher.stop()
 

@@ -24,6 +24,8 @@ HUB_NAME = "roundgate-metrics-hub"
 HUB_NAMESPACE = "roundgate"
 PUSH_INTERVAL_S = 1.0
 STALE_S = 30.0
+# A source whose numbers have not moved still pushes this often, to stay under ``STALE_S``.
+KEEPALIVE_S = STALE_S / 3
 
 # (family name, type, help, [(sample name, labels, value)])
 Family = tuple[str, str, str, list[tuple[str, dict[str, str], float]]]
@@ -116,13 +118,22 @@ def get_hub() -> Any:
 class Pusher:
     """A daemon thread pushing ``collect()`` to the hub every ``PUSH_INTERVAL_S``."""
 
-    def __init__(self, source: str, collect: Callable[[], list[Family]]) -> None:
+    def __init__(
+        self,
+        source: str,
+        collect: Callable[[], list[Family]],
+        version: Callable[[], int] | None = None,
+    ) -> None:
+        """``version``, when given, changes whenever the numbers may have (a rank's round
+        count): an unchanged version skips the snapshot and the push, but a keep-alive every
+        ``KEEPALIVE_S``. An idle rank then costs nothing a second."""
         # Imported here, on the caller's thread: ray's package init is not safe to race
         # against another thread's first ``import ray`` (a partially initialised module).
         import ray  # noqa: F401
 
         self.source = source
         self.collect = collect
+        self.version = version
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="metrics-push", daemon=True)
         self._thread.start()
@@ -131,12 +142,19 @@ class Pusher:
         import ray
 
         hub = None
+        pushed_version: int | None = None
+        pushed_at = -KEEPALIVE_S
         while not self._stop.wait(PUSH_INTERVAL_S):
             if not ray.is_initialized():
                 continue  # outside Ray (unit tests, the offline engine): nothing to push to
+            version = self.version() if self.version is not None else None
+            now = time.monotonic()
+            if version is not None and version == pushed_version and now - pushed_at < KEEPALIVE_S:
+                continue
             try:
                 hub = hub or get_hub()
                 hub.push.remote(self.source, self.collect())
+                pushed_version, pushed_at = version, now
             except Exception as exc:  # the hub may be restarting; try again next tick
                 logger.debug("metrics push failed: %s", exc)
                 hub = None

@@ -1,0 +1,156 @@
+"""How an idle DP group sleeps without burning CPU, and how one new request wakes all of it.
+
+When the gathered rows show every rank idle, every rank pauses on the same round (the rows are
+identical everywhere) and blocks here, outside any collective, so paused time never counts
+toward ``--collective-timeout-s``. A rank that then gets work wakes the whole group for that
+pause: the next round's gather needs every rank, not only the one the request was routed to.
+
+Each pause has an epoch, counted alike on every rank (one per pause). A wake names its epoch,
+and a rank paused at epoch ``e`` ignores older ones, so a late or repeated wake never starts a
+rank alone (it would sit in a gather its peers never join). A wake sent before a rank reaches
+its pause is kept and ends that pause at once, so no wake is lost.
+
+Two transports, both a blocking wait with no polling:
+
+- ``FifoWake`` (single node): one named pipe per rank in the temp directory. No socket at all,
+  as the file rendezvous of single-node groups.
+- ``StoreWake`` (multi-node): keys in a ``torch.distributed`` TCP store on rank 0's node;
+  ``wait`` blocks in the store server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import select
+import tempfile
+import threading
+from datetime import timedelta
+from typing import Protocol
+
+# How often a paused rank looks at its stop flag (the replica is shutting down).
+STOP_CHECK_S = 1.0
+
+
+class GroupWake(Protocol):
+    """Pause and wake for one rank of a DP group."""
+
+    def wait(self, epoch: int, stop: threading.Event) -> bool:
+        """Block until a wake for ``epoch`` (True) or ``stop`` is set (False)."""
+        ...
+
+    def wake(self, epoch: int) -> None:
+        """End pause ``epoch`` on every rank of the group (any thread; never blocks long)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class FifoWake:
+    """Named pipes, one per rank: ``wake`` writes the epoch into every rank's pipe."""
+
+    def __init__(self, gang_id: str, rank: int, world_size: int, folder: str | None = None):
+        folder = folder or tempfile.gettempdir()
+        self.paths = [
+            os.path.join(folder, f"roundgate-wake-{gang_id}-{r}") for r in range(world_size)
+        ]
+        self.rank = rank
+        path = self.paths[rank]
+        if not os.path.exists(path):
+            os.mkfifo(path, 0o600)
+        # Non-blocking read end, plus a write end of our own so the pipe never reads as closed
+        # (with no writer, select would report it readable forever).
+        self._read = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        self._keep = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        self._writers: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._seen = -1  # the newest epoch read from the pipe
+
+    def wait(self, epoch: int, stop: threading.Event) -> bool:
+        while self._seen < epoch:
+            if stop.is_set():
+                return False
+            readable, _, _ = select.select([self._read], [], [], STOP_CHECK_S)
+            if readable:
+                self._drain()
+        return True
+
+    def _drain(self) -> None:
+        try:
+            data = os.read(self._read, 65536)
+        except BlockingIOError:
+            return
+        for token in data.split():
+            self._seen = max(self._seen, int(token))
+
+    def wake(self, epoch: int) -> None:
+        message = b"%d\n" % epoch
+        with self._lock:  # the engine thread and the replica's event loop both wake
+            for r, path in enumerate(self.paths):
+                fd = self._writers.get(r)
+                if fd is None:
+                    try:
+                        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+                    except OSError as exc:
+                        # No such pipe or no reader: that rank is gone or not up yet; the
+                        # group's gather will tell (and restart it), not the wake.
+                        if exc.errno in (errno.ENOENT, errno.ENXIO):
+                            continue
+                        raise
+                    self._writers[r] = fd
+                # A full pipe (64 KiB of unread wakes; the replica sends one per epoch) drops
+                # this one: that rank is not paused, so it reads the backlog at its next pause.
+                with contextlib.suppress(BlockingIOError):
+                    os.write(fd, message)
+
+    def close(self) -> None:
+        for fd in (self._read, self._keep, *self._writers.values()):
+            os.close(fd)
+        self._writers.clear()
+        os.unlink(self.paths[self.rank])
+
+
+class StoreWake:
+    """Keys in a TCP store: ``wake`` sets ``{prefix}/{epoch}``, ``wait`` blocks on it.
+
+    The store's client serializes its calls, and a ``wait`` holds it until the key shows up,
+    so waking (any thread) goes through a client of its own.
+    """
+
+    def __init__(self, host: str, port: int, prefix: str) -> None:
+        import torch.distributed as dist
+
+        self.prefix = prefix
+        self._waiter = dist.TCPStore(host, port, is_master=False, wait_for_workers=False)
+        self._waker = dist.TCPStore(host, port, is_master=False, wait_for_workers=False)
+        self._lock = threading.Lock()
+
+    def _key(self, epoch: int) -> str:
+        return f"{self.prefix}/{epoch}"
+
+    def wait(self, epoch: int, stop: threading.Event) -> bool:
+        key = self._key(epoch)
+        while not stop.is_set():
+            try:
+                self._waiter.wait([key], timedelta(seconds=STOP_CHECK_S))
+                return True
+            except RuntimeError:  # the wait timed out (torch raises DistStoreError)
+                continue
+        return False
+
+    def wake(self, epoch: int) -> None:
+        with self._lock:
+            self._waker.set(self._key(epoch), b"1")
+
+    def close(self) -> None:
+        """Nothing to release: the clients close with the process."""
+
+
+def open_group_wake(init_method: str, gang_id: str, rank: int, world_size: int) -> GroupWake:
+    """The wake of a group that met at ``init_method`` (``file://``: one node; ``tcp://``:
+    rank 0's store, which also serves the wake keys)."""
+    if init_method.startswith("file://"):
+        return FifoWake(gang_id, rank, world_size)
+    host, _, port = init_method.removeprefix("tcp://").rpartition(":")
+    return StoreWake(host, int(port), f"roundgate/wake/{gang_id}")
