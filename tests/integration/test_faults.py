@@ -250,3 +250,42 @@ def test_killing_a_rank_fails_the_requests_in_flight_and_the_gang_restarts(resto
         until=fresh,
         errors=(ray.exceptions.RayError, RayServeException, TimeoutError),
     )
+
+
+def test_a_hung_rank_is_declared_failed_and_the_gang_restarts(restored) -> None:
+    """A rank alive but not joining the gather (SIGSTOP: a stuck kernel, a paused process):
+    its peer's gather times out after ``--collective-timeout-s``, the requests in flight get
+    a 503 with ``Retry-After`` (or an error event), and a fresh gang serves again."""
+    import os
+    import signal
+    import time
+
+    app = restored
+    wait_serving(app)
+    victim = app.rank_call("stats_snapshot", 1)
+    stream = BackgroundStream(app.url, prompt=[1, 2, 3], dp_rank=0, **LONG)
+    assert stream.started.wait(60), "the stream on rank 0 never produced an event"
+    stopped_at = time.monotonic()
+    os.kill(victim["pid"], signal.SIGSTOP)
+    try:
+        assert stream.done.wait(app.args["collective_timeout_s"] + 60), "the stream hung"
+        detected_s = time.monotonic() - stopped_at
+        errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
+        assert len(errors) == 1, f"want one error event, got {stream.events[-3:]}"
+        assert errors[0]["error"]["code"] == "group_unavailable"
+        refused = post(app.url, prompt="while restarting", max_tokens=2)
+        assert refused.status_code == 200 or refusal_problems(refused) == [], refused.text[:300]
+    finally:
+        os.kill(victim["pid"], signal.SIGCONT)  # Serve replaces it; never leave it stopped
+    wait_serving(app)
+    recovered_s = time.monotonic() - stopped_at
+    wait_for(
+        lambda: one_fresh_gang(app, victim["gang_id"]),
+        60,
+        "both ranks to report one new gang id and no error",
+        until=fresh,
+        errors=(ray.exceptions.RayError, RayServeException, TimeoutError),
+    )
+    print(
+        f"hung rank: failure seen after {detected_s:.1f} s, serving again after {recovered_s:.1f} s"
+    )
