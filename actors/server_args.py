@@ -101,6 +101,10 @@ class ServerArgs:
     seed: int = _flag("seed for preset weights and sampling", 0)
     stream_interval: int = _flag("tokens batched per streamed chunk under load", 1, positive=True)
     collective_timeout_s: float = _flag("timeout of one group collective, seconds", 30.0)
+    max_grammar_compile_s: float = _flag(
+        "time limit of one structured-output grammar's compile, seconds (past it: a 400)", 10.0
+    )
+    max_grammar_cache: int = _flag("compiled grammars a rank keeps (LRU)", 256, positive=True)
     log_gate_windows: bool = _flag(
         "log one JSON line per gate window (round, point, ranks that prefilled, tokens)", False
     )
@@ -143,9 +147,12 @@ class ServerArgs:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{_cli(name)} must be a positive integer, got {value!r}")
-        timeout = self.collective_timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
-            raise ValueError(f"--collective-timeout-s must be a number > 0, got {timeout!r}")
+        for flag, value in (
+            ("--collective-timeout-s", self.collective_timeout_s),
+            ("--max-grammar-compile-s", self.max_grammar_compile_s),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{flag} must be a number > 0, got {value!r}")
         for name, choices in _CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ValueError(

@@ -34,6 +34,12 @@ class AppArgs(BaseModel):
     max_prompts_per_request: int = Field(
         256, ge=1, description="prompts one completion request may batch (400 past it)"
     )
+    # Structured-output grammars past these are a 400 at the ingress (grammar_limits.py).
+    max_grammar_bytes: int = Field(64 * 1024, ge=1)
+    max_grammar_properties: int = Field(512, ge=1, description="JSON schema object properties")
+    max_grammar_depth: int = Field(64, ge=1, description="JSON nesting levels of a schema")
+    max_grammar_regex_chars: int = Field(4096, ge=1)
+    max_grammar_ebnf_chars: int = Field(16 * 1024, ge=1)
     num_cpus_per_rank: float = Field(1.0, gt=0)
     num_gpus_per_rank: float = Field(0.0, ge=0)
     max_ongoing_requests: int = Field(1024, ge=1)

@@ -25,6 +25,7 @@ from actors.control.request import SamplingParams
 from deployment.openai.api import read_json
 from deployment.openai.choices import Choice, Delta, RequestFailed, merge, run_choices
 from deployment.openai.errors import APIError
+from deployment.openai.grammar_limits import GrammarLimits, check_grammar
 from deployment.openai.logprobs import TokenTexts
 from deployment.openai.protocol import parse
 from deployment.openai.sampling import GenerateBody, sampling_params
@@ -69,6 +70,14 @@ class Ingress:
         self._health_at = -HEALTH_CACHE_S
         self.metrics = RequestRecorder(self.model_name)
         self.token_texts = TokenTexts(self.tokenizer)
+        a = self.app_args
+        self.grammar_limits = GrammarLimits(
+            a.max_grammar_bytes,
+            a.max_grammar_properties,
+            a.max_grammar_depth,
+            a.max_grammar_regex_chars,
+            a.max_grammar_ebnf_chars,
+        )
 
     # ---- request checks ------------------------------------------------------------------
 
@@ -161,6 +170,8 @@ class Ingress:
         except ValueError as exc:
             param = next((f for f in _SAMPLING_FIELDS if str(exc).startswith(f)), None)
             raise APIError(400, str(exc), param=param) from None
+        if sampling.grammar is not None:
+            check_grammar(sampling.grammar, self.grammar_limits)
         return sampling
 
     # ---- generation ----------------------------------------------------------------------

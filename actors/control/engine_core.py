@@ -55,17 +55,22 @@ class EngineCore:
         self._drop_parked = getattr(executor, "drop_parked", None)
         self._check_request = getattr(executor, "check_request", None)
         self._intake: deque[Request] = deque()
+        self._loading: set[str] = set()  # ids in ``_intake`` submitted as loading
+        self._loaded: deque[str] = deque()  # ``mark_loaded`` calls for the next round
         self._lock = threading.Lock()
 
-    def submit(self, request: Request) -> None:
+    def submit(self, request: Request, loading: bool = False) -> None:
         """Queue a request for the next round (any thread); refuses, at once, a prompt that
         could never run on this rank (the ingress answers those with a 400 before).
 
         The rank's intake is its trust boundary: the limits are checked here, once, and
         nowhere after it (not by the scheduler's ``add_request``, not by the executor).
+        ``loading``: the request still waits on something off the engine thread (its grammar
+        compiling); it holds its place in the scheduler's ``LOADING`` state until
+        ``mark_loaded``, and the executor's own check is the caller's to run.
         """
         self.scheduler.check_fits(request)
-        if self._check_request is not None:
+        if not loading and self._check_request is not None:
             self._check_request(request)  # what only the executor knows (a grammar compiles)
         with self._lock:
             # Under the lock that also covers the move into the scheduler (``step``), so a
@@ -75,6 +80,14 @@ class EngineCore:
                     f"request id {request.request_id!r} is already in use on this rank"
                 )
             self._intake.append(request)
+            if loading:
+                self._loading.add(request.request_id)
+
+    def mark_loaded(self, request_id: str) -> None:
+        """A ``loading`` request became schedulable (any thread; applied at the next round;
+        ignored if it was aborted meanwhile)."""
+        with self._lock:
+            self._loaded.append(request_id)
 
     def _is_live(self, request_id: str) -> bool:
         """Whether ``request_id`` is queued for intake or held by the scheduler (lock held)."""
@@ -87,8 +100,10 @@ class EngineCore:
         one still arrive (a caller bypassing it), it is dropped and logged, never raised:
         the round loop serves every client of the group, and one request's id must not stop
         it. (Its events could not be told from the live request's, so it gets none.)"""
+        loading = request.request_id in self._loading
+        self._loading.discard(request.request_id)
         try:
-            self.scheduler.add_request(request)
+            self.scheduler.add_request(request, loading)
         except ValueError as exc:
             logger.error("rank %d: request dropped at intake: %s", self.rank, exc)
 
@@ -98,6 +113,7 @@ class EngineCore:
             for req in self._intake:
                 if req.request_id == request_id:
                     self._intake.remove(req)
+                    self._loading.discard(request_id)
                     return
         self.scheduler.abort(request_id)
 
@@ -116,6 +132,9 @@ class EngineCore:
             intake, self._intake = self._intake, deque()
             for request in intake:
                 self._add(request)
+            loaded, self._loaded = self._loaded, deque()
+        for request_id in loaded:
+            self.scheduler.mark_loaded(request_id)
         outcome = self.loop.step()
         parked = self.scheduler.aborted_parked_ids
         while parked:

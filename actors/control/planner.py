@@ -213,15 +213,15 @@ class RoundPlanner:
         while budget > 0 and self.waiting and len(self.running) < self.max_batch_size:
             if self.pool.occupancy > PREFILL_WATERMARK:
                 return
-            req = self.waiting[0]
-            if req.status is RequestStatus.LOADING:
-                return
+            req = self.queues.first_schedulable()
+            if req is None:
+                return  # only prompts still loading (a grammar compiling) are waiting
             try:
                 # Admission starts the prompt on its cached prefix (when prefix caching is on).
                 hit = self.prefix.admit(req)
                 if hit is None:
                     return
-                self.waiting.popleft()
+                self.queues.take_waiting(req)
                 req.num_computed_tokens = hit.num_cached_tokens
                 req.page_ids = self.pool.pages_of(req.request_id)
                 req.status = RequestStatus.PREFILLING

@@ -18,7 +18,8 @@ from actors.control.request import Request, RequestStatus
 class RequestQueues:
     """A rank's unfinished requests, by where they are in their life on the rank."""
 
-    # Prompts not admitted yet, in arrival order (a LOADING head holds the queue).
+    # Prompts not admitted yet, in arrival order; one still LOADING (a grammar compiling)
+    # is passed over until it is schedulable, so it never holds up the prompts behind it.
     waiting: deque[Request] = field(default_factory=deque)
     # Requests holding pages, in admission order (KV pressure retracts the newest).
     running: list[Request] = field(default_factory=list)
@@ -31,6 +32,20 @@ class RequestQueues:
     resume_status: dict[str, RequestStatus] = field(default_factory=dict)
     # Every unfinished request of the rank, by id.
     requests: dict[str, Request] = field(default_factory=dict)
+
+    def first_schedulable(self) -> Request | None:
+        """The oldest waiting prompt that is not still loading (None: none is)."""
+        for req in self.waiting:
+            if req.status is not RequestStatus.LOADING:
+                return req
+        return None
+
+    def take_waiting(self, req: Request) -> None:
+        """Take an admitted prompt out of ``waiting`` (the head, unless loading ones precede)."""
+        if self.waiting[0] is req:
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(req)
 
     def retire(self, req: Request) -> None:
         """A running request finished (its pages already freed): it leaves the rank."""

@@ -175,8 +175,7 @@ class Scheduler:
         """Whether the next plan could admit the queue head: schedulable, a free slot, and
         the pool at or under the watermark (SGLang's "reached admission" check)."""
         return (
-            bool(self.waiting)
-            and self.waiting[0].status is not _LOADING
+            self.queues.first_schedulable() is not None
             and len(self.running) < self.max_batch_size
             and self.pool.occupancy <= PREFILL_WATERMARK
         )

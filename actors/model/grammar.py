@@ -4,8 +4,10 @@ A request's ``SamplingParams.grammar`` is ``(kind, spec)``: ``("json_object", ""
 ``("json_schema", schema JSON)``, ``("regex", pattern)``, ``("choice", JSON list)``,
 ``("ebnf", grammar)``, or ``("tool_call", schema JSON)`` (``tool_choice``: one Hermes-style
 ``<tool_call>`` block whose JSON follows the schema). The rank compiles each distinct grammar
-once (``Grammars.compile``, called at submit, so a bad grammar is that request's error, never
-the engine thread's), and keeps one matcher per request on the request itself (executor
+once (``Grammars.compile``: in the rank replica on a worker thread with a time limit while the
+request waits in the scheduler's ``LOADING`` state, so a bad or huge grammar is that request's
+error and never stalls the engine thread; the compiled grammars are an LRU of
+``--max-grammar-cache`` entries), and keeps one matcher per request on the request itself (executor
 state: it lives and dies with the request, survives retraction, and a forked sequence builds
 its own by replaying its tokens). xgrammar was chosen over llguidance by per-token mask time
 (``benchmarks/bench_grammar.py``).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,13 +50,18 @@ class Grammars:
     """One rank's grammar compiler and compiled-grammar cache (built on first use: the
     tokenizer is only loaded when a request asks for structured output)."""
 
-    def __init__(self, model: str, chat_template: str | None, vocab_size: int) -> None:
+    def __init__(
+        self, model: str, chat_template: str | None, vocab_size: int, max_cached: int = 256
+    ) -> None:
         self.model = model
         self.chat_template = chat_template
         self.vocab_size = vocab_size
+        self.max_cached = max_cached
         self._compiler: Any = None
-        self._compiled: dict[tuple[str, str], Any] = {}
-        self._lock = threading.Lock()  # compile runs on the replica's thread, masks on the engine's
+        self._compiled: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        # Guards the cache and the compiler's creation only, never a compile: compiles run on
+        # worker threads, and the engine thread takes this lock on a grammar's first sample.
+        self._lock = threading.Lock()
 
     def _build(self) -> Any:
         import xgrammar as xgr
@@ -67,35 +75,54 @@ class Grammars:
         info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=self.vocab_size)
         return xgr.GrammarCompiler(info, max_threads=1)
 
+    def is_compiled(self, grammar: tuple[str, str]) -> bool:
+        """Whether ``grammar`` is in the cache (a request with it needs no compile)."""
+        with self._lock:
+            return grammar in self._compiled
+
     def compile(self, grammar: tuple[str, str]) -> Any:
-        """The compiled grammar (cached); a ValueError naming what is wrong with it."""
+        """The compiled grammar (cached); a ValueError naming what is wrong with it.
+
+        The compile itself runs outside the lock (xgrammar releases the GIL while it works), so
+        a long compile holds up nobody else: two threads compiling one grammar at once both
+        finish, and the first result is kept.
+        """
         kind, spec = grammar
         if kind not in KINDS:
             raise ValueError(f"unknown grammar kind {kind!r}")
         with self._lock:
             compiled = self._compiled.get(grammar)
             if compiled is not None:
+                self._compiled.move_to_end(grammar)
                 return compiled
             if self._compiler is None:
                 self._compiler = self._build()
             compiler = self._compiler
-            try:
-                if kind == "json_object":
-                    compiled = compiler.compile_builtin_json_grammar()
-                elif kind == "json_schema":
-                    compiled = compiler.compile_json_schema(spec, any_whitespace=False)
-                elif kind == "regex":
-                    compiled = compiler.compile_regex(spec)
-                elif kind == "choice":
-                    compiled = compiler.compile_grammar(choice_ebnf(json.loads(spec)))
-                elif kind == "tool_call":
-                    compiled = compiler.compile_grammar(_tool_call_grammar(spec))
-                else:
-                    compiled = compiler.compile_grammar(spec)
-            except Exception as exc:  # xgrammar's own errors too: this request's, not the rank's
-                raise ValueError(f"{kind}: the grammar does not compile: {exc}") from None
-            self._compiled[grammar] = compiled
-            return compiled
+        try:
+            if kind == "json_object":
+                compiled = compiler.compile_builtin_json_grammar()
+            elif kind == "json_schema":
+                compiled = compiler.compile_json_schema(spec, any_whitespace=False)
+            elif kind == "regex":
+                compiled = compiler.compile_regex(spec)
+            elif kind == "choice":
+                compiled = compiler.compile_grammar(choice_ebnf(json.loads(spec)))
+            elif kind == "tool_call":
+                compiled = compiler.compile_grammar(_tool_call_grammar(spec))
+            else:
+                compiled = compiler.compile_grammar(spec)
+        except Exception as exc:  # xgrammar's own errors too: this request's, not the rank's
+            raise ValueError(f"{kind}: the grammar does not compile: {exc}") from None
+        with self._lock:
+            compiled = self._compiled.setdefault(grammar, compiled)
+            self._compiled.move_to_end(grammar)
+            while len(self._compiled) > self.max_cached:
+                self._compiled.popitem(last=False)
+        return compiled
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._compiled)
 
     def matcher(self, request: Request) -> Any:
         """The request's matcher, built (and fed the tokens it already has) on first use."""

@@ -91,7 +91,9 @@ class ModelRunner:
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed + rank)
         # request id -> host copy of its KV pages while it is retracted.
         self.parked: dict[str, torch.Tensor] = {}
-        self.grammars = Grammars(args.model, args.chat_template, config.vocab_size)
+        self.grammars = Grammars(
+            args.model, args.chat_template, config.vocab_size, args.max_grammar_cache
+        )
 
     # -- Executor ---------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from actors.control.engine_core import EngineCore
@@ -73,6 +74,9 @@ class RankReplica:
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self.core = await asyncio.to_thread(self._build_core, device)
+        self._grammars = self._runner.grammars
+        # One worker: compiles queue rather than take CPU from the rounds.
+        self._grammar_worker = ThreadPoolExecutor(1, thread_name_prefix="grammar")
         model = os.path.basename(self.args.model.rstrip("/"))
         self.metrics = RankMetrics(self.gang_id, model, self.rank)
         self._pusher = Pusher(
@@ -90,7 +94,7 @@ class RankReplica:
         from actors.model.runner import ModelRunner
         from actors.replica.torch_gather import TorchGather
 
-        runner = ModelRunner(self.args, rank=self.rank, group=dist.group.WORLD)
+        runner = self._runner = ModelRunner(self.args, rank=self.rank, group=dist.group.WORLD)
         return EngineCore(
             self.args,
             runner,
@@ -177,12 +181,20 @@ class RankReplica:
         finished = False
         builder: ChunkBuilder | None = None
         try:
+            grammar = request.sampling.grammar
+            loading = grammar is not None and not self._grammars.is_compiled(grammar)
             try:
-                self.core.submit(request)
+                self.core.submit(request, loading=loading)
+                if loading:
+                    await self._compile(grammar)
             except ValueError as exc:  # this request cannot run here; the group is fine
                 finished = True
+                if loading:
+                    self.core.abort(request_id)
                 yield GenerateChunk((), "error", Usage(request.num_prompt_tokens, 0), str(exc))
                 return
+            if loading:
+                self.core.mark_loaded(request_id)
             self._wake_group()
             self.metrics.note_arrival(request_id)
             builder = ChunkBuilder(request, self.args.stream_interval)
@@ -205,6 +217,25 @@ class RankReplica:
                 # The caller went away (or the group failed): free the request's pages.
                 for sequence in builder.unfinished_ids() if builder else [request_id]:
                     self.core.abort(sequence)
+
+    async def _compile(self, grammar: tuple[str, str]) -> None:
+        """Compile ``grammar`` on the grammar worker, within ``--max-grammar-compile-s``; a
+        ValueError (this request's 400) when it does not compile or takes too long.
+
+        The request waits in the scheduler's ``LOADING`` state meanwhile, so the rank keeps
+        running rounds for everyone else. A compile past the limit still runs to its end on
+        the worker (a thread cannot be stopped); later compiles queue behind it, which is why
+        the ingress bounds a grammar's size before it gets here.
+        """
+        limit = self.args.max_grammar_compile_s
+        future = self._loop.run_in_executor(self._grammar_worker, self._grammars.compile, grammar)
+        try:
+            await asyncio.wait_for(asyncio.shield(future), limit)
+        except TimeoutError:
+            raise ValueError(
+                f"{grammar[0]}: the grammar did not compile within {limit:g} s "
+                "(--max-grammar-compile-s)"
+            ) from None
 
     async def stats_snapshot(self, target: RankTarget | None = None) -> dict[str, Any]:
         """Queue, pool and gate counters; ``target`` only steers routing."""
