@@ -119,6 +119,16 @@ def fresh(seen: dict[str, Any]) -> bool:
     )
 
 
+def wait_fresh_gang(app: Deployment, old_gang: str) -> None:
+    wait_for(
+        lambda: one_fresh_gang(app, old_gang),
+        60,
+        "both ranks to report one new gang id and no error",
+        until=fresh,
+        errors=(ray.exceptions.RayError, RayServeException, TimeoutError),
+    )
+
+
 def rank_deployment_status() -> str:
     """Serve's own view of the rank deployment (a diagnostic for a failed wait)."""
     from ray import serve
@@ -243,13 +253,7 @@ def test_killing_a_rank_fails_the_requests_in_flight_and_the_gang_restarts(resto
         pytest.xfail(f"Serve's router kept a stale view of the restarted gang: {exc}")
     assert probe.violations == [], f"answers while restarting, not 200 nor a proper 503: {probe}"
 
-    wait_for(
-        lambda: one_fresh_gang(app, victim["gang_id"]),
-        60,
-        "both ranks to report one new gang id and no error",
-        until=fresh,
-        errors=(ray.exceptions.RayError, RayServeException, TimeoutError),
-    )
+    wait_fresh_gang(app, victim["gang_id"])
 
 
 def test_a_hung_rank_is_declared_failed_and_the_gang_restarts(restored) -> None:
@@ -279,13 +283,7 @@ def test_a_hung_rank_is_declared_failed_and_the_gang_restarts(restored) -> None:
         os.kill(victim["pid"], signal.SIGCONT)  # Serve replaces it; never leave it stopped
     wait_serving(app)
     recovered_s = time.monotonic() - stopped_at
-    wait_for(
-        lambda: one_fresh_gang(app, victim["gang_id"]),
-        60,
-        "both ranks to report one new gang id and no error",
-        until=fresh,
-        errors=(ray.exceptions.RayError, RayServeException, TimeoutError),
-    )
+    wait_fresh_gang(app, victim["gang_id"])
     print(
         f"hung rank: failure seen after {detected_s:.1f} s, serving again after {recovered_s:.1f} s"
     )
