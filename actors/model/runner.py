@@ -32,7 +32,7 @@ from actors.model.round_sampling import sample_round
 from actors.server_args import ServerArgs
 from gate import RankRow, RoundView, read_rows
 from kernels.attention import build_attention_batch
-from kernels.moe import ExpertPlacement, select_moe_backend
+from kernels.moe import ExpertPlacement, select_experts_kernel, select_moe_backend
 
 logger = logging.getLogger("roundgate.runner")
 
@@ -87,6 +87,7 @@ class ModelRunner:
             if config.is_moe
             else None
         )
+        self.experts = select_experts_kernel(args.moe_kernel, self.device)
         self.cache = allocate_cache(args, config, self.dtype, self.device)
         # Unseeded sampling: one stream per rank, reproducible from --seed.
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed + rank)
@@ -200,6 +201,7 @@ class ModelRunner:
             low_latency=num_extends == 0 if low_latency is None else low_latency,
             cos=cos,
             sin=sin,
+            experts=self.experts,
         )
         input_ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         logits = self.model(input_ids, ctx, batch.cu_query_lens[1:] - 1)
