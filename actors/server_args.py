@@ -100,6 +100,11 @@ class ServerArgs:
         "torch",
         choices=MOE_KERNELS,
     )
+    enforce_eager: bool = _flag(
+        "run decode rounds eagerly (no CUDA graphs; they are captured per batch-size bucket on "
+        "CUDA for dense models on --attention-backend triton)",
+        False,
+    )
     gguf_weights: str = _flag(
         "GGUF Q4_1/Q8_0 linear weights on CPU: packed (the file's blocks, an AVX2 kernel) or "
         "float (dequantized)",
