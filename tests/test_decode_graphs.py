@@ -81,12 +81,13 @@ def test_enforce_eager_is_a_flag() -> None:
 
 @pytest.mark.triton
 def test_padded_decode_path_gives_the_eager_tokens(kernel_device: str) -> None:
-    """Three prompts decode in the bucket of 4 (a padding row), and extend rounds fall back."""
-    del kernel_device
+    """Three prompts decode in the bucket of 4 (a padding row), and extend rounds fall back.
+
+    On CPU the padded path runs without capture; on a GPU it is captured for real."""
     torch.set_num_threads(1)
     flags = {
         "model": "tiny-llama",
-        "device": "cpu",
+        "device": kernel_device,
         "attention_backend": "triton",
         "page_size": 4,
         "num_kv_pages": 64,
@@ -96,7 +97,8 @@ def test_padded_decode_path_gives_the_eager_tokens(kernel_device: str) -> None:
     greedy = SamplingParams(max_tokens=5)
     eager = Engine(ServerArgs(**flags, enforce_eager=True)).generate(prompts, greedy)
     engine = Engine(ServerArgs(**flags))
-    graphs = engine.runner.graphs = engine.runner.decode_graphs(capture=False)
+    capture = kernel_device == "cuda"
+    graphs = engine.runner.graphs = engine.runner.decode_graphs(capture=capture)
     assert engine.generate(prompts, greedy) == eager
     assert graphs.num_replays > 0 and set(graphs.buckets) <= {1, 2, 4}
 
