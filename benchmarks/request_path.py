@@ -8,15 +8,26 @@ route (``deployment.app.OpenAIServer.chat``), the real ``Ingress`` and the real 
 runs, ``sys.setprofile`` records
 
 - files: every project module (``co_filename`` under the repository) with a frame on the path;
-- shapes: the type (with a container's element types) of every argument and return value of a
-  frame in the request path's own modules (the HTTP layer, the ingress, the messages, the rank's
-  intake and chunking), except objects that existed before the request (the ingress, tokenizer,
-  scheduler...), scalars (``int``, ``str``, ...), callables and coroutines: what the request's
-  data is carried as.
+- raw shapes: the type (with a container's element types) of every argument and return value
+  of a frame in the request path's own modules (the HTTP layer, the ingress, the messages, the
+  rank's intake and chunking), except objects that existed before the request (the ingress,
+  tokenizer, scheduler...), scalars (``int``, ``str``, ...), callables and coroutines.
+
+The counted shapes are what the request's data is carried as, by two rules:
+
+- A container is its elements: ``list[Choice]`` is ``Choice`` again and ``list[dict]`` is
+  ``dict``, because holding several of a type adds no type a reader must learn; only a
+  container of scalars is a shape of its own (``list[int]``: token ids), since scalars are not
+  shapes. A named tuple is a record, not a container: ``TokenEvent`` counts as itself.
+- Per-request telemetry (types of ``deployment.request_metrics``: ``RequestTimer``) is not the
+  request's data: it counts tokens and times about the request, and nothing of the response or
+  of the rank's work is built from it.
+
+Both lists are printed: the raw shapes (with what each counts as) and the counted ones.
 
 Run from the repository root (either layout, before or after the re-housing)::
 
-    PYTHONPATH=$PWD python benchmarks/request_path.py [--json]
+    PYTHONPATH=$PWD python benchmarks/request_path.py [--where] [--json]
 """
 
 from __future__ import annotations
@@ -26,7 +37,6 @@ import asyncio
 import gc
 import inspect
 import json
-import re
 import sys
 import types
 import warnings
@@ -40,33 +50,50 @@ REPO = Path.cwd().resolve()
 # internals (round plans, pages) are the scheduler's, not the request's.
 SHAPE_PARTS = ("deployment/", "actors/control/messages.py", "actors/replica/")
 SCALARS = (int, float, str, bool, bytes, type(None))
+# Per-request telemetry, not the request's data (see the module doc).
+TELEMETRY_MODULES = ("deployment.request_metrics",)
 APP_ARGS = {"model": "tiny-moe", "dp_size": 1, "max_num_seqs": 4, "device": "cpu"}
 BODY = {"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 4}
 
 
+def _is_container(value: Any) -> bool:
+    """A list, tuple, set or dict; a named tuple is a record, not a container."""
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return False
+    return isinstance(value, list | tuple | set | frozenset | dict)
+
+
 def describe(value: Any) -> str:
-    """A value's shape: its type, with the element type of a container (``list[int]``)."""
+    """A value's raw shape: its type, with a container's element types (``list[int]``)."""
     kind = type(value)
     name = kind.__qualname__
     module = kind.__module__
     if module not in ("builtins",) and not module.startswith(("deployment", "actors", "sim")):
         name = f"{module.split('.')[0]}.{name}"
-    if isinstance(value, list | tuple | set | frozenset):
-        inner = sorted({describe(v) for v in list(value)[:8]})
-        return f"{name}[{' | '.join(inner)}]" if inner else f"{name}[]"
+    if not _is_container(value):
+        return name
     if isinstance(value, dict):
         keys = sorted({describe(k) for k in list(value)[:8]})
         return f"{name}[{' | '.join(keys) or '?'}, ...]"
-    return name
+    inner = sorted({describe(v) for v in list(value)[:8]})
+    return f"{name}[{' | '.join(inner)}]" if inner else f"{name}[]"
+
+
+def counted(value: Any) -> set[str]:
+    """The shapes a value counts as (the module doc's rules): a container counts as its
+    non-scalar elements, or as itself when it holds only scalars; telemetry counts as none."""
+    if type(value).__module__.startswith(TELEMETRY_MODULES):
+        return set()
+    if not _is_container(value) or isinstance(value, dict):
+        return {describe(value)}
+    items = list(value)[:8]
+    if all(isinstance(v, SCALARS) for v in items):
+        return {describe(value)}
+    return {s for v in items if not isinstance(v, SCALARS) for s in counted(v)}
 
 
 def _is_flow(value: Any) -> bool:
     return isinstance(value, types.AsyncGeneratorType | types.GeneratorType | types.CoroutineType)
-
-
-def classes(shapes: list[str]) -> list[str]:
-    """The distinct Python types the shapes name (``list[Choice]``: ``list`` and ``Choice``)."""
-    return sorted({t for s in shapes for t in re.findall(r"[A-Za-z_][\w.]*", s)} - {"NoneType"})
 
 
 class Tracer:
@@ -78,7 +105,8 @@ class Tracer:
         self.existing.update(id(r) for o in existing for r in gc.get_referents(o))
         self._keep = existing  # held so no id is reused by a new object
         self.files: set[str] = set()
-        self.shapes: dict[str, set[str]] = {}
+        self.shapes: dict[str, set[str]] = {}  # raw shape -> where it was seen
+        self.counts_as: dict[str, set[str]] = {}  # raw shape -> the shapes it counts as
 
     def _note(self, value: Any, where: str) -> None:
         skip = (
@@ -105,7 +133,9 @@ class Tracer:
             return  # a list of streams: control flow too
         if type(value) is tuple and len({type(v) for v in value}) > 1:
             return  # several return values at once (each is recorded where it is used)
-        self.shapes.setdefault(describe(value), set()).add(where)
+        raw = describe(value)
+        self.shapes.setdefault(raw, set()).add(where)
+        self.counts_as.setdefault(raw, set()).update(counted(value))
 
     def __call__(self, frame: types.FrameType, event: str, arg: Any) -> None:
         if event not in ("call", "return"):
@@ -114,8 +144,10 @@ class Tracer:
         if not path.startswith(str(REPO)) or path == __file__:
             return
         rel = str(Path(path).relative_to(REPO))
-        if rel.startswith((".venv", "sim/", "deployment/sim/")):
-            return  # the venv; the simulator's executor stands in for the model runner
+        if rel.startswith((".venv", "sim/", "deployment/sim/")) or rel == "gate/costmodel.py":
+            # The venv; the simulator's cost executor (and the toy cost model that prices its
+            # forward) stands in for the model runner.
+            return
         self.files.add(rel)
         if not rel.startswith(SHAPE_PARTS):
             return
@@ -238,8 +270,8 @@ async def _one_chat(server: Any, stream: bool) -> str:
 _SERVERS: list[Any] = []
 
 
-def measure(stream: bool) -> tuple[list[str], dict[str, set[str]], str]:
-    """(files, shapes -> where seen, response text) of one chat completion."""
+def measure(stream: bool) -> tuple[Tracer, str]:
+    """The tracer's record (files, shapes) of one chat completion, and the response text."""
     from deployment.app import OpenAIServer
     from deployment.ingress import Ingress
 
@@ -254,7 +286,16 @@ def measure(stream: bool) -> tuple[list[str], dict[str, set[str]], str]:
         text = asyncio.run(_one_chat(server, stream))
     finally:
         sys.setprofile(None)
-    return sorted(tracer.files), tracer.shapes, text
+    return tracer, text
+
+
+def _why(raw: str, counts_as: list[str]) -> str:
+    """What a raw shape counts as, in words."""
+    if not counts_as:
+        return "not counted: per-request telemetry"
+    if counts_as == [raw]:
+        return "counted"
+    return f"counted as {' | '.join(counts_as)} (a container of it)"
 
 
 def main() -> None:
@@ -266,26 +307,43 @@ def main() -> None:
     args = parser.parse_args()
     report: dict[str, Any] = {}
     for stream in (False, True):
-        files, shapes, text = measure(stream)
+        tracer, text = measure(stream)
+        counts_as = {k: sorted(v) for k, v in sorted(tracer.counts_as.items())}
         report["streamed" if stream else "non_streamed"] = {
-            "files": files,
-            "shapes": {k: sorted(v) for k, v in sorted(shapes.items())},
+            "files": sorted(tracer.files),
+            "raw_shapes": {k: sorted(v) for k, v in sorted(tracer.shapes.items())},
+            "counts_as": counts_as,
+            "shapes": sorted({s for v in counts_as.values() for s in v}),
             "response": text[:200],
         }
+    parts = list(report.values())
+    files = sorted({f for p in parts for f in p["files"]})
+    raw = sorted({r for p in parts for r in p["raw_shapes"]})
+    shapes = sorted({s for p in parts for s in p["shapes"]})
+    report["both"] = {"files": files, "raw_shapes": raw, "shapes": shapes}
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    for name, part in report.items():
-        print(f"== {name}: {len(part['files'])} files, {len(part['shapes'])} shapes")
+    for name, part in parts_named(report):
+        print(
+            f"== {name}: {len(part['files'])} files, {len(part['raw_shapes'])} raw shapes, "
+            f"{len(part['shapes'])} counted"
+        )
         for f in part["files"]:
             print(f"  {f}")
-        print("  -- shapes")
-        for shape, where in part["shapes"].items():
-            print(f"  {shape}" + (f"    <- {', '.join(where)}" if args.where else ""))
-    files = sorted(set(report["non_streamed"]["files"]) | set(report["streamed"]["files"]))
-    shapes = sorted(set(report["non_streamed"]["shapes"]) | set(report["streamed"]["shapes"]))
-    names = classes(shapes)
-    print(f"== both: {len(files)} files, {len(shapes)} shapes, {len(names)} types: {names}")
+        print("  -- raw shapes")
+        for shape, where in part["raw_shapes"].items():
+            print(f"  {shape}    [{_why(shape, part['counts_as'][shape])}]")
+            if args.where:
+                print(f"      <- {', '.join(where)}")
+        print(f"  -- counted shapes: {', '.join(part['shapes'])}")
+    print(f"== both: {len(files)} files, {len(raw)} raw shapes: {', '.join(raw)}")
+    print(f"== both: {len(shapes)} counted shapes: {', '.join(shapes)}")
+
+
+def parts_named(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The two measured runs of ``report`` (not its ``both`` summary)."""
+    return [(k, v) for k, v in report.items() if k != "both"]
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""The ingress's state and request logic: checks, tokens in, one ``GenerateRequest`` per choice.
+"""The ingress's state and request logic: checks, tokens in, one ``GenerateRequest`` per prompt.
 
 The routes (``deployment.app``, bodies in ``deployment.openai``) call into ``Ingress``: it
 checks the key and the model, checks the request against the model's limits (prompt count,
 vocabulary, context length: here and nowhere else on this side), builds ``SamplingParams``,
-forwards each choice to a rank through the configured router and detokenizes what streams
-back. A failed DP group answers 503 with ``Retry-After`` while the gang restarts.
+forwards each prompt (its ``n`` choices) to a rank through the configured router and
+detokenizes what streams back. A failed DP group answers 503 with ``Retry-After`` while the
+gang restarts.
 """
 
 from __future__ import annotations
@@ -165,14 +166,14 @@ class Ingress:
     # ---- generation ----------------------------------------------------------------------
 
     async def _choice_stream(
-        self, choices: list[Choice], message: GenerateRequest, stops: list[str], own_id: bool
+        self, choices: list[Choice], message: GenerateRequest, own_id: bool
     ) -> AsyncIterator[Delta]:
         if own_id:
             set_serve_request_id(message.request_id)
         gen = self.ranks.generate.remote(message)
         timer = self.metrics.timer()
         try:
-            async for delta in run_choices(gen, choices, self.tokenizer, stops):
+            async for delta in run_choices(gen, choices):
                 timer.tokens(len(delta.token_ids))
                 yield delta
         except APIError:
@@ -195,7 +196,69 @@ class Ingress:
             outputs = sum(len(c.output_token_ids) for c in choices)
             timer.finish(first.finish_reason, len(first.prompt_token_ids), outputs)
 
-    async def generate(
+    def _check_choices(self, num_prompts: int, req: GenerateBody) -> None:
+        """``dp_rank`` within the group, and ``num_prompts`` x ``n`` choices within the cap."""
+        if req.dp_rank is not None and req.dp_rank >= self.engine_args.dp_size:
+            raise APIError(
+                400, f"dp_rank must be < dp_size {self.engine_args.dp_size}", param="dp_rank"
+            )
+        cap, n = self.app_args.max_prompts_per_request, req.n
+        if num_prompts * n > cap:
+            raise APIError(
+                400,
+                f"{num_prompts} prompts x n={n} choices; at most {cap} (max_prompts_per_request)",
+                param="n",
+            )
+
+    def _rank_request(
+        self,
+        rank_id: str,
+        first_index: int,
+        prompt_ids: list[int],
+        req: GenerateBody,
+        max_tokens: int | None,
+        param: str,
+    ) -> tuple[list[Choice], GenerateRequest]:
+        """One prompt's ``n`` choices (indexed from ``first_index``) and the rank request that
+        generates them, its sampling checked against the context length."""
+        sampling = self.sampling_of(req, len(prompt_ids), param, max_tokens)
+        n, stops = req.n, req.stop_strings
+        # The n choices of a prompt share one rank request (one prefill); only the first
+        # counts the prompt in usage.
+        choices = [
+            Choice(first_index + j, prompt_ids, self.tokenizer, stops, counts_prompt=j == 0)
+            for j in range(n)
+        ]
+        message = GenerateRequest(
+            rank_id,
+            tuple(prompt_ids),
+            replace(sampling, n=n) if n > 1 else sampling,
+            req.dp_rank,
+            req.user,
+        )
+        return choices, message
+
+    def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        req: GenerateBody,
+        max_tokens: int | None,
+        param: str,
+    ) -> tuple[list[Choice], AsyncIterator[Delta]]:
+        """One prompt's choices and their stream (a chat; a completion of one prompt).
+
+        Every limit is checked and every choice built before anything streams (no partial
+        work on a bad request). The rank request's id is ``request_id``, the response's, so
+        the id a client sees is the one in the rank's scheduler, metrics and logs.
+        """
+        self.check_vocab(prompt_ids, param, "prompt token id")
+        self._check_choices(1, req)
+        choices, message = self._rank_request(request_id, 0, prompt_ids, req, max_tokens, param)
+        self.check_available()
+        return choices, self._choice_stream(choices, message, own_id=False)
+
+    def generate_each(
         self,
         request_id: str,
         prompts: list[list[int]],
@@ -203,12 +266,10 @@ class Ingress:
         max_tokens: int | None,
         param: str,
     ) -> tuple[list[Choice], AsyncIterator[Delta]]:
-        """Check every limit and build every choice up front (no partial work on a bad
-        request), then stream.
+        """A completion's prompts: one rank request per prompt, their deltas merged.
 
-        ``request_id`` is the response's id; each choice's rank request is that id (with
-        ``-i`` appended when a completion has several prompts), so the id a client sees is
-        the one in the rank's scheduler, metrics and logs.
+        As ``generate``, all checked up front; prompt ``i``'s rank request is
+        ``{request_id}-{i}`` when there are several.
         """
         cap = self.app_args.max_prompts_per_request
         if len(prompts) > cap:
@@ -217,37 +278,15 @@ class Ingress:
                 f"{len(prompts)} prompts in one request; at most {cap} (max_prompts_per_request)",
                 param="prompt",
             )
+        if len(prompts) == 1:
+            return self.generate(request_id, prompts[0], req, max_tokens, param)
         for ids in prompts:
             self.check_vocab(ids, param, "prompt token id")
-        if req.dp_rank is not None and req.dp_rank >= self.engine_args.dp_size:
-            raise APIError(
-                400, f"dp_rank must be < dp_size {self.engine_args.dp_size}", param="dp_rank"
-            )
-        several = len(prompts) > 1
-        n = req.n
-        if len(prompts) * n > cap:
-            raise APIError(
-                400,
-                f"{len(prompts)} prompts x n={n} choices; at most {cap} (max_prompts_per_request)",
-                param="n",
-            )
-        plans = []
-        for i, ids in enumerate(prompts):
-            sampling = self.sampling_of(req, len(ids), param, max_tokens)
-            # The n choices of a prompt share one rank request (one prefill); only the first
-            # counts the prompt in usage.
-            choices = [Choice(i * n + j, ids, counts_prompt=j == 0) for j in range(n)]
-            rank_id = f"{request_id}-{i}" if several else request_id
-            message = GenerateRequest(
-                rank_id,
-                tuple(ids),
-                replace(sampling, n=n) if n > 1 else sampling,
-                req.dp_rank,
-                req.user,
-            )
-            plans.append((choices, message))
+        self._check_choices(len(prompts), req)
+        plans = [
+            self._rank_request(f"{request_id}-{i}", i * req.n, ids, req, max_tokens, param)
+            for i, ids in enumerate(prompts)
+        ]
         self.check_available()
         choices = [c for group, _ in plans for c in group]
-        return choices, merge(
-            [self._choice_stream(g, m, req.stop_strings, several) for g, m in plans]
-        )
+        return choices, merge([self._choice_stream(g, m, own_id=True) for g, m in plans])

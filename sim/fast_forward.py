@@ -22,7 +22,9 @@ It only engages where that equivalence is easy to see:
 
 Pool operations happen in the order the full rounds make them: a request that needs its next
 page first keys the page it filled (with prefix caching) and then takes one, round by round
-and in running order, so page ids, keys and evictions come out the same.
+and in running order, so page ids, keys and evictions come out the same. The scheduler makes
+those state changes itself (``Scheduler.decode_horizon``, ``decode_page_grants`` and
+``skip_decode_rounds``); this module decides how many rounds to skip and keeps the records.
 """
 
 from __future__ import annotations
@@ -33,11 +35,8 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
-from actors.control.page_keys import extend_keys
-from actors.control.planner import PREFILL_WATERMARK
 from actors.control.rank_loop import RankLoop
-from actors.control.request import Request, RequestStatus
-from actors.control.scheduler import Scheduler
+from actors.control.request import Request
 from gate import RankRow
 from sim.cost_executor import SIM_TOKEN
 from sim.round_costs import RoundCosts
@@ -49,46 +48,25 @@ if TYPE_CHECKING:
 # A decoding rank's row, by (batch size, wants_prefill, has_decode_work): rows are immutable
 # and repeat call after call, and building one costs more than the lookup.
 _ROWS: dict[tuple[int, bool, bool], RankRow] = {}
-_LENGTH = RequestStatus.FINISHED_LENGTH
-FAST_LIMIT = 1 << 30  # no request is that far from its end
 
 
 def _scan(loops: Sequence[RankLoop]) -> tuple[list[RankRow], list[int], list[int]] | None:
     """The rows every rank publishes while it decodes steadily, and for each rank the
     rounds until its first finish (the round that finishes counted) and until its first
-    page grant; None when some rank is not steady."""
+    page grant (``Scheduler.decode_horizon``); None when some rank is not steady."""
     rows = []
     lefts = []
     grants = []
     for loop in loops:
         s = loop.scheduler
-        if s.retracted or s._partial or s._pending_aborts or s._aborted_events:
+        if not s.is_steady:
             return None
-        running = s.running
-        n = len(running)
+        n = len(s.running)
         # The plan never cuts decodes short (a mixed engine reserves up to half the budget
         # for prefill while a vote may be open).
         if n > s.args.max_scheduled_tokens // 2:
             return None
-        room = s.max_sequence_len
-        page_size = s.pool.page_size
-        first_end = first_grant = FAST_LIMIT
-        for req in running:
-            prompt = req.num_prompt_tokens
-            computed = req.num_computed_tokens
-            if computed < prompt:
-                return None
-            out = len(req.output_token_ids)
-            left = req.sampling.max_tokens - out
-            if room - prompt - out < left:
-                left = room - prompt - out
-            if left < first_end:
-                first_end = left
-            # A round's decode needs room for computed + 1 tokens: a new page once the held
-            # ones are full of computed tokens (then every page_size rounds).
-            grant = len(req.page_ids) * page_size - computed
-            if grant < first_grant:
-                first_grant = grant
+        first_end, first_grant = s.decode_horizon()
         probe = s.probe()
         key = (n, probe.wants_prefill, probe.has_decode_work)
         row = _ROWS.get(key)
@@ -134,72 +112,15 @@ def _round_ends(
 def _page_needs(
     loops: Sequence[RankLoop], k: int, first_grants: list[int]
 ) -> list[list[tuple[int, int, Request]]] | None:
-    """Each rank's page grants over k rounds as (round, running order, request), in the
-    order the plans make them; None if a pool runs short or a held prompt's probe flips."""
+    """Each rank's page grants over k rounds (``Scheduler.decode_page_grants``); None if a
+    pool runs short or a held prompt's probe flips."""
     needs = []
     for loop, first_grant in zip(loops, first_grants, strict=True):
-        grants: list[tuple[int, int, Request]] = []
+        grants = [] if first_grant >= k else loop.scheduler.decode_page_grants(k)
+        if grants is None:
+            return None
         needs.append(grants)
-        if first_grant >= k:
-            continue
-        s = loop.scheduler
-        pool = s.pool
-        page_size = pool.page_size
-        for order, req in enumerate(s.running):
-            j = len(req.page_ids) * page_size - req.num_computed_tokens
-            while j < k:
-                grants.append((j, order, req))
-                j += page_size
-        if grants:
-            if len(grants) > pool.num_free_pages:
-                return None
-            if s.waiting:
-                before = pool.occupancy > PREFILL_WATERMARK
-                after = (pool.num_used_pages + len(grants)) / pool.num_pages > PREFILL_WATERMARK
-                if before != after:
-                    return None
-            if len(grants) > 1:
-                grants.sort(key=lambda g: (g[0], g[1]))
     return needs
-
-
-def _grant(s: Scheduler, grants: list[tuple[int, int, Request]], k: int) -> None:
-    """The skipped plans' pool steps (after the k rounds' tokens are counted): key the page
-    just filled (``PrefixCache.keep_last_page``), then take the next one (``KVPool.grow``)."""
-    pool = s.pool
-    page_size = pool.page_size
-    keep = s.prefix.enabled
-    for j, _, req in grants:
-        tokens = req.num_computed_tokens - k + j  # computed when round j plans: a page edge
-        full = tokens // page_size
-        if keep and full and len(req.page_ids) >= full:
-            keys = extend_keys(req.page_keys, req.token_ids, full * page_size, page_size)
-            pool.register(req.page_ids[full - 1], keys[full - 1])
-        pool.grow(req.request_id, tokens + 1)
-
-
-def _finish_last(
-    s: Scheduler, records: dict[str, RequestRecord], end_s: float, finished: list[Request]
-) -> None:
-    """Finish what the last skipped round's update would (``Scheduler.update``): requests at
-    their length limit, in running order, each keying its last full page before it frees."""
-    max_len = s.max_sequence_len
-    done = [
-        req
-        for req in s.running
-        if len(req.output_token_ids) >= req.sampling.max_tokens
-        or req.num_prompt_tokens + len(req.output_token_ids) >= max_len
-    ]
-    for req in done:
-        req.status = _LENGTH
-        if s.prefix.enabled:
-            s.prefix.keep_last_page(req)
-        s.running.remove(req)
-        s._partial.discard(req)
-        s.pool.free(req.request_id)
-        s._finish(req)
-        records[req.request_id].finish_s = end_s
-        finished.append(req)
 
 
 def advance(
@@ -237,37 +158,21 @@ def advance(
     # previous round's end, so a round's samples are all one value.
     first = ends[0]
     end_s = ends[-1]
-    tokens = [SIM_TOKEN] * k
     samples = array("d")
     add = samples.append
     finished: list[Request] = []
-    for loop, row, grants, left in zip(loops, rows, needs, lefts, strict=True):
+    for loop, grants, left in zip(loops, needs, lefts, strict=True):
         s = loop.scheduler
         for req in s.running:
             rec = records[req.request_id]
             add((first - rec.last_token_s) * 1000.0)
             rec.last_token_s = end_s
             rec.num_output += k
-            req.output_token_ids.extend(tokens)
-            req.num_computed_tokens += k
-        if grants:
-            _grant(s, grants, k)
-        # Each plan counts an excused round before its probe publishes a want: round 0's
-        # count comes before the stamp of a held prompt's first want, the rest after.
-        excused = bool(s.waiting) and (
-            s.pool.occupancy > PREFILL_WATERMARK or len(s.running) >= s.max_batch_size
-        )
-        if excused:
-            s.waits.excused_rounds += 1
-        if row.wants_prefill:
-            s.waits.wanted(s.round + 1)  # round 0 publishes a held prompt's first want
-        if excused:
-            s.waits.excused_rounds += k - 1
-        s.round += k
+        for req in s.skip_decode_rounds(k, grants, SIM_TOKEN, left):
+            records[req.request_id].finish_s = end_s
+            finished.append(req)
         observe_steady(loop.policy, k)
         loop.last_rows = rows
-        if left == k:
-            _finish_last(s, records, end_s, finished)
     itl.extend(samples)
     for prev, end in pairwise(ends):
         itl.extend(array("d", [(end - prev) * 1000.0]) * len(samples))

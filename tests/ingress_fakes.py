@@ -104,7 +104,7 @@ def complete(core: Ingress, request_id: str = "req-1", **body: Any) -> tuple[lis
     async def run() -> tuple[list, list]:
         req = parse(CompletionRequest, body)
         prompts = prompt_ids(req, core.tokenizer)
-        choices, stream = await core.generate(request_id, prompts, req, req.max_tokens, "prompt")
+        choices, stream = core.generate_each(request_id, prompts, req, req.max_tokens, "prompt")
         return choices, [d async for d in stream]
 
     return asyncio.run(run())

@@ -44,8 +44,8 @@ async def stream(parts: list[list[int]]) -> AsyncIterator[GenerateChunk]:
 
 def run(parts: list[list[int]], stops: list[str]) -> tuple[list[str], Choice]:
     async def go() -> tuple[list[str], Choice]:
-        choice = Choice(0, [1, 2, 3])
-        deltas = [d.text async for d in run_choices(stream(parts), [choice], TOK, stops)]
+        choice = Choice(0, [1, 2, 3], TOK, stops)
+        deltas = [d.text async for d in run_choices(stream(parts), [choice])]
         return deltas, choice
 
     return asyncio.run(go())

@@ -108,9 +108,10 @@ def test_fast_path_engages_on_steady_decoding_and_finishes(monkeypatch) -> None:
     """The fast path skips rounds, its last skipped round finishes requests, and the full
     rounds step decode-only ranks without plan objects."""
     calls, finished, lite = [], [], []
-    from sim import decode_ranks, fast_forward
+    from actors.control.scheduler import Scheduler
+    from sim import fast_forward
 
-    advance, decodes = fast_forward.advance, decode_ranks._decodes
+    advance, decodes = fast_forward.advance, Scheduler.plan_decode_round
 
     def spy(*args, **kwargs):
         done = advance(*args, **kwargs)
@@ -124,7 +125,7 @@ def test_fast_path_engages_on_steady_decoding_and_finishes(monkeypatch) -> None:
         return planned
 
     monkeypatch.setattr(fast_forward, "advance", spy)
-    monkeypatch.setattr(decode_ranks, "_decodes", spy_decodes)
+    monkeypatch.setattr(Scheduler, "plan_decode_round", spy_decodes)
     result = run("roundgate", {}, "h100-dsv3", None, fast=True)
     assert sum(calls) > 0
     assert finished and all(req.is_finished for req in finished)

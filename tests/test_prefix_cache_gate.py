@@ -54,7 +54,7 @@ def test_the_mixed_batch_reserve_and_the_kv_column_see_only_uncached_work() -> N
         sched.update(plan, ex.execute(plan))
     assert READERS["kv_permille"](sched, 0.0) == 0  # cached, unheld
     sched.add_request(Request("b", [*SYSTEM, 5, 6], SamplingParams(max_tokens=1)))
-    assert sched._pending_prefill_tokens() == 2
+    assert sched.planner.pending_prefill_tokens() == 2
     assert sched.probe().wants_prefill
 
 

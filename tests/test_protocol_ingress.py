@@ -17,6 +17,7 @@ from ingress_fakes import (
 
 from actors.control.messages import GenerateChunk, GenerateRequest, Usage
 from actors.control.request import SamplingParams
+from actors.model.tokenizer import ByteTokenizer
 from deployment import ingress
 from deployment.openai.choices import Choice, usage
 from deployment.openai.protocol import CompletionRequest, parse
@@ -129,10 +130,13 @@ def test_sampling_is_built_once_and_fills_the_context_when_unset() -> None:
 
 
 def test_usage_adds_up_the_ranks_counts() -> None:
-    counted = Choice(0, [1, 2], [5, 6, 7], usage=Usage(2, 3))
+    tok = ByteTokenizer()
+    counted = Choice(0, [1, 2], tok)
+    counted.feed(GenerateChunk((5, 6, 7), None, Usage(2, 3)))
     # The rank's count wins over the tokens this choice happened to receive.
-    behind = Choice(1, [1, 2, 3], [5], usage=Usage(3, 2))
-    unanswered = Choice(2, [1, 2, 3, 4])  # no chunk yet: its prompt, nothing generated
+    behind = Choice(1, [1, 2, 3], tok)
+    behind.feed(GenerateChunk((5,), None, Usage(3, 2)))
+    unanswered = Choice(2, [1, 2, 3, 4], tok)  # no chunk yet: its prompt, nothing generated
     assert usage([counted, behind, unanswered]) == {
         "prompt_tokens": 9,
         "completion_tokens": 5,

@@ -154,20 +154,23 @@ def test_a_sampling_fault_fails_only_that_request(monkeypatch: pytest.MonkeyPatc
     assert engine.generate(PROMPTS, greedy) == expected
 
 
-def test_a_chunk_past_the_context_fails_that_request_in_the_runner() -> None:
-    engine = tiny_engine()
-    runner = engine.runner
-    ok = Request("ok", [5, 6, 7], SamplingParams(max_tokens=2))
-    ok.page_ids = [0]
-    past = Request("past", [1] * 4, SamplingParams(max_tokens=2))
-    past.page_ids = [1]
-    from actors.control.round import ScheduledChunk
+def test_the_runner_never_sees_a_position_past_the_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limits are checked once, at the rank's intake; after it the scheduler plans no
+    position past the context length (a request reaching it finishes with "length"), so the
+    runner checks nothing again."""
+    engine = Engine(ServerArgs(model="tiny-llama", page_size=4, num_kv_pages=64, max_model_len=8))
+    ends: list[int] = []
+    forward = engine.runner.forward
 
-    far = runner.max_model_len  # a chunk ending beyond the context (the scheduler never plans one)
-    plan = RoundPlan(chunks=[ScheduledChunk(ok, 0, 3, True), ScheduledChunk(past, far, 4, True)])
-    result = runner.execute(plan)
-    assert set(result.sampled) == {"ok"}
-    assert "exceeds the context length" in result.failed["past"]
+    def spy(work, low_latency=None):  # type: ignore[no-untyped-def]
+        ends.extend(c.end for c in work)
+        return forward(work, low_latency)
+
+    monkeypatch.setattr(engine.runner, "forward", spy)
+    long = Request("long", [5, 6, 7, 8, 9, 10], SamplingParams(max_tokens=50))
+    engine.run([long])
+    assert long.finish_reason == "length" and len(long.output_token_ids) == 2
+    assert max(ends) == 7  # the prompt at 0..5, one decode at 6; the 8th token is never fed
 
 
 def test_logprobs_for_some_requests_of_a_batch_only() -> None:

@@ -122,12 +122,12 @@ def test_update_skips_chunks_that_do_not_sample() -> None:
         ({"num_kv_pages": 2, "page_size": 4}, 50, "more KV pages"),
     ],
 )
-def test_add_request_refuses_prompts_that_can_never_run(
+def test_check_fits_refuses_prompts_that_can_never_run(
     overrides: dict, prompt_len: int, message: str
 ) -> None:
     sched = make_scheduler(**overrides)
     with pytest.raises(ValueError, match=message):
-        sched.add_request(make_request("long", prompt_len))
+        sched.check_fits(make_request("long", prompt_len))
     assert not sched.has_unfinished and sched.requests == {}
 
 
@@ -135,9 +135,23 @@ def test_add_request_refuses_prompts_that_can_never_run(
     ("overrides", "prompt_len"),
     [({"max_model_len": 8}, 7), ({"num_kv_pages": 2, "page_size": 4}, 7)],
 )
-def test_add_request_accepts_prompts_at_the_limit(overrides: dict, prompt_len: int) -> None:
+def test_check_fits_accepts_prompts_at_the_limit(overrides: dict, prompt_len: int) -> None:
     sched = make_scheduler(**overrides)
-    sched.add_request(make_request("edge", prompt_len))
+    edge = make_request("edge", prompt_len)
+    sched.check_fits(edge)
+    sched.add_request(edge)
+    assert sched.has_unfinished
+
+
+def test_add_request_does_not_check_the_limits_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limits are checked once, at the rank's intake (``EngineCore.submit``)."""
+    sched = make_scheduler(max_model_len=8)
+
+    def counted(request: Request) -> None:
+        raise AssertionError("add_request checked the limits again")
+
+    monkeypatch.setattr(sched, "check_fits", counted)
+    sched.add_request(make_request("queued", 4))
     assert sched.has_unfinished
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from actors.control.engine_core import EngineCore
 from actors.control.messages import GenerateRequest
-from actors.control.request import SamplingParams
+from actors.control.request import Request, SamplingParams
 from actors.server_args import ServerArgs
 from sim.cost_executor import CostExecutor
 from sim.round_costs import TOY
@@ -73,6 +73,24 @@ def test_a_rank_validates_once_and_the_engine_core_not_again(
     core.step()
     assert len(validations) == 1
     assert core.scheduler.max_model_len == args.max_model_len
+
+
+def test_a_requests_limits_are_checked_once_at_the_ranks_intake(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    core = EngineCore(ServerArgs(**APP_ARGS), CostExecutor(TOY))
+    checked: list[str] = []
+    check_fits = core.scheduler.check_fits
+
+    def counted(request: Request) -> None:
+        checked.append(request.request_id)
+        check_fits(request)
+
+    monkeypatch.setattr(core.scheduler, "check_fits", counted)
+    core.submit(GenerateRequest("r", (1, 2, 3), SamplingParams(max_tokens=2)).to_request())
+    while core.has_local_work:
+        core.step()
+    assert checked == ["r"]
 
 
 def test_pickling_crosses_a_process_boundary_with_one_validation(

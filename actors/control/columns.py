@@ -27,7 +27,7 @@ def _ctx_requests(s: Scheduler) -> int:
 
 def _head_wait_rounds(s: Scheduler) -> int:
     # Rounds since the oldest held prompt (queue head or a resident chunk) was first published.
-    first = [r.first_want_round for r in s._partial if r.first_want_round is not None]
+    first = [r.first_want_round for r in s.queues.partial if r.first_want_round is not None]
     if s.waiting and s.waiting[0].first_want_round is not None:
         first.append(s.waiting[0].first_want_round)
     return s.round - min(first) if first else 0
@@ -35,7 +35,7 @@ def _head_wait_rounds(s: Scheduler) -> int:
 
 def _backlog_rounds(s: Scheduler) -> int:
     # Open rounds the rank's prefill backlog needs at its token budget (ceil).
-    tokens = sum(r.num_uncomputed_prompt_tokens for r in s._partial)
+    tokens = sum(r.num_uncomputed_prompt_tokens for r in s.queues.partial)
     tokens += sum(r.num_prompt_tokens for r in s.waiting)
     return -(-tokens // s.args.max_scheduled_tokens)
 

@@ -1,47 +1,61 @@
 """How a request leaves the scheduler early: a client's abort, or a failure of its own.
 
-A mixin of ``Scheduler`` (its queues, pool and counters), kept apart so the scheduler module
-holds the round itself. Both ends take the request out of every queue and the pool and queue
-its final event for the next ``update``; only a failure records an error for the client.
+Both ends take the request out of every queue and the pool and queue its final event for the
+next ``Scheduler.update``; only a failure records an error for the client. Aborts may be asked
+for from any thread and are applied at the start of the next plan, on the round's thread.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
 from actors.control.admission import AdmissionWaits
 from actors.control.kv_pool import KVPool
 from actors.control.prefix_cache import PrefixCache
+from actors.control.queues import RequestQueues
 from actors.control.request import Request, RequestStatus
 from actors.control.round import RoundPlan, TokenEvent
 
 
 class RequestEnds:
-    """Aborts and per-request failures (the scheduler's bookkeeping for both)."""
+    """Aborts and per-request failures on one rank: one per ``Scheduler``, over its queues."""
 
-    pool: KVPool
-    prefix: PrefixCache
-    waiting: deque[Request]
-    running: list[Request]
-    retracted: deque[Request]
-    requests: dict[str, Request]
-    waits: AdmissionWaits
-    num_aborts: int
-    num_failures: int
-    aborted_parked_ids: list[str]
-    _pending_aborts: deque[str]
-    _aborted_events: list[TokenEvent]
-    _partial: set[Request]
-    _resume_status: dict[str, RequestStatus]
+    def __init__(
+        self,
+        queues: RequestQueues,
+        pool: KVPool,
+        prefix: PrefixCache,
+        waits: AdmissionWaits,
+    ) -> None:
+        self.queues = queues
+        self.pool = pool
+        self.prefix = prefix
+        self.waits = waits
+        self.num_aborts = 0
+        self.num_failures = 0
+        # Request ids whose abort was asked for (any thread); applied at the next plan.
+        self.pending_aborts: deque[str] = deque()
+        # Final events of the requests ended since the last update, which hands them out.
+        self.events: list[TokenEvent] = []
+        # Retracted requests ended before readmission: their KV is parked off-device, and the
+        # engine core tells the executor to let go of it (it drains this list every round).
+        self.aborted_parked_ids: list[str] = []
 
-    if TYPE_CHECKING:  # provided by ``RoundPlanner``
+    @property
+    def has_pending(self) -> bool:
+        """Whether an abort waits for the next plan or a final event for the next update."""
+        return bool(self.pending_aborts or self.events)
 
-        def _unplan(self, req: Request, plan: RoundPlan) -> None: ...
+    def abort(self, request_id: str) -> None:
+        """Ask for ``request_id``'s abort (safe from any thread: one deque append)."""
+        self.pending_aborts.append(request_id)
 
-    def _apply_aborts(self) -> None:
-        while self._pending_aborts:
-            req = self.requests.get(self._pending_aborts.popleft())
+    def apply_aborts(self) -> None:
+        """End every request whose abort was asked for (unknown or finished ids are skipped)."""
+        pending = self.pending_aborts
+        requests = self.queues.requests
+        while pending:
+            req = requests.get(pending.popleft())
             if req is None or req.is_finished:
                 continue
             self.num_aborts += 1
@@ -54,29 +68,25 @@ class RequestEnds:
         rank's other requests and the group carry on. Its chunks leave ``plan``."""
         if req.is_finished:
             return
-        if plan is not None and any(c.request is req for c in plan.chunks):
-            self._unplan(req, plan)
+        if plan is not None:
+            plan.unplan(req)
         req.error = error
         self.num_failures += 1
         self._drop(req, RequestStatus.FINISHED_ERROR)
 
+    def take_events(self) -> list[TokenEvent]:
+        """The final events queued since the last call (the update hands them out)."""
+        events, self.events = self.events, []
+        return events
+
     def _drop(self, req: Request, status: RequestStatus) -> None:
         """Take ``req`` out of every queue and the pool, finished with ``status``; its
         event goes out with the next update."""
-        if req in self.retracted:
+        if req in self.queues.retracted:
             # Its KV is parked off-device: the executor must let go of it too.
             self.aborted_parked_ids.append(req.request_id)
-        for queue in (self.waiting, self.running, self.retracted):
-            if req in queue:
-                queue.remove(req)
-        self._partial.discard(req)
+        self.queues.remove(req)
         self.pool.free(req.request_id)
-        self._resume_status.pop(req.request_id, None)
         self.waits.forget(req)
         req.status = status
-        self._finish(req)
-        self._aborted_events.append(TokenEvent(req, None, True))
-
-    def _finish(self, req: Request) -> None:
-        req.page_ids = []
-        self.requests.pop(req.request_id, None)
+        self.events.append(TokenEvent(req, None, True))

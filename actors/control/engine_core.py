@@ -57,7 +57,11 @@ class EngineCore:
 
     def submit(self, request: Request) -> None:
         """Queue a request for the next round (any thread); refuses, at once, a prompt that
-        could never run on this rank (the ingress answers those with a 400 before)."""
+        could never run on this rank (the ingress answers those with a 400 before).
+
+        The rank's intake is its trust boundary: the limits are checked here, once, and
+        nowhere after it (not by the scheduler's ``add_request``, not by the executor).
+        """
         self.scheduler.check_fits(request)
         if self._check_request is not None:
             self._check_request(request)  # what only the executor knows (a grammar compiles)

@@ -1,50 +1,102 @@
 """How a rank's round is filled: readmissions, decodes, prefill chunks, and retraction.
 
-The planning half of ``Scheduler``, kept in its own module (the scheduler inherits it; intake,
-the probe, aborts and the update after the forward stay there). It reads and moves the
-scheduler's queues and pool, and stamps each prompt's first prefill round.
+The scheduler's planning part: it reads and moves the rank's queues and pool within the
+round's token budget, stamps each prompt's first prefill round, and fails alone (through the
+endings part) a request whose planning raises.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING
 
+from actors.control.admission import AdmissionWaits
+from actors.control.endings import RequestEnds
 from actors.control.kv_pool import KVPool
+from actors.control.prefix_cache import PrefixCache
+from actors.control.queues import RequestQueues
 from actors.control.request import Request, RequestStatus
 from actors.control.round import RoundPlan, ScheduledChunk
+from actors.server_args import ServerArgs
 from gate.permission import ALLOW_ALL, Permission
-
-if TYPE_CHECKING:
-    from actors.control.admission import AdmissionWaits
-    from actors.control.prefix_cache import PrefixCache
 
 logger = logging.getLogger("roundgate.scheduler")
 
 # Above this KV occupancy a rank admits no new prompt (and its probe wants no prefill for one).
 PREFILL_WATERMARK = 0.9
+# Prefill batch sizes remembered for SGLang's ``max_prefill_bs`` column (its window length).
+PREFILL_SIZE_WINDOW = 16
 _RETRACTED = RequestStatus.RETRACTED
 
 
 class RoundPlanner:
-    """Chooses a round's chunks within its token budget and the rank's pool."""
+    """Chooses a round's chunks within its token budget and the rank's pool; one per
+    ``Scheduler``, over its queues, pool, prefix cache and admission waits."""
 
-    pool: KVPool
-    waiting: deque[Request]
-    running: list[Request]
-    max_batch_size: int
-    round: int
-    waits: AdmissionWaits
-    prefix: PrefixCache
-    _partial: set[Request]
+    def __init__(
+        self,
+        args: ServerArgs,
+        queues: RequestQueues,
+        pool: KVPool,
+        prefix: PrefixCache,
+        waits: AdmissionWaits,
+        ends: RequestEnds,
+    ) -> None:
+        self.max_batch_size = args.max_batch_size
+        self.max_scheduled_tokens = args.max_scheduled_tokens
+        self.is_mixed = args.enable_mixed_prefill_decode
+        self.queues = queues
+        # The queues this part reads every round, bound once (the same objects as ``queues``').
+        self.waiting = queues.waiting
+        self.running = queues.running
+        self.retracted = queues.retracted
+        self.partial = queues.partial
+        self.pool = pool
+        self.prefix = prefix
+        self.waits = waits
+        self.ends = ends
+        self.num_retractions = 0
+        # New-prompt and chunk counts of recent prefill rounds (SGLang's max_prefill_bs).
+        self.prefill_sizes: deque[int] = deque(maxlen=PREFILL_SIZE_WINDOW)
+        # The round being planned (``plan``'s argument), for the first-prefill stamps.
+        self._round = 0
 
-    num_retractions: int
-    _resume_status: dict[str, RequestStatus]
+    @property
+    def is_excused(self) -> bool:
+        """Whether a waiting prompt is held this round by pressure or a full batch (reasons
+        the gate does not own), which its admission wait does not count."""
+        return bool(self.waiting) and (
+            self.pool.occupancy > PREFILL_WATERMARK or len(self.running) >= self.max_batch_size
+        )
 
-    if TYPE_CHECKING:  # provided by ``RequestEnds`` (a stub here would shadow it)
-
-        def fail(self, req: Request, error: str, plan: RoundPlan | None = None) -> None: ...
+    def plan(self, permission: Permission, round_index: int) -> RoundPlan:
+        """Choose round ``round_index``'s work under the policy's permission (new prompts,
+        resident chunks, both or neither)."""
+        allow = permission.allow_new or permission.allow_chunks
+        self._round = round_index
+        plan = RoundPlan(permission=permission)
+        if self.retracted:
+            self._readmit(plan)
+        if not self.running and not self.waiting:
+            return plan  # nothing to plan: the common case of an idle rank in a busy group
+        budget = self.max_scheduled_tokens
+        if self.is_mixed:
+            # Decodes first; while prefill may run, hold back room for it in the budget.
+            reserve = min(self.pending_prefill_tokens(permission), budget // 2) if allow else 0
+            budget -= self._plan_decodes(plan, budget - reserve)
+            if allow:
+                self._plan_prefill(plan, budget, permission)
+        else:
+            # Non-mixed: a round with prefill runs it alone; decodes run when there is none.
+            if allow:
+                self._plan_prefill(plan, budget, permission)
+            if not plan.chunks:
+                self._plan_decodes(plan, budget)
+        if allow and plan.num_extends:
+            self.prefill_sizes.append(plan.num_extends)
+        if self.waiting and self.is_excused:
+            self.waits.excused_rounds += 1
+        return plan
 
     def _readmit(self, plan: RoundPlan) -> None:
         """Bring retracted requests back (a cache restore: no prefill tokens, gate or not)."""
@@ -59,10 +111,10 @@ class RoundPlanner:
                 continue
             self.retracted.popleft()
             req.page_ids = self.pool.pages_of(req.request_id)
-            req.status = self._resume_status.pop(req.request_id)
+            req.status = self.queues.resume_status.pop(req.request_id)
             self.running.append(req)
             if req.num_computed_tokens < req.num_prompt_tokens:
-                self._partial.add(req)
+                self.partial.add(req)
             plan.readmitted.append(req)
 
     def _plan_decodes(self, plan: RoundPlan, budget: int) -> int:
@@ -121,8 +173,8 @@ class RoundPlanner:
             self.prefix.retarget_copies(old_pages, plan)
         self.pool.free(req.request_id)
         self.running.remove(req)
-        self._partial.discard(req)
-        self._resume_status[req.request_id] = req.status
+        self.partial.discard(req)
+        self.queues.resume_status[req.request_id] = req.status
         req.status = RequestStatus.RETRACTED
         req.page_ids = []
         if req in plan.readmitted:
@@ -134,26 +186,17 @@ class RoundPlanner:
             self.retracted.append(req)
             plan.retracted.append((req, old_pages))
         # A chunk of it already planned this round would now write into freed pages.
-        self._unplan(req, plan)
+        plan.unplan(req)
         self.num_retractions += 1
-
-    def _unplan(self, req: Request, plan: RoundPlan) -> None:
-        """Take ``req``'s chunks back out of ``plan`` (its computed count with them)."""
-        kept = [c for c in plan.chunks if c.request is not req]
-        for chunk in plan.chunks:
-            if chunk.request is req:
-                req.num_computed_tokens -= chunk.num_tokens
-        plan.chunks[:] = kept
-        plan._counts = None
 
     def _planning_failed(self, req: Request, plan: RoundPlan, exc: Exception) -> None:
         """A request whose planning raised fails alone; the round goes on without it."""
         logger.exception("request %s: planning failed; failing it alone", req.request_id)
-        self.fail(req, f"internal error while scheduling the request: {exc}", plan)
+        self.ends.fail(req, f"internal error while scheduling the request: {exc}", plan)
 
     def _plan_prefill(self, plan: RoundPlan, budget: int, permission: Permission) -> None:
         """Resident chunks first, then new prompts, within the token budget and the pool."""
-        if self._partial and permission.allow_chunks:
+        if self.partial and permission.allow_chunks:
             for req in self.running:
                 if budget <= 0:
                     return
@@ -183,7 +226,7 @@ class RoundPlanner:
                 req.page_ids = self.pool.pages_of(req.request_id)
                 req.status = RequestStatus.PREFILLING
                 self.running.append(req)
-                self._partial.add(req)
+                self.partial.add(req)
                 scheduled = self._schedule_chunk(plan, req, budget, may_retract=False)
             except Exception as exc:
                 self._planning_failed(req, plan, exc)
@@ -191,7 +234,7 @@ class RoundPlanner:
             if scheduled == 0:
                 # Admitted but no page to start on: back to the head of the queue.
                 self.running.pop()
-                self._partial.discard(req)
+                self.partial.discard(req)
                 self.pool.free(req.request_id)
                 req.page_ids = []
                 req.num_computed_tokens = 0
@@ -217,9 +260,9 @@ class RoundPlanner:
         plan.chunks.append(ScheduledChunk(req, start, fits, True))
         req.num_computed_tokens += fits
         if req.num_computed_tokens >= req.num_prompt_tokens:
-            self._partial.discard(req)
+            self.partial.discard(req)
         if req.first_prefill_round is None:
-            self.waits.first_prefill(req, self.round)
+            self.waits.first_prefill(req, self._round)
         return fits
 
     def _fitting_tokens(self, req: Request, start: int, want: int) -> int:
@@ -227,11 +270,11 @@ class RoundPlanner:
         room = held + self.pool.num_free_pages * self.pool.page_size - start
         return max(0, min(want, room))
 
-    def _pending_prefill_tokens(self, permission: Permission = ALLOW_ALL) -> int:
+    def pending_prefill_tokens(self, permission: Permission = ALLOW_ALL) -> int:
         """Prefill tokens the permission could plan: resident chunks, else the next prompt."""
         resident = 0
         if permission.allow_chunks:
-            resident = sum(r.num_uncomputed_prompt_tokens for r in self._partial)
+            resident = sum(r.num_uncomputed_prompt_tokens for r in self.partial)
         if resident or not permission.allow_new:
             return resident
         return self.prefix.num_uncached_tokens(self.waiting[0]) if self.waiting else 0

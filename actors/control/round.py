@@ -66,10 +66,22 @@ class RoundPlan:
     # (len(chunks), extends, prefill tokens, all tokens) from the last count. The counts are
     # read several times a round (the row, the executor, stats), so they are taken in one pass
     # and reused until the chunk list changes length: chunks are only appended or removed
-    # (``Scheduler._retract`` also drops the cache).
+    # (``unplan`` also drops the cache).
     _counts: tuple[int, int, int, int] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+
+    def unplan(self, req: Request) -> None:
+        """Take ``req``'s chunks back out, its computed count with them (it was retracted or
+        failed after they were planned: they would write into pages it no longer holds)."""
+        chunks = self.chunks
+        if not any(c.request is req for c in chunks):
+            return
+        for chunk in chunks:
+            if chunk.request is req:
+                req.num_computed_tokens -= chunk.num_tokens
+        chunks[:] = [c for c in chunks if c.request is not req]
+        self._counts = None
 
     def counts(self) -> tuple[int, int, int, int]:
         """``(batch_size, num_extends, num_prefill_tokens, num_tokens)`` in one call."""

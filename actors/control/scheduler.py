@@ -8,6 +8,16 @@
 ``plan`` advances ``num_computed_tokens`` for what it schedules, so the probe taken right after
 the plan already sees this round's chunks as done: it reports only prefill work that is still
 left for later rounds.
+
+The scheduler is composed of parts it owns, each given what it works on when it is built:
+
+    RequestQueues   where each request is (waiting, running, retracted), shared by the parts
+    RoundPlanner    what a round runs: readmissions, decodes, prefill chunks, retractions
+    RequestEnds     aborts and per-request failures, and their final events
+    AdmissionWaits  the admission-wait metric (rounds a prompt waited for the gate)
+
+It keeps intake, the probe and the update after the forward, and offers the simulator's fast
+path its decode-only steps (``plan_decode_round`` ... ``skip_decode_rounds``).
 """
 
 from __future__ import annotations
@@ -19,8 +29,10 @@ from actors.control.admission import AdmissionWaits
 from actors.control.endings import RequestEnds
 from actors.control.fork import fork_sequences
 from actors.control.kv_pool import KVPool
+from actors.control.page_keys import extend_keys
 from actors.control.planner import PREFILL_WATERMARK, RoundPlanner
 from actors.control.prefix_cache import PrefixCache
+from actors.control.queues import RequestQueues
 from actors.control.request import Request, RequestStatus
 from actors.control.round import (
     PROBES,
@@ -32,15 +44,20 @@ from actors.control.round import (
 from actors.server_args import ServerArgs
 from gate.permission import Permission
 
-# Prefill batch sizes remembered for SGLang's ``max_prefill_bs`` column (its window length).
-PREFILL_SIZE_WINDOW = 16
 _RETRACTED = RequestStatus.RETRACTED
 _DECODING = RequestStatus.DECODING
 _LOADING = RequestStatus.LOADING
+_LENGTH = RequestStatus.FINISHED_LENGTH
+# ``decode_horizon``'s answer for "not within any run": no request is that far from its end.
+FAR_ROUNDS = 1 << 30
 
 
-class Scheduler(RoundPlanner, RequestEnds):
-    """Plans one rank's rounds: readmission, decodes, and (if the gate allows) prefill."""
+class Scheduler:
+    """Plans one rank's rounds: readmission, decodes, and (if the gate allows) prefill.
+
+    Composed of parts it owns and calls, over one ``RequestQueues``: the planner (what a
+    round runs), the endings part (aborts, failures) and the admission-wait metric.
+    """
 
     def __init__(self, args: ServerArgs, max_model_len: int | EllipsisType | None = ...) -> None:
         self.args = args
@@ -56,33 +73,28 @@ class Scheduler(RoundPlanner, RequestEnds):
         # "length" there, as it would at the context length.
         capacity = self.pool.num_pages * self.pool.page_size
         self.max_sequence_len = min(self.max_model_len or capacity, capacity)
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        # The running requests whose prompt is not fully computed (resident prefill chunks).
-        # Kept in step with ``running`` so the probe is O(1) instead of a scan per round.
-        self._partial: set[Request] = set()
-        # New-prompt and chunk counts of recent prefill rounds (SGLang's max_prefill_bs).
-        self.prefill_sizes: deque[int] = deque(maxlen=PREFILL_SIZE_WINDOW)
-        self.retracted: deque[Request] = deque()
-        self.requests: dict[str, Request] = {}
+        self.queues = queues = RequestQueues()
+        # The queues under the names the engine, the simulator and the metrics read (the same
+        # objects: nothing rebinds them).
+        self.waiting = queues.waiting
+        self.running = queues.running
+        self.retracted = queues.retracted
+        self.requests = queues.requests
         self.round = 0
-        self.num_retractions = 0
-        self.num_aborts = 0
-        self.num_failures = 0  # requests failed alone (``fail``)
         # Rounds each prompt waited for the gate (the admission-wait metric).
         self.waits = AdmissionWaits()
-        self._pending_aborts: deque[str] = deque()
-        # Retracted requests aborted before readmission; the engine drains this list.
-        self.aborted_parked_ids: list[str] = []
-        self._aborted_events: list[TokenEvent] = []
-        # Status each retracted request resumes with.
-        self._resume_status: dict[str, RequestStatus] = {}
+        self.ends = RequestEnds(queues, self.pool, self.prefix, self.waits)
+        self.planner = RoundPlanner(args, queues, self.pool, self.prefix, self.waits, self.ends)
 
     # ---- intake --------------------------------------------------------------------------
 
     def check_fits(self, request: Request) -> None:
-        """Refuse a prompt that could never run on this rank (reads only fixed limits, so any
-        thread may call it)."""
+        """Refuse a prompt that could never run on this rank: a token outside the vocabulary,
+        or a prompt (plus its first token) past the context length or the whole pool.
+
+        The rank's one limit check, made at its intake (``EngineCore.submit``, the trust
+        boundary); it reads only fixed limits, so any thread may call it.
+        """
         vocab = self.vocab_size
         ids = request.prompt_token_ids
         # min/max first: a C-speed pass where the scan for the culprit costs ~10 us a prompt.
@@ -103,10 +115,10 @@ class Scheduler(RoundPlanner, RequestEnds):
             )
 
     def add_request(self, request: Request, loading: bool = False) -> None:
-        """Queue a new prompt; refuses duplicates and prompts that could never run here."""
+        """Queue a new prompt (refusing a duplicate id). Its limits were checked once, at the
+        rank's intake (``check_fits``); the simulator checks its workload up front."""
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        self.check_fits(request)
         request.status = RequestStatus.LOADING if loading else RequestStatus.WAITING
         request.arrival_round = self.round
         self.requests[request.request_id] = request
@@ -123,13 +135,13 @@ class Scheduler(RoundPlanner, RequestEnds):
 
     def abort(self, request_id: str) -> None:
         """Cancel a request; applied at the next plan (safe to call from another thread)."""
-        self._pending_aborts.append(request_id)
+        self.ends.abort(request_id)
 
-    # ---- the probe -----------------------------------------------------------------------
+    # ---- the probe and what the engine reads ---------------------------------------------
 
     def probe(self) -> Probe:
         """What this rank publishes: prefill backlog (under the watermark rule), decode work."""
-        num_partial = len(self._partial)
+        num_partial = len(self.queues.partial)
         new_work = bool(self.waiting) and self.pool.occupancy <= PREFILL_WATERMARK
         return PROBES[num_partial > 0 or new_work, len(self.running) > num_partial]
 
@@ -156,7 +168,7 @@ class Scheduler(RoundPlanner, RequestEnds):
     @property
     def num_resident_chunks(self) -> int:
         """Running requests whose prompt is not fully computed yet."""
-        return len(self._partial)
+        return len(self.queues.partial)
 
     @property
     def can_admit(self) -> bool:
@@ -171,61 +183,53 @@ class Scheduler(RoundPlanner, RequestEnds):
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running or self.retracted or self._pending_aborts)
+        return bool(self.waiting or self.running or self.retracted or self.ends.pending_aborts)
 
-    # ---- the plan ------------------------------------------------------------------------
+    @property
+    def prefill_sizes(self) -> deque[int]:
+        """New-prompt and chunk counts of recent prefill rounds (SGLang's max_prefill_bs)."""
+        return self.planner.prefill_sizes
+
+    @property
+    def num_retractions(self) -> int:
+        return self.planner.num_retractions
+
+    @property
+    def num_aborts(self) -> int:
+        return self.ends.num_aborts
+
+    @property
+    def num_failures(self) -> int:
+        """Requests failed alone (their planning or their forward raised)."""
+        return self.ends.num_failures
+
+    @property
+    def aborted_parked_ids(self) -> list[str]:
+        """Retracted requests ended before readmission; the engine core drains this list."""
+        return self.ends.aborted_parked_ids
+
+    # ---- the round -----------------------------------------------------------------------
 
     def plan(self, permission: Permission) -> RoundPlan:
         """Choose this round's work under the policy's permission (new prompts, resident
         chunks, both or neither: ``vote.permission``)."""
-        allow = permission.allow_new or permission.allow_chunks
         self.round += 1
-        if self._pending_aborts:
-            self._apply_aborts()
-        plan = RoundPlan(permission=permission)
-        if self.retracted:
-            self._readmit(plan)
-        if not self.running and not self.waiting:
-            return plan  # nothing to plan: the common case of an idle rank in a busy group
-        budget = self.args.max_scheduled_tokens
-        if self.args.enable_mixed_prefill_decode:
-            # Decodes first; while prefill may run, hold back room for it in the budget.
-            reserve = min(self._pending_prefill_tokens(permission), budget // 2) if allow else 0
-            budget -= self._plan_decodes(plan, budget - reserve)
-            if allow:
-                self._plan_prefill(plan, budget, permission)
-        else:
-            # Non-mixed: a round with prefill runs it alone; decodes run when there is none.
-            if allow:
-                self._plan_prefill(plan, budget, permission)
-            if not plan.chunks:
-                self._plan_decodes(plan, budget)
-        if allow and plan.num_extends:
-            self.prefill_sizes.append(plan.num_extends)
-        if self.waiting:
-            self._account_excused_wait()
-        return plan
-
-    def _account_excused_wait(self) -> None:
-        if self.waiting and (
-            self.pool.occupancy > PREFILL_WATERMARK or len(self.running) >= self.max_batch_size
-        ):
-            self.waits.excused_rounds += 1
-
-    # ---- after the forward ---------------------------------------------------------------
+        if self.ends.pending_aborts:
+            self.ends.apply_aborts()
+        return self.planner.plan(permission, self.round)
 
     def update(self, plan: RoundPlan, result: RoundResult) -> list[TokenEvent]:
         """Append sampled tokens, finish requests and free their pages."""
-        if not plan.chunks and not self._aborted_events:
+        ends = self.ends
+        if not plan.chunks and not ends.events:
             return []
         if result.failed:
             for request_id, error in result.failed.items():
                 req = self.requests.get(request_id)
                 if req is not None:
-                    self.fail(req, error)
-        events, self._aborted_events = self._aborted_events, []
-        keep = self.prefix.enabled
-        if keep and plan.num_extends:
+                    ends.fail(req, error)
+        events = ends.take_events() if ends.events else []
+        if self.prefix.enabled and plan.num_extends:
             self.prefix.keep_prefilled(plan)
         sampled = result.sampled
         logprobs = result.logprobs
@@ -249,16 +253,19 @@ class Scheduler(RoundPlanner, RequestEnds):
             req.status = _DECODING
             finished = append_token(req, token, max_len)
             if finished:
-                if keep:
-                    self.prefix.keep_last_page(req)  # a finished answer's last full page
-                self.running.remove(req)
-                self._partial.discard(req)
-                self.pool.free(req.request_id)
-                self._finish(req)
+                self._retire(req)
             append(make_event(TokenEvent, (req, token, finished)))
         if result.forks:
             self._fork(plan, result, events)
         return events
+
+    def _retire(self, req: Request) -> None:
+        """A running request finished: its last full page keyed (a finished answer stays
+        reusable), its pages freed, and it leaves the queues."""
+        if self.prefix.enabled:
+            self.prefix.keep_last_page(req)
+        self.pool.free(req.request_id)
+        self.queues.retire(req)
 
     def _fork(self, plan: RoundPlan, result: RoundResult, events: list[TokenEvent]) -> None:
         """Take in the sequences forked this round (``actors.control.fork``): as retracted
@@ -270,10 +277,186 @@ class Scheduler(RoundPlanner, RequestEnds):
             )
             for child, token, finished in forked:
                 if finished:
-                    self.aborted_parked_ids.append(child.request_id)  # its KV copy is unused
+                    self.ends.aborted_parked_ids.append(child.request_id)  # its KV copy is unused
                 else:
                     self.requests[child.request_id] = child
-                    self._resume_status[child.request_id] = _DECODING
+                    self.queues.resume_status[child.request_id] = _DECODING
                     child.status = _RETRACTED
                     self.retracted.append(child)
                 events.append(TokenEvent(child, token, finished))
+
+    # ---- decode-only rounds, without plan objects (the simulator's fast path) ---------------
+    #
+    # A rank whose running requests all decode, with nothing retracted, resident or ending,
+    # runs rounds whose outcome is known without building a plan: one token per request and a
+    # page whenever one fills. These methods make exactly the state changes ``plan`` and
+    # ``update`` would, in the same order (the same page ids, keys and evictions), for one
+    # such round or k of them; ``tests/test_fast_forward.py`` compares whole simulated runs.
+
+    @property
+    def is_steady(self) -> bool:
+        """Whether every running request decodes and no resident chunk, retracted request,
+        pending abort or final event could change the next plans (prompts may wait)."""
+        return not (self.queues.partial or self.retracted or self.ends.has_pending)
+
+    def plan_decode_round(self) -> list[tuple[Request, int]] | None:
+        """``plan`` for a steady rank with nothing waiting (it can only decode, whatever the
+        vote): ``(request, start)`` per running request in plan order, pages granted. None
+        (and nothing changed) when the rank has other work, the token budget would cut the
+        decodes short or a decode would need a retraction: then ``plan`` decides."""
+        running = self.running
+        ends = self.ends
+        # ``is_steady`` and an empty queue, inlined: asked of every rank every full round.
+        if (
+            self.waiting
+            or self.queues.partial
+            or self.retracted
+            or ends.pending_aborts
+            or ends.events
+            or len(running) > self.args.max_scheduled_tokens
+        ):
+            return None
+        pool = self.pool
+        page_size = pool.page_size
+        new_pages = 0
+        for req in running:
+            need = req.num_prompt_tokens + len(req.output_token_ids)
+            if need > len(req.page_ids) * page_size:
+                new_pages += pool.pages_for(need) - len(req.page_ids)
+        if new_pages > pool.num_free_pages:
+            return None
+        self.round += 1
+        keep = self.prefix.enabled
+        decodes = []
+        for req in running:
+            computed = req.num_computed_tokens
+            need = req.num_prompt_tokens + len(req.output_token_ids)
+            if need > len(req.page_ids) * page_size:
+                if keep:
+                    self.prefix.keep_last_page(req)
+                pool.grow(req.request_id, need)
+            decodes.append((req, computed))
+            req.num_computed_tokens = computed + 1
+        return decodes
+
+    def update_decode_round(
+        self, decodes: list[tuple[Request, int]], token: int
+    ) -> list[TokenEvent]:
+        """``update`` after ``plan_decode_round``'s decodes, each of which sampled ``token``."""
+        events = []
+        max_len = self.max_sequence_len
+        make_event = tuple.__new__
+        for req, _ in decodes:
+            req.status = _DECODING
+            finished = req.append_token(token, max_len)
+            if finished:
+                self._retire(req)
+            events.append(make_event(TokenEvent, (req, token, finished)))
+        return events
+
+    def decode_horizon(self) -> tuple[int, int]:
+        """For a steady rank: steady decode rounds until its first request finishes at its
+        length (the finishing round counted), and until its first page grant; ``FAR_ROUNDS``
+        for never."""
+        room = self.max_sequence_len
+        page_size = self.pool.page_size
+        first_end = first_grant = FAR_ROUNDS
+        for req in self.running:
+            prompt = req.num_prompt_tokens
+            out = len(req.output_token_ids)
+            left = req.sampling.max_tokens - out
+            if room - prompt - out < left:
+                left = room - prompt - out
+            if left < first_end:
+                first_end = left
+            # A round's decode needs room for computed + 1 tokens: a new page once the held
+            # ones are full of computed tokens (then every page_size rounds).
+            grant = len(req.page_ids) * page_size - req.num_computed_tokens
+            if grant < first_grant:
+                first_grant = grant
+        return first_end, first_grant
+
+    def decode_page_grants(self, k: int) -> list[tuple[int, int, Request]] | None:
+        """The page grants of k steady decode rounds as ``(round, running order, request)``,
+        in the order the plans make them; None when the pool cannot grant them all, or when
+        they would carry it across the watermark while a prompt waits (its probe flips)."""
+        pool = self.pool
+        page_size = pool.page_size
+        grants: list[tuple[int, int, Request]] = []
+        for order, req in enumerate(self.running):
+            j = len(req.page_ids) * page_size - req.num_computed_tokens
+            while j < k:
+                grants.append((j, order, req))
+                j += page_size
+        if not grants:
+            return grants
+        if len(grants) > pool.num_free_pages:
+            return None
+        if self.waiting:
+            before = pool.occupancy > PREFILL_WATERMARK
+            after = (pool.num_used_pages + len(grants)) / pool.num_pages > PREFILL_WATERMARK
+            if before != after:
+                return None
+        if len(grants) > 1:
+            grants.sort(key=lambda g: (g[0], g[1]))
+        return grants
+
+    def skip_decode_rounds(
+        self, k: int, grants: list[tuple[int, int, Request]], token: int, horizon: int
+    ) -> list[Request]:
+        """Apply k steady decode rounds at once; returns the requests the last one finished,
+        in running order.
+
+        Every running request gets k tokens ``token`` (one that stops none of them), the pool
+        takes ``grants`` (``decode_page_grants(k)``), the waits count k plans, and the round
+        counter moves by k. ``horizon`` is ``decode_horizon()[0]``: the caller skips no
+        further (k <= horizon), and only at k == horizon does the last round finish requests.
+        It has also checked that no vote admits a waiting prompt in those rounds.
+        """
+        tokens = [token] * k
+        for req in self.running:
+            req.output_token_ids.extend(tokens)
+            req.num_computed_tokens += k
+        if grants:
+            self._grant(grants, k)
+        if self.waiting:
+            # Each plan counts an excused round before its probe publishes a want: round 0's
+            # count comes before the stamp of a held prompt's first want, the rest after. The
+            # grants keep the pool on its side of the watermark, so every round agrees.
+            waits = self.waits
+            over = self.pool.occupancy > PREFILL_WATERMARK
+            excused = over or len(self.running) >= self.max_batch_size  # ``is_excused``
+            if excused:
+                waits.excused_rounds += 1
+            if not over:  # the probe wants prefill for the held prompt
+                waits.wanted(self.round + 1)  # round 0 publishes a held prompt's first want
+            if excused:
+                waits.excused_rounds += k - 1
+        self.round += k
+        if k < horizon:
+            return []
+        max_len = self.max_sequence_len
+        done = [
+            req
+            for req in self.running
+            if len(req.output_token_ids) >= req.sampling.max_tokens
+            or req.num_prompt_tokens + len(req.output_token_ids) >= max_len
+        ]
+        for req in done:
+            req.status = _LENGTH
+            self._retire(req)
+        return done
+
+    def _grant(self, grants: list[tuple[int, int, Request]], k: int) -> None:
+        """The skipped plans' pool steps (after the k rounds' tokens are counted): key the page
+        just filled (``PrefixCache.keep_last_page``), then take the next one (``KVPool.grow``)."""
+        pool = self.pool
+        page_size = pool.page_size
+        keep = self.prefix.enabled
+        for j, _, req in grants:
+            tokens = req.num_computed_tokens - k + j  # computed when round j plans: a page edge
+            full = tokens // page_size
+            if keep and full and len(req.page_ids) >= full:
+                keys = extend_keys(req.page_keys, req.token_ids, full * page_size, page_size)
+                pool.register(req.page_ids[full - 1], keys[full - 1])
+            pool.grow(req.request_id, tokens + 1)

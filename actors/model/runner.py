@@ -64,7 +64,6 @@ class ModelRunner:
         self.device = resolve_device(args.device)
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.config = config = args.model_config  # read once, when the args were built
-        self.max_model_len = args.max_model_len  # resolved against the model by ServerArgs
         world = _group_world(args.dp_size, rank, group) if config.is_moe else 1
         self.placement = ExpertPlacement(
             max(config.num_experts, 1), world, rank if world > 1 else 0
@@ -120,8 +119,11 @@ class ModelRunner:
         sampled: dict[str, int] = {}
         logprobs: dict[str, TokenLogprobs] = {}
         forks: dict[str, tuple[int, ...]] = {}
-        failed = self._unrunnable(plan.chunks)
-        chunks = [c for c in plan.chunks if c.request.request_id not in failed]
+        # Requests that fail alone this round (a sampling failure): the scheduler fails them.
+        # No limit is checked here: the rank's intake refused what could never fit, and the
+        # scheduler never plans a position past the context (it finishes requests there).
+        failed: dict[str, str] = {}
+        chunks = plan.chunks
         if chunks:
             logits = self.forward(chunks, low_latency)
             picks = [i for i, c in enumerate(chunks) if c.samples]
@@ -135,15 +137,6 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return RoundResult(sampled, time.perf_counter() - started, logprobs, forks, failed)
-
-    def _unrunnable(self, chunks: Sequence[ScheduledChunk]) -> dict[str, str]:
-        """Requests this round cannot run, with why (the scheduler fails them alone)."""
-        limit = self.max_model_len
-        return {
-            c.request.request_id: f"position {c.end} exceeds the context length {limit}"
-            for c in chunks
-            if c.end > limit
-        }
 
     def _sample(
         self, logits: torch.Tensor, requests: list[Request], failed: dict[str, str]
@@ -183,10 +176,6 @@ class ModelRunner:
         Writes the chunks' K/V into the cache, exactly as ``execute`` does.
         """
         chunks = work.chunks if isinstance(work, RoundPlan) else work
-        unrunnable = self._unrunnable(chunks)
-        if unrunnable:  # ``execute`` leaves these out; a direct caller is told
-            request_id, why = next(iter(unrunnable.items()))
-            raise ValueError(f"request {request_id}: {why}")
         if self.graphs is not None and chunks and all(c.num_tokens == 1 for c in chunks):
             logits = self.graphs.run(
                 [c.token_ids[0] for c in chunks],
@@ -235,7 +224,7 @@ class ModelRunner:
         return DecodeGraphs(
             self.forward_batch,
             max_batch_size=self.args.max_batch_size,
-            max_pages=-(-self.max_model_len // self.args.page_size),
+            max_pages=-(-self.args.max_model_len // self.args.page_size),
             page_size=self.args.page_size,
             scratch_page=self.args.num_kv_pages,
             device=self.device,

@@ -29,7 +29,7 @@ async def create_chat_completion(
     ids = chat_prompt_ids(core.tokenizer, req.messages, req.tools)
     max_tokens = req.max_completion_tokens or req.max_tokens
     rid, created = http_request_id(), int(time.time())
-    choices, deltas = await core.generate(rid, [ids], req, max_tokens, "messages")
+    choices, deltas = core.generate(rid, ids, req, max_tokens, "messages")
     head = {
         "id": f"chatcmpl-{rid}",
         "object": "chat.completion.chunk",

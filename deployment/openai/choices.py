@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from actors.control.messages import GenerateChunk, Usage
 from actors.control.request import TokenLogprobs
@@ -18,29 +18,13 @@ from actors.model.detokenizer import Detokenizer
 from actors.model.tokenizer import Tokenizer
 
 
-@dataclass
-class Choice:
-    """Progress of one generated sequence."""
-
-    index: int
-    prompt_token_ids: list[int]
-    output_token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    # Whether usage counts this choice's prompt: the n choices of one prompt share one
-    # prefill, and the prompt is counted once.
-    counts_prompt: bool = True
-    # The rank's count as of its last chunk (None until one arrives).
-    usage: Usage | None = None
-    # Per output token, when logprobs were asked for: the rank's logprobs and where the
-    # token's text starts in ``text``.
-    logprobs: list[TokenLogprobs] = field(default_factory=list)
-    text_offsets: list[int] = field(default_factory=list)
-
-
 @dataclass(frozen=True)
 class Delta:
-    """New text of one choice since the previous delta (and its finish, when it ends)."""
+    """New text of one choice since the previous delta (and its finish, when it ends).
+
+    A value, not a view of its ``Choice``: with several prompts, ``merge``'s pumps run ahead
+    of the consumer, so a choice may have taken its next chunk before this delta is sent.
+    """
 
     index: int
     text: str
@@ -58,88 +42,104 @@ class RequestFailed(Exception):
         self.status = status
 
 
-class ChoiceText:
-    """One choice's text: incremental detokenization and its stop strings.
+class Choice:
+    """One generated sequence of a request: its text, detokenized incrementally and cut at its
+    stop strings as the rank's chunks arrive, and everything its body reports.
 
     With stop strings, the last ``longest - 1`` characters are held back until more text shows
     they start no stop string, so what was streamed is always a prefix of the final text and
     the deltas join to exactly the non-streamed text.
     """
 
-    def __init__(self, choice: Choice, tokenizer: Tokenizer, stop_strings: list[str]) -> None:
-        self.choice = choice
-        self.detok = Detokenizer(tokenizer)
-        self.stops = stop_strings
-        self.hold = max((len(s) for s in stop_strings), default=1) - 1
-        self.pending = ""  # decoded, not yet sent
+    def __init__(
+        self,
+        index: int,
+        prompt_token_ids: list[int],
+        tokenizer: Tokenizer,
+        stop_strings: list[str] | None = None,
+        counts_prompt: bool = True,
+    ) -> None:
+        self.index = index
+        self.prompt_token_ids = prompt_token_ids
+        # Whether usage counts this choice's prompt: the n choices of one prompt share one
+        # prefill, and the prompt is counted once.
+        self.counts_prompt = counts_prompt
+        self.output_token_ids: list[int] = []
+        self.text = ""  # sent so far (streamed, or collected for the body)
+        self.finish_reason: str | None = None
+        # The rank's count as of its last chunk (None until one arrives).
+        self.usage: Usage | None = None
+        # Per output token, when logprobs were asked for: the rank's logprobs and where the
+        # token's text starts in ``text``.
+        self.logprobs: list[TokenLogprobs] = []
+        self.text_offsets: list[int] = []
         self.stopped = False  # a stop string ended it (the rank may still be generating)
+        self._detok = Detokenizer(tokenizer)
+        self._stops = stop_strings or []
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._pending = ""  # decoded, not yet sent
 
     def feed(self, chunk: GenerateChunk) -> Delta | None:
-        """The delta a chunk of this choice's tokens makes (None: nothing to send)."""
-        choice = self.choice
+        """Take a chunk of this choice's tokens; the delta it makes (None: nothing to send)."""
         reason = chunk.finish_reason
         ids = list(chunk.token_ids)
-        cut = offsets = None
-        if self.stops or chunk.logprobs is not None:
+        offsets = None
+        if self._stops or chunk.logprobs is not None:
             # Token by token: the stop is found at the token that completes it (tokens after
             # it are dropped, as the rank's abort would), and each token's text offset is known.
             offsets = []
             for n, token in enumerate(ids):
-                offsets.append(len(choice.text) + len(self.pending))
+                offsets.append(len(self.text) + len(self._pending))
                 final = reason is not None and n == len(ids) - 1
-                self.pending += self.detok.add([token], final=final)
+                self._pending += self._detok.add([token], final=final)
                 # Sent text never holds the start of a stop string (it would have been found
                 # while the held-back tail was searched): only the unsent text is searched.
-                cut = first_stop(self.pending, self.stops)
+                cut = first_stop(self._pending, self._stops)
                 if cut is not None:
-                    self.pending, reason = self.pending[:cut], "stop"
+                    self._pending, reason = self._pending[:cut], "stop"
                     del ids[n + 1 :], offsets[n + 1 :]
                     self.stopped = True
                     break
         else:
-            self.pending += self.detok.add(ids, final=reason is not None)
+            self._pending += self._detok.add(ids, final=reason is not None)
         logprobs = None if chunk.logprobs is None else list(chunk.logprobs[: len(ids)])
-        usage = chunk.usage
         dropped = len(chunk.token_ids) - len(ids)
-        choice.usage = Usage(usage.prompt_tokens, usage.completion_tokens - dropped)
-        choice.output_token_ids.extend(ids)
+        self.usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens - dropped)
+        self.output_token_ids.extend(ids)
         if logprobs is not None and offsets is not None:
-            choice.logprobs.extend(logprobs)
-            choice.text_offsets.extend(offsets)
-        pending = self.pending
-        send = len(pending) if reason is not None else max(0, len(pending) - self.hold)
-        delta, self.pending = pending[:send], pending[send:]
-        choice.text += delta
+            self.logprobs.extend(logprobs)
+            self.text_offsets.extend(offsets)
+        pending = self._pending
+        send = len(pending) if reason is not None else max(0, len(pending) - self._hold)
+        text, self._pending = pending[:send], pending[send:]
+        self.text += text
         if reason is not None:
-            choice.finish_reason = reason
-        if delta or reason is not None or ids:
-            return Delta(choice.index, delta, ids, reason, logprobs, offsets)
+            self.finish_reason = reason
+        if text or reason is not None or ids:
+            return Delta(self.index, text, ids, reason, logprobs, offsets)
         return None
 
 
 async def run_choices(
-    stream: AsyncIterator[GenerateChunk],
-    choices: list[Choice],
-    tokenizer: Tokenizer,
-    stop_strings: list[str],
+    stream: AsyncIterator[GenerateChunk], choices: list[Choice]
 ) -> AsyncIterator[Delta]:
-    """Turn one rank stream's chunks (``chunk.index`` picks the choice) into text deltas.
+    """Feed one rank stream's chunks (``chunk.index`` picks the choice) to its choices and
+    yield the deltas they make.
 
     Leaving the stream early (every choice ended on a stop string) cancels it: the rank
     aborts what is still running.
     """
-    texts = [ChoiceText(c, tokenizer, stop_strings) for c in choices]
     ended = 0
     async for chunk in stream:
         if chunk.error is not None:
             raise RequestFailed(chunk.error, chunk.error_status)
-        text = texts[chunk.index]
-        if text.stopped:
+        choice = choices[chunk.index]
+        if choice.stopped:
             continue  # stopped here by a stop string; the rank's later tokens are dropped
-        delta = text.feed(chunk)
+        delta = choice.feed(chunk)
         if delta is not None:
             yield delta
-        if text.stopped or chunk.finish_reason is not None:
+        if choice.stopped or chunk.finish_reason is not None:
             ended += 1
             if ended == len(choices):
                 return

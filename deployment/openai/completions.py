@@ -37,8 +37,8 @@ async def create_completion(core: Ingress, request: Request) -> dict[str, Any] |
         return completion_logprobs(texts, ids, lps, offsets)
 
     rid, created = http_request_id(), int(time.time())
-    choices, deltas = await core.generate(rid, prompts, req, req.max_tokens or 16, "prompt")
-    # After ``generate``'s checks: an id outside the vocabulary is a 400, not a decode error.
+    choices, deltas = core.generate_each(rid, prompts, req, req.max_tokens or 16, "prompt")
+    # After ``generate_each``'s checks: an id outside the vocabulary is a 400, not a decode error.
     echoes = echo_texts(req, prompts, core.tokenizer) if req.echo else None
     head = {
         "id": f"cmpl-{rid}",
