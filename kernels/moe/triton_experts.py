@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 
 BLOCK_M = 16
-BLOCK_N = 32
-BLOCK_K = 32
+BLOCK_N = 64
+BLOCK_K = 64
 
 
 @triton.jit
