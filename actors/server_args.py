@@ -25,12 +25,14 @@ from gate import registry
 from gate.delay import PrefillDelay
 from gate.policy import PrefillPolicy
 from gate.spec import PolicyContext, annotation_type
+from kernels.triton_env import check_triton_device
 
 # The closed sets of values some flags take (``_validate`` checks them, argparse lists them).
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 MOE_BACKENDS = ("auto", "local", "torch", "deepep")
+MOE_KERNELS = ("torch", "triton")
 GGUF_WEIGHTS = ("packed", "float")
 
 C = TypeVar("C")
@@ -92,6 +94,17 @@ class ServerArgs:
     device: str = _flag("compute device", "auto", choices=DEVICES)
     attention_backend: str = _flag("paged attention backend", "auto", choices=ATTENTION_BACKENDS)
     moe_backend: str = _flag("MoE dispatch/combine backend", "auto", choices=MOE_BACKENDS)
+    moe_kernel: str = _flag(
+        "MoE expert computation: torch (a GEMM pair per expert) or triton (fused grouped "
+        "GEMMs; CUDA, or CPU under TRITON_INTERPRET=1)",
+        "torch",
+        choices=MOE_KERNELS,
+    )
+    enforce_eager: bool = _flag(
+        "run decode rounds eagerly (no CUDA graphs; they are captured per batch-size bucket on "
+        "CUDA for dense models on --attention-backend triton)",
+        False,
+    )
     gguf_weights: str = _flag(
         "GGUF Q4_1/Q8_0 linear weights on CPU: packed (the file's blocks, an AVX2 kernel) or "
         "float (dequantized)",
@@ -158,6 +171,11 @@ class ServerArgs:
                 raise ValueError(
                     f"{_cli(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}"
                 )
+        if self.device == "cpu":  # auto may still find CUDA on the rank: the runner checks
+            if self.attention_backend == "triton":
+                check_triton_device("--attention-backend", "cpu")
+            if self.moe_kernel == "triton":
+                check_triton_device("--moe-kernel", "cpu")
         if self.max_num_seqs < self.dp_size:
             raise ValueError(
                 f"--max-num-seqs ({self.max_num_seqs}) must be >= --dp-size ({self.dp_size}): "

@@ -133,7 +133,10 @@ def test_backend_resolution(name: str, device: str, installed: tuple, expected: 
         ("magic", "cpu", (), "must be one of"),
     ],
 )
-def test_backend_refusals_name_the_flag(name: str, device: str, installed: tuple, message: str):
+def test_backend_refusals_name_the_flag(
+    name: str, device: str, installed: tuple, message: str, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # no interpreter: triton needs CUDA
     with pytest.raises(ValueError, match=f"--attention-backend.*{message}"):
         resolve_attention_backend(name, device, _available(*installed))
 

@@ -5,7 +5,9 @@ and DeepSeek-V3 (MLA, a dense first layer, grouped sigmoid routing, a shared exp
 every rank) directories built with transformers. Two processes each hold half of the
 experts and their own requests; every MoE layer is an all-to-all between them.
 Rounds where one rank has nothing to run check the idle forward: that rank joins the
-collectives with zero tokens and the group does not hang.
+collectives with zero tokens and the group does not hang. One more run puts the ranks on
+the Triton kernels (fused experts between the all-to-all legs, Triton attention; under
+Triton's interpreter on CPU) against the single-process torch forward.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from actors.control.round import RoundPlan
 from actors.model.runner import ModelRunner
 from actors.server_args import ServerArgs
 from gate import RankRow, read_rows
+from kernels.triton_env import interpreter_enabled
 
 PROMPTS = {"a": [1, 2, 3, 4, 5, 6, 7], "b": [40, 41, 42], "c": [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11]}
 HOME = {"a": 0, "b": 0, "c": 1}  # which rank serves each request
@@ -51,10 +54,11 @@ def gathered_rows(round_index: int) -> list[RankRow]:
     return rows
 
 
-def moe_args(model: str, dp_size: int) -> ServerArgs:
+def moe_args(model: str, dp_size: int, kernels: str = "torch") -> ServerArgs:
     backend = "torch" if dp_size > 1 else "local"
+    triton = {"attention_backend": "triton", "moe_kernel": "triton"} if kernels == "triton" else {}
     return ServerArgs(
-        model=model, dp_size=dp_size, moe_backend=backend, page_size=4, num_kv_pages=64
+        model=model, dp_size=dp_size, moe_backend=backend, page_size=4, num_kv_pages=64, **triton
     )
 
 
@@ -82,12 +86,12 @@ def run_rounds(runner: ModelRunner, rank: int | None) -> dict[str, list[torch.Te
     return logits
 
 
-def _rank_main(rank: int, model: str, port: int, out_dir: str) -> None:
+def _rank_main(rank: int, model: str, port: int, out_dir: str, kernels: str) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep every socket on 127.0.0.1
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        runner = ModelRunner(moe_args(model, 2), rank=rank)
+        runner = ModelRunner(moe_args(model, 2, kernels), rank=rank)
         half = runner.config.num_experts // 2
         assert list(runner.placement.local_experts) == list(range(rank * half, (rank + 1) * half))
         torch.save(run_rounds(runner, rank), Path(out_dir) / f"rank{rank}.pt")
@@ -102,15 +106,27 @@ def free_port() -> int:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("model", ["tiny-moe", "qwen3_moe", "deepseek_v3"])
-def test_two_gloo_ranks_equal_one_process(tmp_path: Path, model: str) -> None:
+@pytest.mark.parametrize(
+    ("model", "kernels"),
+    [
+        ("tiny-moe", "torch"),
+        ("qwen3_moe", "torch"),
+        ("deepseek_v3", "torch"),
+        pytest.param("tiny-moe", "triton", marks=pytest.mark.triton),
+    ],
+)
+def test_two_gloo_ranks_equal_one_process(tmp_path: Path, model: str, kernels: str) -> None:
+    if kernels == "triton":
+        pytest.importorskip("triton")
+        if not (interpreter_enabled() or torch.cuda.is_available()):
+            pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1")
     if model != "tiny-moe":
         pytest.importorskip("transformers")
         build_family(model).save_pretrained(tmp_path / model)
         model = str(tmp_path / model)
     context = mp.start_processes(
         _rank_main,
-        args=(model, free_port(), str(tmp_path)),
+        args=(model, free_port(), str(tmp_path), kernels),
         nprocs=2,
         join=False,
         start_method="spawn",

@@ -59,9 +59,11 @@ class CausalLM(nn.Module):
         self.config = config
         self.placement = placement or ExpertPlacement(max(config.num_experts, 1))
         local = self.placement.num_local_experts if config.is_moe else 0
-        self.embed_tokens = torch.nn.utils.skip_init(
-            nn.Embedding, config.vocab_size, config.hidden_size
-        ).requires_grad_(False)
+        # Given its (uninitialised) weight, not ``skip_init``: that builds the module on the
+        # meta device, whose ``normal_`` goes through torch's compiler stack and imports
+        # triton on the CPU path.
+        weight = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(*weight.shape, _weight=weight, _freeze=True)
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, local) for i in range(config.num_layers)
         )

@@ -44,11 +44,14 @@ def select_backend(
 def allocate_cache(
     args: ServerArgs, config: ModelConfig, dtype: torch.dtype, device: torch.device
 ) -> PagedKVCache:
-    """``args.num_kv_pages`` pages in the architecture's layout; logs what it holds."""
+    """``args.num_kv_pages`` pages in the architecture's layout, plus one scratch page (the
+    last: padded rows of graph-captured decode rounds write there; the KV pool never hands it
+    out); logs what it holds."""
+    num_pages = args.num_kv_pages + 1
     if config.mla is not None:
         cache = PagedKVCache.allocate_latent(
             config.num_layers,
-            args.num_kv_pages,
+            num_pages,
             args.page_size,
             config.mla.latent_width,
             dtype,
@@ -57,7 +60,7 @@ def allocate_cache(
     else:
         cache = PagedKVCache.allocate(
             config.num_layers,
-            args.num_kv_pages,
+            num_pages,
             args.page_size,
             config.num_kv_heads,
             config.head_dim,

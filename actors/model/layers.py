@@ -20,7 +20,7 @@ from actors.model.config import ModelConfig
 from actors.model.rope import RotaryTable, apply_rope
 from actors.model.weights import TensorSource
 from kernels.attention import AttentionBackend, AttentionBatch, PagedKVCache
-from kernels.moe import MoEBackend
+from kernels.moe import ExpertsKernel, MoEBackend, run_experts
 
 __all__ = ["Attention", "DenseMLP", "ForwardContext", "RMSNorm", "RotaryTable", "apply_rope"]
 
@@ -39,6 +39,8 @@ class ForwardContext:
     # [T, 1, D] RoPE tables at each token's position (see ``RotaryTable.lookup``).
     cos: torch.Tensor
     sin: torch.Tensor
+    # The expert computation between dispatch and combine (``--moe-kernel``).
+    experts: ExpertsKernel = run_experts
 
 
 def param(*shape: int) -> nn.Parameter:

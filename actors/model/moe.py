@@ -5,7 +5,7 @@ One block, on one rank::
 
     weights, ids = router(x)                    # [T, k] float32, [T, k] global expert ids
     rows = backend.dispatch(x, ids, weights)    # the (token, expert) pairs for MY experts
-    out = backend.combine(run_experts(rows))    # one GEMM pair per local expert with rows
+    out = backend.combine(experts(rows))        # --moe-kernel: torch GEMM pairs or Triton
     out += sigmoid(gate(x)) * shared(x)         # Qwen2-MoE; DeepSeek's shared expert ungated
 """
 
@@ -18,7 +18,7 @@ from torch import nn
 from actors.model.config import ModelConfig
 from actors.model.layers import DenseMLP, ForwardContext, fill, linear, param
 from actors.model.weights import TensorSource
-from kernels.moe import ExpertPlacement, MoEBackend, run_experts
+from kernels.moe import ExpertPlacement, ExpertsKernel, MoEBackend, run_experts
 
 
 class Router(nn.Module):
@@ -87,15 +87,23 @@ class SparseMoE(nn.Module):
         self.shared_gate = linear(hidden, 1, bias=False) if config.shared_expert_gate else None
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext | None = None) -> torch.Tensor:
-        return self.run(x, ctx.moe if ctx else None, ctx.low_latency if ctx else False)
+        if ctx is None:
+            return self.run(x, None, False)
+        return self.run(x, ctx.moe, ctx.low_latency, ctx.experts)
 
-    def run(self, x: torch.Tensor, moe: MoEBackend | None, low_latency: bool) -> torch.Tensor:
+    def run(
+        self,
+        x: torch.Tensor,
+        moe: MoEBackend | None,
+        low_latency: bool,
+        experts: ExpertsKernel = run_experts,
+    ) -> torch.Tensor:
         if moe is None:
             raise ValueError("a MoE layer needs an MoE backend in the forward context")
         weights, ids = self.gate(x)
         dispatched = moe.dispatch(x, ids, weights, low_latency=low_latency)
         out = moe.combine(
-            run_experts(dispatched.hidden, dispatched.counts, self.w13, self.w2), dispatched
+            experts(dispatched.hidden, dispatched.counts, self.w13, self.w2), dispatched
         )
         if self.shared is not None:
             shared = self.shared(x)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from actors.control.request import Request, TokenLogprobs, sequence_id
 from actors.control.round import RoundPlan, RoundResult, ScheduledChunk
+from actors.model.decode_graphs import DecodeGraphs, ineligibility
 from actors.model.decoder import build_model, open_source
 from actors.model.gguf_blocks import pack_gguf
 from actors.model.grammar import Grammars
@@ -31,8 +32,8 @@ from actors.model.layers import ForwardContext
 from actors.model.round_sampling import sample_round
 from actors.server_args import ServerArgs
 from gate import RankRow, RoundView, read_rows
-from kernels.attention import build_attention_batch
-from kernels.moe import ExpertPlacement, select_moe_backend
+from kernels.attention import AttentionBatch, build_attention_batch
+from kernels.moe import ExpertPlacement, select_experts_kernel, select_moe_backend
 
 logger = logging.getLogger("roundgate.runner")
 
@@ -86,7 +87,14 @@ class ModelRunner:
             if config.is_moe
             else None
         )
+        self.experts = select_experts_kernel(args.moe_kernel, self.device)
         self.cache = allocate_cache(args, config, self.dtype, self.device)
+        why_eager = ineligibility(
+            self.device.type, args.enforce_eager, config.is_moe, self.attention.name
+        )
+        self.graphs = self.decode_graphs(capture=True) if why_eager is None else None
+        if why_eager is not None and self.device.type == "cuda":
+            logger.info("decode rounds run eagerly: %s", why_eager)
         # Unseeded sampling: one stream per rank, reproducible from --seed.
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed + rank)
         # request id -> host copy of its KV pages while it is retracted.
@@ -170,6 +178,14 @@ class ModelRunner:
         Writes the chunks' K/V into the cache, exactly as ``execute`` does.
         """
         chunks = work.chunks if isinstance(work, RoundPlan) else work
+        if self.graphs is not None and chunks and all(c.num_tokens == 1 for c in chunks):
+            logits = self.graphs.run(
+                [c.token_ids[0] for c in chunks],
+                [c.start for c in chunks],
+                [c.request.page_ids for c in chunks],
+            )
+            if logits is not None:  # a copy: the bucket's buffer is rewritten next round
+                return logits.to(torch.float32, copy=True)
         num_extends = sum(1 for c in chunks if c.is_prefill)
         token_ids: list[int] = []
         for c in chunks:
@@ -181,6 +197,15 @@ class ModelRunner:
             self.args.page_size,
             self.device,
         )
+        input_ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        low_latency = num_extends == 0 if low_latency is None else low_latency
+        return self.forward_batch(input_ids, batch, low_latency).float()
+
+    def forward_batch(
+        self, input_ids: torch.Tensor, batch: AttentionBatch, low_latency: bool = True
+    ) -> torch.Tensor:
+        """Logits at the last row of every sequence of ``batch`` (tensor ops only: the
+        decode graphs capture this)."""
         cos, sin = self.model.rotary.lookup(batch.positions, self.dtype)
         ctx = ForwardContext(
             attention=self.attention,
@@ -188,13 +213,25 @@ class ModelRunner:
             batch=batch,
             cache=self.cache,
             moe=self.moe,
-            low_latency=num_extends == 0 if low_latency is None else low_latency,
+            low_latency=low_latency,
             cos=cos,
             sin=sin,
+            experts=self.experts,
         )
-        input_ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
-        logits = self.model(input_ids, ctx, batch.cu_query_lens[1:] - 1)
-        return logits.float()
+        return self.model(input_ids, ctx, batch.cu_query_lens[1:] - 1)
+
+    def decode_graphs(self, capture: bool) -> DecodeGraphs:
+        """Decode rounds on per-bucket static buffers (``capture``: as CUDA graphs; without,
+        the same padded path runs eagerly, which is what a CPU can check)."""
+        return DecodeGraphs(
+            self.forward_batch,
+            max_batch_size=self.args.max_batch_size,
+            max_pages=-(-self.args.max_model_len // self.args.page_size),
+            page_size=self.args.page_size,
+            scratch_page=self.args.num_kv_pages,
+            device=self.device,
+            capture=capture,
+        )
 
     @torch.inference_mode()
     def idle_forward(self, low_latency: bool = True) -> None:

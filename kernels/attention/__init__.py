@@ -1,6 +1,7 @@
 """Paged attention behind one interface: ``prepare(batch)`` once a forward, ``forward`` a layer.
 
-Backends: ``torch`` (reference, any device), ``triton`` (CUDA paged-decode kernel) and
+Backends: ``torch`` (reference, any device), ``triton`` (paged GQA decode and extend, and
+absorbed MLA kernels: compiled on CUDA, interpreted on CPU under ``TRITON_INTERPRET=1``) and
 ``flashinfer`` (CUDA, optional extra). GPU packages are imported only when their backend
 is built, so this package imports on a CPU-only machine.
 """
@@ -16,6 +17,7 @@ import torch
 from kernels.attention.batch import AttentionBatch, PagedKVCache, build_attention_batch
 from kernels.attention.mla_torch import TorchMLAAttention
 from kernels.attention.torch_ref import TorchAttention
+from kernels.triton_env import check_triton_device
 
 __all__ = [
     "AttentionBackend",
@@ -68,7 +70,8 @@ def resolve_attention_backend(
 
     ``auto`` is ``torch`` on CPU and the first importable of flashinfer, triton on CUDA
     (``torch`` if neither is). An explicit GPU backend on CPU, or without its package, is a
-    ``ValueError`` naming the flag rather than a silent fallback.
+    ``ValueError`` naming the flag rather than a silent fallback; the one exception is
+    ``triton`` on CPU under Triton's interpreter (``TRITON_INTERPRET=1``, for tests).
     """
     kind = torch.device(device).type
     if name == "auto":
@@ -77,8 +80,10 @@ def resolve_attention_backend(
         return "torch"
     if name == "torch":
         return name
+    if name == "triton":
+        check_triton_device("--attention-backend", kind)
     if name in GPU_BACKENDS:
-        if kind != "cuda":
+        if kind != "cuda" and name != "triton":
             raise ValueError(f"--attention-backend {name} needs a CUDA device, got {kind}")
         if not available(name):
             raise ValueError(f"--attention-backend {name}: the {name!r} package is not installed")
@@ -104,21 +109,28 @@ def select_attention_backend(
 
         return FlashInferAttention(num_heads, num_kv_heads, head_dim, dtype, device)
     if chosen == "triton":
-        from kernels.attention.triton_decode import TritonDecodeAttention
+        from kernels.attention.triton_backend import TritonAttention
 
-        return TritonDecodeAttention()
+        return TritonAttention()
     return TorchAttention()
 
 
-def select_latent_attention_backend(name: str, device: torch.device | str) -> TorchMLAAttention:
-    """The latent-attention (MLA) backend: the torch reference on every device.
+def select_latent_attention_backend(name: str, device: torch.device | str) -> Any:
+    """The latent-attention (MLA) backend: ``triton`` (the absorbed kernel) or the torch
+    reference.
 
-    ``auto`` picks it; an explicit GPU backend is refused naming the flag, since only the
-    GQA layout has GPU kernels here (FlashInfer's MLA kernel is not wired in yet).
+    ``auto`` means torch here: the Triton MLA kernel has not yet run on a GPU, so it is
+    taken only when asked for. FlashInfer is refused naming the flag (its MLA kernel is not
+    wired in).
     """
     chosen = resolve_attention_backend(name, device)
+    if name == "triton":
+        from kernels.attention.triton_backend import TritonMLAAttention
+
+        return TritonMLAAttention()
     if name != "auto" and chosen != "torch":
         raise ValueError(
-            f"--attention-backend {name} has no latent-attention (MLA) kernel here; use torch"
+            f"--attention-backend {name} has no latent-attention (MLA) kernel here; "
+            "use torch or triton"
         )
     return TorchMLAAttention()

@@ -1,4 +1,6 @@
-"""MoE expert dispatch/combine across the DP group: ``local``, ``torch`` and ``deepep``.
+"""MoE expert dispatch/combine across the DP group (``--moe-backend``: ``local``, ``torch``,
+``deepep``), and the expert computation between them (``--moe-kernel``: ``torch``, a GEMM pair
+per expert, or ``triton``, fused grouped GEMMs).
 
 Attention is data-parallel (each rank its own batch); experts are sharded over the same
 ranks (``ExpertPlacement``), so every MoE layer is a group collective.
@@ -16,16 +18,23 @@ from kernels.moe.base import Dispatched, MoEBackend, group_by_expert, run_expert
 from kernels.moe.local import LocalMoE
 from kernels.moe.placement import ExpertPlacement
 from kernels.moe.torch_a2a import TorchAllToAllMoE
+from kernels.triton_env import check_triton_device
+
+# ``run_experts``' signature: grouped rows, rows per local expert, w13, w2 -> unweighted rows.
+ExpertsKernel = Callable[[torch.Tensor, list[int], torch.Tensor, torch.Tensor], torch.Tensor]
+MOE_KERNELS = ("torch", "triton")
 
 __all__ = [
     "Dispatched",
     "ExpertPlacement",
+    "ExpertsKernel",
     "LocalMoE",
     "MoEBackend",
     "TorchAllToAllMoE",
     "group_by_expert",
     "resolve_moe_backend",
     "run_experts",
+    "select_experts_kernel",
     "select_moe_backend",
 ]
 
@@ -85,3 +94,23 @@ def select_moe_backend(
 
         return DeepEPMoE(placement, group, hidden_size, max_dispatch_tokens_per_rank)
     return TorchAllToAllMoE(placement, group)
+
+
+def select_experts_kernel(
+    name: str, device: torch.device | str, available: Callable[[str], bool] = _importable
+) -> ExpertsKernel:
+    """The expert computation ``--moe-kernel name`` means on ``device``.
+
+    ``torch``: ``run_experts``. ``triton``: the fused kernels of ``triton_experts`` (CUDA, or
+    CPU under ``TRITON_INTERPRET=1``); impossible choices are a ``ValueError`` naming the flag.
+    """
+    if name == "torch":
+        return run_experts
+    if name != "triton":
+        raise ValueError(f"--moe-kernel must be one of {', '.join(MOE_KERNELS)}, got {name!r}")
+    check_triton_device("--moe-kernel", torch.device(device).type)
+    if not available("triton"):
+        raise ValueError("--moe-kernel triton: the 'triton' package is not installed")
+    from kernels.moe.triton_experts import triton_run_experts
+
+    return triton_run_experts

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# What a lent GPU checks, in one command under one time limit (default 540 s):
+#
+#   1. pytest, on CUDA (compiled Triton, no interpreter): every Triton kernel against the torch
+#      reference (tests/test_triton_kernels.py), the decode CUDA graphs captured for real
+#      (tests/test_decode_graphs.py), the Engine's greedy parity on the Triton kernels
+#      (tests/test_triton_engine.py), the GPU attention backends (tests/test_attention.py);
+#   2. benchmarks/gpu_check.py: greedy parity torch / triton eager / triton + CUDA graphs,
+#      and decode tokens/s of each on a random 0.2 B Llama-shaped model.
+#
+#   benchmarks/gpu_check.sh [LIMIT_S]        # on the GPU machine, from the carried tree
+#   benchmarks/gpu_check.sh --pack           # here, first: copy what that machine lacks
+#
+# It needs only the carried tree and the machine's python3 with torch (CUDA), triton,
+# pytest, numpy, safetensors, pyyaml, tqdm and transformers. The pure-Python `gguf` package
+# (imported by the model loader) is not on the lent H200 image: `--pack` copies it from this
+# venv into .gpu_deps/ (git-ignored; carry it along). Results: $OUT/gpu_check.json when $OUT
+# is set, else ./gpu_check.json.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--pack" ]; then
+  src="$(.venv/bin/python -c 'import gguf, os; print(os.path.dirname(gguf.__file__))' 2>/dev/null \
+    || /work/main/.venv/bin/python -c 'import gguf, os; print(os.path.dirname(gguf.__file__))')"
+  mkdir -p .gpu_deps && rm -rf .gpu_deps/gguf && cp -r "$src" .gpu_deps/gguf
+  echo "packed $src -> .gpu_deps/gguf"
+  exit 0
+fi
+
+LIMIT="${1:-540}"
+PY="${PYTHON:-python3}"
+export PYTHONPATH="$PWD:$PWD/.gpu_deps${PYTHONPATH:+:$PYTHONPATH}"
+export TRITON_INTERPRET=0 # compiled kernels (tests/conftest.py keeps an explicit value)
+export PYTHONDONTWRITEBYTECODE=1
+deadline=$((SECONDS + LIMIT))
+left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
+
+"$PY" -c 'import torch, triton, gguf; assert torch.cuda.is_available(), "no CUDA device"' || {
+  echo "gpu_check: needs python3 with torch (CUDA), triton and gguf (run --pack here first)"
+  exit 2
+}
+"$PY" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__,
+  torch.cuda.get_device_name())'
+status=0
+timeout "$(left)" "$PY" -m pytest -q -p no:cacheprovider --durations=10 \
+  tests/test_triton_kernels.py tests/test_decode_graphs.py tests/test_triton_engine.py \
+  tests/test_attention.py || status=1
+timeout "$(left)" "$PY" benchmarks/gpu_check.py --json "${OUT:-.}/gpu_check.json" || status=1
+exit $status

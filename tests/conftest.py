@@ -1,0 +1,33 @@
+"""Test-session setup: Triton's interpreter on machines without a GPU.
+
+Triton fixes the mode of its own ``tl`` helpers when it is first imported, so
+``TRITON_INTERPRET=1`` has to be in the environment before anything imports triton: here,
+first thing in the session, and only where no CUDA device exists (a GPU runs the kernels
+compiled; an explicit ``TRITON_INTERPRET`` is always kept). Nothing else reads it: the
+default backends never import triton, and a Triton backend on the CPU is accepted only
+when it is set, which the refusal tests check by clearing it for themselves.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def kernel_device() -> str:
+    """Where this test's Triton kernels run: the CPU under the interpreter, else CUDA."""
+    pytest.importorskip("triton")
+    import torch
+
+    from kernels.triton_env import interpreter_enabled
+
+    if interpreter_enabled():
+        return "cpu"
+    if not torch.cuda.is_available():
+        pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1")
+    return "cuda"
