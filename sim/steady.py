@@ -4,13 +4,14 @@ A benchmark's figures cover its whole run: the warm-up (an empty engine filling 
 drain (decode-only rounds after the last arrival) weigh in by the run's length, and a group
 that cannot keep up shows figures that grow with it. The window starts once
 ``WARMUP_FRACTION`` of the requests have been sent, and not before a median request's whole
-life after the first send (a group fills up for that long: Little's law), and ends at the
-last send, so neither end counts; over it the run is **steady** when the requests in the
-system do not grow (their least-squares slope under ``STABLE_GROWTH`` of the offered rate).
-``steady_report`` gives the window, its figures (TTFT and TPOT of the requests sent inside
-it, ITL of the tokens emitted inside it, throughput of what finished inside it) and the
-series over the whole run (throughput, queue length, ITL median per bin) that the JSON keeps
-and ``plots.steady_state`` draws.
+life after the first send (a group fills up for that long: Little's law) unless that leaves
+less than the later half of the sends, and ends at the last send, so neither end counts;
+over it the run is **steady** when the requests in the system do not grow (their
+least-squares slope under ``STABLE_GROWTH`` of the offered rate). ``steady_report`` gives the
+window, its figures (TTFT and TPOT of the requests sent inside it, ITL of the tokens emitted
+inside it, throughput of what finished inside it) and the series over the whole run
+(throughput, queue length, ITL median per bin) that the JSON keeps and ``plots.steady_state``
+draws.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def window_of(result: SimResult) -> SteadyWindow | None:
     lives = t["finish"] - t["sent"]
     life = float(np.nanmedian(lives)) if np.any(~np.isnan(lives)) else 0.0
     start = max(float(sent[int(WARMUP_FRACTION * len(sent))]), float(sent[0]) + life)
+    start = min(start, float(sent[len(sent) // 2]))  # at least the later half of the sends
     end = float(sent[-1])
     if end <= start:
         return None

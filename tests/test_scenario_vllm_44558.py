@@ -100,3 +100,9 @@ def test_an_unknown_scenario_is_refused_naming_the_flag(capsys) -> None:
         main(["simulate", "--scenario", "vllm-0"])
     assert "--scenario" in capsys.readouterr().err
     assert "vllm-44558" in SCENARIOS
+
+
+def test_a_run_length_too_short_is_refused_naming_the_flag(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["simulate", "--scenario", "vllm-44558", "--scenario-requests", "3"])
+    assert "--scenario-requests must be >= 10" in capsys.readouterr().err
