@@ -106,6 +106,26 @@ def held_out(name: str, num_requests: int, steps: int) -> dict:
     return {"fit_arm": fit_label, "predicted_arm": predict_label, "terms": terms, "rows": rows}
 
 
+def markdown(directions: dict) -> str:
+    """The docs' table (docs/cost-model.md section 5): each direction's predicted figures."""
+    lines = [
+        "| fitted on | terms refitted | predicted arm | figure | published | predicted | error |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for result in directions.values():
+        terms = ", ".join(f"`{k}` {v:g}" for k, v in result["terms"].items())
+        for r in result["rows"]:
+            if r["role"] != "predicted":
+                continue
+            err = "-" if r["error"] is None else f"{r['error'] * 100:+.1f} %"
+            lines.append(
+                f"| {result['fit_arm']} | {terms} | {r['arm']} | {r['figure']} | "
+                f"{r['published']:g} | {r['simulated']:.1f} | {err} |"
+            )
+            terms = ""
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--num-requests", type=int, default=3000)
@@ -123,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {r['role']:<9} {r['arm']:<10} {r['figure']:<14} {r['published']:>8g} "
                 f"{r['simulated']:>9.1f} {err:>8}"
             )
+    print(markdown(out["directions"]))
     if ns.json is not None:
         ns.json.parent.mkdir(parents=True, exist_ok=True)
         ns.json.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
