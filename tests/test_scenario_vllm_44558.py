@@ -10,6 +10,7 @@ and 6,000 requests: an agreement that held at one length only would be a propert
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 from cli.main import main
 from sim import cli as sim_cli
+from sim.round_costs import PRESETS
 from sim.scenarios import SCENARIOS, replay
 
 LENGTHS = (2000, 3000, 6000)
@@ -106,3 +108,17 @@ def test_a_run_length_too_short_is_refused_naming_the_flag(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["simulate", "--scenario", "vllm-44558", "--scenario-requests", "3"])
     assert "--scenario-requests must be >= 10" in capsys.readouterr().err
+
+
+def test_a_cost_flag_overrides_the_scenarios_own_preset(monkeypatch, capsys) -> None:
+    seen = {}
+
+    def fake_replay(name, costs, num_requests, seed):
+        seen["costs"] = costs
+        return [], {}
+
+    monkeypatch.setattr(sim_cli, "replay", fake_replay)
+    assert main(["simulate", "--scenario", "vllm-44558", "--extend-overhead-ms", "200"]) == 0
+    preset = PRESETS["gb200-dsv3"]
+    assert seen["costs"] == dataclasses.replace(preset, extend_overhead_ms=200.0)
+    assert "costs gb200-dsv3 with overrides" in capsys.readouterr().out
