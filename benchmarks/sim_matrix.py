@@ -127,6 +127,49 @@ def markdown(cells: list[dict]) -> str:
     return "\n".join(lines)
 
 
+MISS_LABELS = {
+    "ttft_p99_within_budget": "TTFT p99 > none's + budget",
+    "itl_p50_within_5pct": "ITL p50 > 1.05× best",
+    "throughput_within_2pct": "tok/s < 0.98× best",
+}
+
+
+def _rate(rate: float) -> str:
+    return f"{rate:g}/s"
+
+
+def summary_table(cells: list[dict]) -> str:
+    """The docs' table (docs/simulator.md): the adaptive gate, ``none`` and the best peer per
+    cell, and the targets missed."""
+    lines = [
+        "| workload | router | load | auto: TTFT p99 / ITL p50 / tok/s / decode frac | "
+        "none: TTFT p99 / ITL p50 / tok/s | best peer ITL p50 (who) | best peer tok/s (who) | "
+        "targets missed |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in cells:
+        res, t = c["policies"], c["targets"]
+        auto, none = res[AUTO], res["none"]
+        peers = {p: r for p, r in res.items() if p not in (AUTO, "roundgate")}
+        itl_who = min(peers, key=lambda p: peers[p]["itl_p50"])
+        tps_who = max(peers, key=lambda p: peers[p]["output_tokens_per_s"])
+        missed = []
+        if t["dominated_by"]:
+            missed.append(f"dominated ({', '.join(t['dominated_by'])})")
+        missed += [label for key, label in MISS_LABELS.items() if t[key] is False]
+        lines.append(
+            f"| {c['workload']} | {c['router']} | {c['load']} ({_rate(c['rate'])}) | "
+            f"{auto['ttft_p99']:,.0f} / {auto['itl_p50']:.1f} / "
+            f"{auto['output_tokens_per_s']:,.0f} / {auto['decode_frac']:.2f} | "
+            f"{none['ttft_p99']:,.0f} / {none['itl_p50']:.1f} / "
+            f"{none['output_tokens_per_s']:,.0f} | "
+            f"{peers[itl_who]['itl_p50']:.1f} ({itl_who}) | "
+            f"{peers[tps_who]['output_tokens_per_s']:,.0f} ({tps_who}) | "
+            f"{'; '.join(missed) or '—'} |"
+        )
+    return "\n".join(lines)
+
+
 def plot(cells: list[dict], path: Path) -> None:
     """The auto gate over the best peer per cell: TTFT p99, ITL p50, throughput."""
     import matplotlib
@@ -165,7 +208,16 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--num-requests", type=int, default=200)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument(
+        "--table-from",
+        type=Path,
+        default=None,
+        help="print the docs' summary table of a matrix JSON written before, and stop",
+    )
     ns = parser.parse_args()
+    if ns.table_from is not None:
+        print(summary_table(json.loads(ns.table_from.read_text())["cells"]))
+        return
     cells = []
     for workload in ns.workloads.split(","):
         for router in ROUTERS:
@@ -173,6 +225,7 @@ def main() -> None:
                 cells.append(run_cell(workload, router, load, ns.num_requests))
                 print(f"done {workload} {router} {load}", flush=True)
     print(markdown(cells))
+    print(summary_table(cells))
     for cell in cells:
         missed = [k for k, v in cell["targets"].items() if v is False]
         if missed:

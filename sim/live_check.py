@@ -76,19 +76,37 @@ def compare(live: dict, sim: dict) -> list[dict]:
 
 
 def predict(
-    benches: list[Path], metrics_dirs: list[Path], fit_from: set[str] | None, costs_out: Path
+    benches: list[Path],
+    metrics_dirs: list[Path],
+    fit_from: set[str] | None,
+    costs_out: Path,
+    fit_benches: set[str] | None = None,
 ) -> tuple[dict, list[dict]]:
     """The fitted costs (also written to ``costs_out``) and one row per (run, policy,
-    figure): live, simulated, error."""
+    figure): live, simulated, error, and whether the fit saw that run. ``fit_from`` limits
+    the fit to those policies' runs, ``fit_benches`` to those bench reports (by file name:
+    one load predicting another)."""
     if len(benches) != len(metrics_dirs):
         raise ValueError("give one metrics dir per bench report")
+    names = {path.name for path in benches}
+    if fit_benches is not None and not fit_benches <= names:
+        unknown = ", ".join(sorted(fit_benches - names))
+        raise ValueError(f"--fit-bench {unknown}: not among the --bench reports")
     reports = [json.loads(path.read_text()) for path in benches]
+
+    def in_fit(path: Path, policy: str) -> bool:
+        return (fit_from is None or policy in fit_from) and (
+            fit_benches is None or path.name in fit_benches
+        )
+
     runs = [
         (directory, policy)
-        for directory, report in zip(metrics_dirs, reports, strict=True)
+        for path, directory, report in zip(benches, metrics_dirs, reports, strict=True)
         for policy in report["results"]
-        if fit_from is None or policy in fit_from
+        if in_fit(path, policy)
     ]
+    if not runs:
+        raise ValueError("--fit-from/--fit-bench leave no run to fit")
     fitted = calibrate(
         dp_size=2,
         base="toy",
@@ -105,6 +123,7 @@ def predict(
         for policy, live in report["results"].items():
             spec = replay_spec(priced, report["workload"], report["configs"][policy], policy)
             sim = summarize(simulate(spec))
+            seen = in_fit(path, policy)
             for row in compare(live, sim):
-                table.append({"bench": path.name, "policy": policy, **row})
+                table.append({"bench": path.name, "policy": policy, "fitted": seen, **row})
     return costs, table

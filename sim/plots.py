@@ -111,3 +111,35 @@ def ratio_bars(
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def steady_state(reports: Mapping[str, Mapping], path: Path, title: str) -> Path:
+    """Per arm over the run: requests sent and finished per second, the requests in the
+    system and waiting for a first token, and the ITL median; the steady window shaded."""
+    plt = _pyplot()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(3, 1, figsize=(9, 7), sharex=True)
+    for i, (label, report) in enumerate(reports.items()):
+        s, color = report["series"], f"C{i}"
+        axes[0].plot(s["t_s"], s["finished_rps"], color=color, label=f"{label}: finished")
+        axes[0].plot(s["t_s"], s["sent_rps"], color=color, ls=":", label=f"{label}: sent")
+        axes[1].plot(s["t_s"], s["in_system"], color=color, label=f"{label}: in system")
+        axes[1].plot(s["t_s"], s["waiting"], color=color, ls=":", label=f"{label}: waiting")
+        itl = [np.nan if v is None else v for v in s["itl_p50_ms"]]
+        axes[2].plot(s["t_s"], itl, color=color, label=label)
+        window = report["window"]
+        if window is not None:
+            for ax in axes:
+                ax.axvspan(window["start_s"], window["end_s"], color=color, alpha=0.06)
+    axes[0].set_ylabel("requests/s")
+    axes[1].set_ylabel("requests")
+    axes[2].set_ylabel("ITL p50 per bin (ms)")
+    axes[2].set_yscale("log")
+    axes[2].set_xlabel("simulated time (s); shaded: each arm's steady-state window")
+    axes[0].set_title(f"{title}: throughput and queue over the run")
+    for ax in axes:
+        ax.legend(fontsize="x-small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -22,6 +22,12 @@ SCENARIOS: dict[str, Scenario] = {
     "vllm-44558": Scenario(
         source="vLLM PR #44558, workload A (CALIBRATION.md)",
         costs="gb200-dsv3",
+        published_stability="stable: 22.43 and 22.59 of 24 req/s offered, the shortfall being "
+        "the drain after the last arrival; a mean TTFT of ~3 rounds (813 ms at 275 ms rounds) "
+        "leaves no room for a growing queue",
+        run_length="3,000 requests (not stated by the PR): the drain's ~7 s at ~6.5 % of the "
+        "run matches the throughput shortfall; mean ITL and TPOT grow with the length as the "
+        "drain's 32 ms rounds weigh less (tests check 2,000, 3,000 and 6,000)",
         dp_size=8,
         # vLLM's internal load balancer: least 4 x waiting + running, on counts refreshed
         # from the DP coordinator every 100 ms.
@@ -75,6 +81,9 @@ SCENARIOS: dict[str, Scenario] = {
     "sglang-23189": Scenario(
         source="SGLang PR #23189, concurrency 128 (output throughput)",
         costs="gb200-qwen35-tep4",
+        published_stability="closed loop (128 clients): stable by construction, a client "
+        "sends only after its last reply",
+        run_length="1,536 requests (12 per client; the PR's prompt count is not stated)",
         dp_size=1,
         router="round-robin",
         workload=WorkloadSpec(num_requests=1536, input_len=1000, output_len=1000, range_ratio=0.8),
@@ -89,6 +98,8 @@ SCENARIOS: dict[str, Scenario] = {
     "sglang-23189-c32": Scenario(
         source="SGLang PR #23189, concurrency 32 (latency)",
         costs="gb200-qwen35-tep4",
+        published_stability="closed loop (32 clients): stable by construction",
+        run_length="512 requests (16 per client; not stated by the PR)",
         dp_size=1,
         router="round-robin",
         workload=WorkloadSpec(num_requests=512, input_len=1000, output_len=1000, range_ratio=0.8),
@@ -126,6 +137,9 @@ SCENARIOS: dict[str, Scenario] = {
     "trtllm-blog10": Scenario(
         source="TensorRT-LLM tech blog 10 (ADP balance), reasoning workload",
         costs="gb200-dsv3",
+        published_stability="closed loop at the max-throughput point: stable by construction; "
+        "the blog states neither its client count nor its run length",
+        run_length="1,024 requests at 256 clients (ours; the blog's are not stated)",
         dp_size=8,
         router="least-loaded",
         workload=WorkloadSpec(

@@ -53,3 +53,8 @@ class SimResult:
     # Prompt tokens looked up in the ranks' prefix caches, and those found there.
     prefix_queries: int = 0
     prefix_hits: int = 0
+    collections: int = 0  # the engine processes' stop-the-world collections (RoundCosts)
+    # The clock after each simulated step and the ITL samples recorded by then: when each
+    # sample was taken (to the step), for a steady-state window (sim/steady.py).
+    step_end_s: array = field(default_factory=lambda: array("d"))
+    step_itl_count: array = field(default_factory=lambda: array("q"))

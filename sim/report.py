@@ -76,6 +76,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         if result.prefix_queries
         else 0.0,
         "ttft_later_turns_ms": percentiles(later),  # sessions: turns after the first
+        "collections": result.collections,  # stop-the-world collections (RoundCosts)
     }
 
 

@@ -36,10 +36,12 @@ class RoundCosts:
     decode_per_kv_token_ms: float = 0.0
     schedule_lag_ms: float = 0.0
     plan_ahead_rounds: float = 0.0
-    # Stop-the-world collections of an engine process (CPython's oldest generation): every
-    # ``gc_every_rounds`` busy rounds per rank, the ranks taking turns, the collecting rank
-    # stalls the group's round by ``gc_pause_per_request_ms`` per request in its batch.
-    gc_every_rounds: float = 0.0
+    # Stop-the-world collections of an engine process (CPython's oldest generation), driven
+    # by the work done: a rank collects after every ``gc_every_requests`` requests it
+    # finishes (each leaves long-lived objects behind; CPython runs a full collection once
+    # those pass a quarter of the long-lived heap), and the group's next busy round waits
+    # ``gc_pause_per_request_ms`` per request in that rank's batch (the live objects walked).
+    gc_every_requests: float = 0.0
     gc_pause_per_request_ms: float = 0.0
 
     def __post_init__(self) -> None:
@@ -47,7 +49,7 @@ class RoundCosts:
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"cost {f.name} must be a number >= 0, got {value!r}")
-        for name in ("plan_ahead_rounds", "gc_every_rounds"):
+        for name in ("plan_ahead_rounds", "gc_every_requests"):
             value = getattr(self, name)
             if value != int(value):
                 raise ValueError(f"cost {name} must be a whole number, got {value}")
@@ -66,11 +68,18 @@ class RoundCosts:
         slowest = max(rank_ms, default=0.0)
         return slowest + self.gather_ms + (self.extend_overhead_ms if any_extend else 0.0)
 
-    def gc_stride(self, dp_size: int) -> int:
-        """Busy rounds between the group's collections (one rank's turn each), 0 for none."""
-        if not self.gc_every_rounds or not self.gc_pause_per_request_ms:
+    def gc_period(self) -> int:
+        """Requests a rank finishes between two of its collections, 0 for none."""
+        if not self.gc_every_requests or not self.gc_pause_per_request_ms:
             return 0
-        return max(1, round(self.gc_every_rounds / dp_size))
+        return int(self.gc_every_requests)
+
+    def gc_first(self, dp_size: int) -> list[int]:
+        """Each rank's requests until its first collection: staggered by ``period / dp`` (the
+        engine processes did not start with the same heap), so a balanced group collects
+        once every ``period`` requests it finishes, one rank at a time."""
+        period = self.gc_period()
+        return [max(1, (rank + 1) * period // dp_size) for rank in range(dp_size)]
 
     def gc_pause_ms(self, batch: int) -> float:
         """The stall of one collection on a rank whose batch holds ``batch`` requests (the
@@ -98,15 +107,18 @@ PRESETS: dict[str, RoundCosts] = {
     "gb200-dsv3": RoundCosts(
         decode_base_ms=28.0,
         decode_per_seq_ms=0.05,
-        prefill_per_token_ms=0.13,
-        extend_overhead_ms=90.0,
+        # Derived, not fitted: ~74 GFLOP a token (2 x 37 B active parameters) at ~40 % of a
+        # GB200's ~10 PFLOP/s dense FP4 (docs/cost-model.md section 5).
+        prefill_per_token_ms=0.02,
+        extend_overhead_ms=215.0,
         gather_ms=0.2,
         decode_per_kv_token_ms=5e-6,
         plan_ahead_rounds=1,
-        # The engine processes' stop-the-world collections, fitted to the P99 TTFT of both
-        # arms: one rank in every 300 busy rounds, 10 ms per request it runs.
-        gc_every_rounds=2400,
-        gc_pause_per_request_ms=10.0,
+        # The engine processes' stop-the-world collections, driven by requests finished,
+        # fitted to the P99 TTFT of both arms: each rank every 600 of its requests (the group
+        # every 600), 12 ms per request it runs.
+        gc_every_requests=600,
+        gc_pause_per_request_ms=12.0,
     ),
     # One SGLang engine, TEP4, Qwen3.5-397B-A17B-FP8 on 1x GB200 (SGLang PR #23189): decode
     # from its ISL-10 run (9,018 tok/s at concurrency 128: a 14.2 ms step) and TPOT at

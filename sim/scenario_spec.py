@@ -47,6 +47,12 @@ class Arm:
 class Scenario:
     source: str
     costs: str  # the preset the scenario runs on
+    # Whether the published run kept up with its offered load, and why we read it so
+    # (throughput against the offered rate, the TTFT it reports).
+    published_stability: str
+    # The run length the comparison assumes, and why (a published figure covers warm-up and
+    # drain, whose weight depends on the length).
+    run_length: str
     dp_size: int
     router: str
     workload: WorkloadSpec

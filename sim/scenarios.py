@@ -1,6 +1,11 @@
 """Replaying published measurements: each arm on the scenario's cost preset, published
-against simulated with the relative error of each figure. ``roundgate simulate --scenario
+against simulated, with the relative error of each figure. ``roundgate simulate --scenario
 NAME`` prints that table; tests hold the errors inside the scenario's tolerances.
+
+A published figure covers its whole run, warm-up and drain included, so each arm is compared
+over its whole run at the run length the scenario assumes (``Scenario.run_length``), and
+beside it over the warm-up-trimmed steady-state window (``sim.steady``), which also says
+whether the simulated arm keeps up with the offered load.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from sim.round_costs import PRESETS, RoundCosts
 from sim.router import RouterSpec
 from sim.scenario_spec import FIGURE_LABELS, FIGURES, Arm, Scenario
 from sim.spec import SimSpec, simulate
+from sim.steady import steady_report
 from sim.workload import WorkloadSpec
 
 __all__ = ["SCENARIOS", "FigureRow", "format_rows", "replay", "run_arm"]
@@ -34,7 +40,8 @@ def run_arm(
     num_requests: int | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """The summary of one arm on the scenario's preset (or ``costs``)."""
+    """The summary of one arm on the scenario's preset (or ``costs``), with its steady state
+    (``steady_state``: the window, its figures and the run's series)."""
     # The replayed benchmarks send random prompts (no prefix shared): the prefix cache could
     # only add bookkeeping, so it is off here, as when the presets were fitted.
     engine = {"enable_prefix_caching": False, **scenario.engine}
@@ -48,7 +55,8 @@ def run_arm(
         seed=seed,
         concurrency=scenario.concurrency,
     )
-    return summarize(simulate(spec))
+    result = simulate(spec)
+    return summarize(result) | {"steady_state": steady_report(result)}
 
 
 def vars_of(spec: WorkloadSpec) -> dict[str, Any]:
@@ -66,6 +74,7 @@ class FigureRow:
     published_change: float | None = None
     simulated_change: float | None = None
     direction_only: bool = False
+    steady: float | None = None  # the figure over the steady-state window
 
     @property
     def same_direction(self) -> bool | None:
@@ -90,6 +99,17 @@ class FigureRow:
             return self.same_direction is not False
         return self.error is not None and abs(self.error) <= self.tolerance
 
+    @property
+    def verdict(self) -> str:
+        """What the row shows: ``ok``/``MISS`` against the tolerance; a direction-only row
+        says so and how far off the magnitude is, so it never reads as a plain "ok"."""
+        if not self.direction_only:
+            return "ok" if self.within else "MISS"
+        off = "-" if self.error is None else f"{self.error * 100:+.0f} %"
+        if self.same_direction is False:
+            return f"MISS: direction wrong (direction only, magnitude off by {off})"
+        return f"direction only, magnitude off by {off}"
+
 
 def replay(
     name: str, costs: RoundCosts | None = None, num_requests: int | None = None, seed: int = 0
@@ -104,8 +124,10 @@ def replay(
     for arm in scenario.arms:
         summary = run_arm(scenario, arm, costs, num_requests, seed)
         summaries[arm.label] = summary
+        window = summary["steady_state"]["figures"]
         for figure, published in arm.published.items():
             simulated = figure_of(summary, figure)
+            steady = figure_of(window, figure) if window is not None else None
             base = first.setdefault(figure, (published, simulated))
             changes = (None, None)
             if arm is not scenario.arms[0] and base[1]:
@@ -119,6 +141,7 @@ def replay(
                     scenario.tolerance_of(figure),
                     *changes,
                     direction_only=scenario.direction_only,
+                    steady=steady,
                 )
             )
     return rows, summaries
@@ -127,7 +150,17 @@ def replay(
 def format_rows(rows: list[FigureRow]) -> str:
     """published vs simulated, the error and whether it is inside the tolerance."""
     lines = [
-        ("arm", "figure", "published", "simulated", "error", "change pub/sim", "tolerance", "")
+        (
+            "arm",
+            "figure",
+            "published",
+            "simulated",
+            "error",
+            "steady window",
+            "change pub/sim",
+            "tolerance",
+            "",
+        )
     ]
     for row in rows:
         sim = "-" if row.simulated is None else f"{row.simulated:.1f}"
@@ -136,6 +169,7 @@ def format_rows(rows: list[FigureRow]) -> str:
         if row.published_change is not None and row.simulated_change is not None:
             change = f"{row.published_change:.2f}x / {row.simulated_change:.2f}x"
         tolerance = "direction" if row.direction_only else f"±{row.tolerance * 100:.0f} %"
+        steady = "-" if row.steady is None else f"{row.steady:.1f}"
         lines.append(
             (
                 row.arm,
@@ -143,9 +177,10 @@ def format_rows(rows: list[FigureRow]) -> str:
                 f"{row.published:g}",
                 sim,
                 err,
+                steady,
                 change,
                 tolerance,
-                "ok" if row.within else "MISS",
+                row.verdict,
             )
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]

@@ -129,7 +129,16 @@ class GroupSimulator:
         next_send = source.next_send_s
         # Steady decode rounds in one step (sim/fast_forward.py), where exact.
         fast = self.fast_forward and timeline is None and steady_policies.supported(loops)
-        gc_stride = costs.gc_stride(dp)  # busy round b collects iff b % stride == stride - 1
+        # Collections: each rank's requests until its next one; the ranks due collect in
+        # the group's next busy round (sim/round_costs.py).
+        gc_period = costs.gc_period()
+        gc_left = costs.gc_first(dp) if gc_period else []
+        gc_due: list[int] = []
+        collections = 0
+        # Where the ITL samples fall in time (the steady-state window reads them): the clock
+        # after each step and how many samples existed then.
+        step_end_s = array("d")
+        step_itl = array("q")
         rounds = busy = prefill_rounds = decode_rounds = 0
         finished = 0
         in_flight = self._in_flight = [0] * dp  # routed, not yet admitted, per rank
@@ -166,8 +175,8 @@ class GroupSimulator:
             left = (
                 FAST_MAX_ROUNDS if max_rounds is None else min(max_rounds - rounds, FAST_MAX_ROUNDS)
             )
-            if gc_stride:  # a collecting round runs in full
-                left = min(left, gc_stride - 1 - busy % gc_stride)
+            if gc_due:  # a collecting round is priced one by one
+                left = 0
             if fast and not pending and left:
                 k, clock, done = fast_forward.advance(
                     loops, costs, left, clock, next_send, records, itl, starts
@@ -176,16 +185,25 @@ class GroupSimulator:
                     self.clock = clock
                     rounds, busy, decode_rounds = rounds + k, busy + k, decode_rounds + k
                     finished += len(done)
+                    if gc_period:
+                        for request in done:
+                            rank = records[request.request_id].rank
+                            gc_left[rank] -= 1
+                            if gc_left[rank] == 0:
+                                gc_due.append(rank)
+                                gc_left[rank] = gc_period
                     if closed:
                         for request in done:
                             source.finished(clock, request)
                             next_send = source.next_send_s
+                    step_end_s.append(clock)
+                    step_itl.append(len(itl))
                     if on_round is not None:
                         on_round(rounds, finished)
                     continue
-            # A collecting round prices the collector's batch: it runs with plan objects.
-            collects = bool(gc_stride) and busy % gc_stride == gc_stride - 1
-            if fast and not collects:
+            # The collectors' batches as the round begins: the requests their heaps hold.
+            gc_ms = sum(costs.gc_pause_ms(len(schedulers[r].running)) for r in gc_due)
+            if fast:
                 # The ranks with no prefill work decode without plan objects, exactly.
                 view, costs_s, events = decode_ranks.step(loops, costs)
                 outcomes = None
@@ -198,9 +216,10 @@ class GroupSimulator:
             any_extend = view.any_extend
             if not view.all_idle:
                 round_ms = group_ms([c * 1000 for c in costs_s], any_extend)
-                if collects:
-                    collector = outcomes[busy // gc_stride % dp].plan
-                    round_ms += costs.gc_pause_ms(collector.counts()[0])
+                if gc_due:
+                    round_ms += gc_ms
+                    collections += len(gc_due)
+                    gc_due.clear()
                 busy += 1
                 if any_extend:
                     prefill_rounds += 1
@@ -227,9 +246,16 @@ class GroupSimulator:
                     if done:
                         rec.finish_s = clock
                         finished += 1
+                        if gc_period:
+                            gc_left[rank] -= 1
+                            if gc_left[rank] == 0:
+                                gc_due.append(rank)
+                                gc_left[rank] = gc_period
                         if closed:
                             source.finished(clock, request)
                             next_send = source.next_send_s
+            step_end_s.append(clock)
+            step_itl.append(len(itl))
             if timeline is not None and outcomes is not None:
                 timeline.start_s.append(start)
                 timeline.duration_ms.append(round_ms)
@@ -253,6 +279,9 @@ class GroupSimulator:
             unfinished=len(records) - finished,
             prefix_queries=sum(s.prefix.num_queries for s in schedulers),
             prefix_hits=sum(s.prefix.num_hits for s in schedulers),
+            collections=collections,
+            step_end_s=step_end_s,
+            step_itl_count=step_itl,
         )
 
     def _route(self, arrival: Arrival, index: int, now_s: float) -> int:

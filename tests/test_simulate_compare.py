@@ -96,7 +96,7 @@ def test_a_cost_file_may_set_every_field(tmp_path: Path) -> None:
         "decode_per_kv_token_ms": 1e-5,
         "schedule_lag_ms": 40.0,
         "plan_ahead_rounds": 1,
-        "gc_every_rounds": 64,
+        "gc_every_requests": 64,
         "gc_pause_per_request_ms": 0.5,
     }
     path = tmp_path / "costs.json"
@@ -123,7 +123,7 @@ def test_a_cost_file_may_set_every_field(tmp_path: Path) -> None:
             "--attention-dp-timeout-iters",
         ),
         (["--plan-ahead-rounds", "0.5"], "--plan-ahead-rounds"),
-        (["--gc-every-rounds", "2.5"], "--gc-every-rounds"),
+        (["--gc-every-requests", "2.5"], "--gc-every-requests"),
         (["--gc-pause-per-request-ms", "-1"], "--gc-pause-per-request-ms"),
         (["--schedule-lag-ms", "-1"], "--schedule-lag-ms"),
         (["--concurrency", "0"], "--concurrency"),
