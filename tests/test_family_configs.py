@@ -89,7 +89,8 @@ def test_the_allocated_latent_cache_is_what_the_formula_says(saved) -> None:
 
     runner = make_runner(str(saved["deepseek_v3"]), num_pages=8)
     assert runner.cache.v == []  # no per-head V, no per-head K: the latent alone
-    assert runner.cache.k[0].shape == (8, 4, 1, 16 + 8)
+    # 8 pages for the pool plus the scratch page decode graphs pad into (never handed out).
+    assert runner.cache.k[0].shape == (8 + 1, 4, 1, 16 + 8)
     assert runner.cache.bytes_per_token == runner.config.kv_bytes_per_token(4)
 
 
@@ -123,7 +124,8 @@ def test_the_kv_budget_sizes_the_pool_from_the_latent(
     assert args.num_kv_pages == 2**20 // (288 * 4)
     with caplog.at_level(logging.INFO, logger="actors.model.kv_cache"):
         engine = Engine(args)
-    assert engine.core.scheduler.pool.num_pages == engine.runner.cache.num_pages == 910
+    assert engine.core.scheduler.pool.num_pages == 910
+    assert engine.runner.cache.num_pages == 910 + 1  # the decode graphs' scratch page
     assert f"{910 * 4} max concurrent tokens" in caplog.text
 
 
