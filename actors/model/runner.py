@@ -28,6 +28,7 @@ from actors.model.gguf_blocks import pack_gguf
 from actors.model.grammar import Grammars
 from actors.model.kv_cache import allocate_cache, select_backend, size_for_gpu
 from actors.model.layers import ForwardContext
+from actors.model.prompt_logprobs import prompt_rows, score_rows
 from actors.model.round_sampling import sample_round
 from actors.server_args import ServerArgs
 from gate import RankRow, RoundView, read_rows
@@ -115,9 +116,15 @@ class ModelRunner:
         # No limit is checked here: the rank's intake refused what could never fit, and the
         # scheduler never plans a position past the context (it finishes requests there).
         failed: dict[str, str] = {}
+        prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
         chunks = plan.chunks
         if chunks:
-            logits = self.forward(chunks, low_latency)
+            # Prompt positions to score: looked for only in rounds that extend a prompt.
+            found = prompt_rows(chunks) if plan.num_extends else None
+            logits = self.forward(chunks, low_latency, found.rows if found else None)
+            if found is not None:
+                prompt_logprobs = score_rows(logits[len(chunks) :], found)
+                logits = logits[: len(chunks)]
             picks = [i for i, c in enumerate(chunks) if c.samples]
             if picks:
                 requests = [chunks[i].request for i in picks]
@@ -128,7 +135,8 @@ class ModelRunner:
             self.idle_forward(low_latency)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return RoundResult(sampled, time.perf_counter() - started, logprobs, forks, failed)
+        cost = time.perf_counter() - started
+        return RoundResult(sampled, cost, logprobs, forks, failed, prompt_logprobs)
 
     def _sample(
         self, logits: torch.Tensor, requests: list[Request], failed: dict[str, str]
@@ -161,9 +169,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(
-        self, work: RoundPlan | Sequence[ScheduledChunk], low_latency: bool | None = None
+        self,
+        work: RoundPlan | Sequence[ScheduledChunk],
+        low_latency: bool | None = None,
+        extra_rows: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """Float32 logits at the last position of every chunk, ``[len(chunks), vocab]``.
+        """Float32 logits at the last position of every chunk, ``[len(chunks), vocab]``,
+        followed by those at ``extra_rows`` (flattened token indices: prompt logprobs).
 
         Writes the chunks' K/V into the cache, exactly as ``execute`` does.
         """
@@ -191,7 +203,11 @@ class ModelRunner:
             sin=sin,
         )
         input_ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
-        logits = self.model(input_ids, ctx, batch.cu_query_lens[1:] - 1)
+        rows = batch.cu_query_lens[1:] - 1
+        if extra_rows:
+            extra = torch.tensor(extra_rows, dtype=rows.dtype, device=rows.device)
+            rows = torch.cat([rows, extra])
+        logits = self.model(input_ids, ctx, rows)
         return logits.float()
 
     @torch.inference_mode()
