@@ -15,16 +15,16 @@ import torch
 from model_driver import save_tiny_hf_model
 
 from actors.control.request import Request, SamplingParams
+from actors.control.round import ScheduledChunk
 from actors.engine import Engine
 from actors.model.prompt_logprobs import prompt_rows
-from actors.control.round import ScheduledChunk
 from actors.server_args import ServerArgs
 
 pytest.importorskip("transformers")
 
 ATOL = 2e-4
 PREFIX = list(range(40, 66))  # 26 tokens: six full pages of 4 and part of a seventh
-PROMPTS = [PREFIX + [7, 9, 11], [5, 3], list(range(100, 131))]
+PROMPTS = [[*PREFIX, 7, 9, 11], [5, 3], list(range(100, 131))]
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +34,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Pa
 
 
 def make_engine(path: Path, **kw: object) -> Engine:
-    args = ServerArgs(
-        model=str(path), page_size=4, num_kv_pages=128, max_scheduled_tokens=8, **kw
-    )
+    args = ServerArgs(model=str(path), page_size=4, num_kv_pages=128, max_scheduled_tokens=8, **kw)
     return Engine(args)
 
 
