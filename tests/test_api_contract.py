@@ -327,4 +327,5 @@ def test_version_and_tokenizer_info() -> None:
     info = tokenizer_info(core)
     assert info["tokenizer_class"] == "ByteTokenizer"
     assert info["model_max_length"] == core.max_model_len
+    assert "eos_token" in info  # lm-evaluation-harness checks for it
     json.dumps(info)  # every value is JSON

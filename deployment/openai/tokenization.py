@@ -108,6 +108,11 @@ def tokenizer_info(core: Ingress) -> dict[str, Any]:
     for path_key in ("vocab_file", "merges_file", "tokenizer_file", "name_or_path"):
         config.pop(path_key, None)
     info: dict[str, Any] = {k: _as_json(v) for k, v in config.items()}
+    # The special tokens' text, always present (lm-evaluation-harness's remote tokenizer reads
+    # ``eos_token`` to tell a vLLM-shaped server).
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = getattr(hf, name, None) if hf is not None else None
+        info[name] = value if isinstance(value, str) else info.get(name)
     info["tokenizer_class"] = type(hf if hf is not None else tokenizer).__name__
     info["model_max_length"] = core.max_model_len
     template = getattr(tokenizer, "chat_template", None)
