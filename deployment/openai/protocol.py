@@ -312,6 +312,7 @@ RENDER_ARGS = frozenset(
         "add_generation_prompt",
         "continue_final_message",
         "tokenize",
+        "sanitize_control_tokens",
         "padding",
         "truncation",
         "max_length",
