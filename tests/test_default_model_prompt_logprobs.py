@@ -17,7 +17,7 @@ from actors.server_args import ServerArgs
 MODEL = "smollm2-135m-instruct"
 ATOL = 1e-3
 K = 5
-CHUNK = 32  # tokens a round: the long prompt below needs three prefill rounds
+CHUNK = 16  # tokens a round: the long prompt below (37 tokens) needs three prefill rounds
 PREFIX = (
     "Question: Which planet is known as the red planet, and why does it look red from Earth? "
     "Answer:"
