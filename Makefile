@@ -49,7 +49,7 @@ lm-eval: $(LMEVAL_STAMP)
 $(LMEVAL_STAMP): constraints.txt Makefile
 	@test -x $(LMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(LMEVAL_VENV)
 	$(LMEVAL_VENV)/bin/python -m pip install --quiet -c constraints.txt \
-	  'lm-eval[api]==$(LMEVAL_VERSION)' $(LMEVAL_GGUF)
+	  'lm-eval[api,hf]==$(LMEVAL_VERSION)' $(LMEVAL_GGUF)
 	@touch $(LMEVAL_STAMP)
 
 serve: setup
