@@ -95,6 +95,8 @@ def run_lm_eval(task_dir: Path, out: Path, model: str, model_args: str) -> dict[
         "--log_samples",
         "--batch_size",
         "1",
+        "--device",
+        "cpu",
     ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -122,7 +124,7 @@ def test_local_completions_scores_as_the_hf_backend(real_model, task_dir, tmp_pa
         task_dir,
         tmp_path / "hf",
         "hf",
-        f"pretrained={gguf.parent},gguf_file={gguf.name},dtype=float32,device=cpu",
+        f"pretrained={gguf.parent},gguf_file={gguf.name},dtype=float32",
     )
     assert sorted(served["lls"]) == sorted(hf["lls"]) == list(range(len(ITEMS)))
     diffs = [
