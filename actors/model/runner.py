@@ -6,6 +6,7 @@ One round, in order::
     restore readmitted requests' host copy -> their new pages
     copy    cached pages into the pages of prompts that recompute only their last token
     forward every chunk as one flattened ragged batch (or an idle forward)
+    score   the prompt positions of requests that asked for prompt logprobs (only those)
     sample  one token for every chunk whose ``samples`` is true
 
 The runner never mutates requests: the scheduler applies the ``RoundResult``.
@@ -121,8 +122,10 @@ class ModelRunner:
         if chunks:
             # Prompt positions to score: looked for only in rounds that extend a prompt.
             found = prompt_rows(chunks) if plan.num_extends else None
-            logits = self.forward(chunks, low_latency, found.rows if found else None)
-            if found is not None:
+            if found is None:
+                logits = self.forward(chunks, low_latency)
+            else:
+                logits = self.forward(chunks, low_latency, found.rows)
                 prompt_logprobs = score_rows(logits[len(chunks) :], found)
                 logits = logits[: len(chunks)]
             picks = [i for i, c in enumerate(chunks) if c.samples]
