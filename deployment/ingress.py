@@ -36,7 +36,13 @@ if TYPE_CHECKING:  # Ray is not imported for a type (the ingress is tested witho
     from ray.serve.handle import DeploymentHandle
 
 # Fields whose refusal by SamplingParams starts with their name (the 400's ``param``).
-_SAMPLING_FIELDS = ("min_tokens", "logit_bias", "stop_token_ids", "logprobs")
+_SAMPLING_FIELDS = (
+    "min_tokens",
+    "logit_bias",
+    "stop_token_ids",
+    "logprobs",
+    "prompt_logprobs",
+)
 RETRY_AFTER_S = 5
 HEALTH_CACHE_S = 2.0
 logger = logging.getLogger("roundgate.ingress")
@@ -241,7 +247,16 @@ class Ingress:
         # The n choices of a prompt share one rank request (one prefill); only the first
         # counts the prompt in usage.
         choices = [
-            Choice(first_index + j, prompt_ids, self.tokenizer, stops, counts_prompt=j == 0)
+            Choice(
+                first_index + j,
+                prompt_ids,
+                self.tokenizer,
+                stops,
+                counts_prompt=j == 0,
+                include_stop=req.include_stop_str_in_output,
+                skip_special_tokens=req.skip_special_tokens,
+                score_only=req.max_tokens == 0,  # scoring: the rank's one token is dropped
+            )
             for j in range(n)
         ]
         message = GenerateRequest(

@@ -37,6 +37,21 @@ def test_messages_tokenize_as_chat_would(core) -> None:
     assert out["token_strs"] is None
 
 
+def test_messages_tokenize_with_chat_s_rendering_fields(core) -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+    body = {"messages": messages, "add_generation_prompt": False}
+    closed = tokenize(core, parse(TokenizeRequest, body))["tokens"]
+    body["continue_final_message"] = True
+    continued = tokenize(core, parse(TokenizeRequest, body))["tokens"]
+    assert bytes(closed).endswith(b"ok\n") and bytes(continued).endswith(b"ok")
+    # Keys a client's SDK adds to a message are ignored, as by the chat route.
+    tagged = [{**m, "sdk_id": 7} for m in messages]
+    assert (
+        tokenize(core, parse(TokenizeRequest, {"messages": tagged}))["tokens"]
+        == (tokenize(core, parse(TokenizeRequest, {"messages": messages}))["tokens"])
+    )
+
+
 @pytest.mark.parametrize(
     ("model", "body", "param"),
     [
@@ -44,12 +59,17 @@ def test_messages_tokenize_as_chat_would(core) -> None:
         (
             TokenizeRequest,
             {"prompt": "a", "messages": [{"role": "user", "content": "a"}]},
-            "prompt",
+            "messages",
         ),
         (
             TokenizeRequest,
-            {"messages": [{"role": "user", "content": "a"}], "add_generation_prompt": False},
-            "add_generation_prompt",
+            {"messages": [{"role": "user", "content": "a"}], "continue_final_message": True},
+            "continue_final_message",
+        ),
+        (
+            TokenizeRequest,
+            {"messages": [{"role": "user", "content": "a"}], "chat_template_kwargs": {"tools": 1}},
+            "chat_template_kwargs",
         ),
         (TokenizeRequest, {"prompt": "a", "extra": 1}, "extra"),
         (DetokenizeRequest, {"tokens": [600]}, "tokens"),

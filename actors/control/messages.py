@@ -63,3 +63,6 @@ class GenerateChunk:
     logprobs: tuple[TokenLogprobs, ...] | None = None
     index: int = 0  # which of the request's ``sampling.n`` sequences the tokens belong to
     error_status: int = 400
+    # On the first chunk of sequence 0 when ``sampling.prompt_logprobs`` is set: one entry
+    # per prompt token from the second on (the prefill is over before the first token).
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None = None

@@ -1,7 +1,8 @@
 """Prefix caching on one rank: which prompt pages are reused, which computed pages are kept.
 
 The pool (``KVPool``) does the reference counting and the LRU; this module is the policy on
-top: a new prompt starts on the cached pages of its longest page-aligned prefix and always
+top: a new prompt starts on the cached pages of its longest page-aligned prefix (unless it
+asks for prompt logprobs: cached pages have no logits, so it computes all) and always
 computes at least one token (the sample needs the last position's logits), and a page is
 keyed only after the forward that wrote it, so no request can reuse K/V not yet computed.
 
@@ -51,7 +52,7 @@ class PrefixCache:
 
     def num_uncached_tokens(self, req: Request) -> int:
         """Prompt tokens a fresh admission of ``req`` would compute (at least one)."""
-        if not self.enabled:
+        if not self.enabled or req.sampling.prompt_logprobs is not None:
             return req.num_prompt_tokens
         cached = self.pool.num_cached_prefix(self.prompt_keys(req)) * self.pool.page_size
         return max(1, req.num_prompt_tokens - cached)
@@ -60,7 +61,8 @@ class PrefixCache:
         """Give a new request its pages: the cached prefix (refs taken), plus a fresh copy of
         the last page when the whole prompt is cached. ``None`` when no page is left."""
         pool, owner = self.pool, req.request_id
-        if not self.enabled:
+        # A prompt that wants its logprobs computes every token: cached pages have no logits.
+        if not self.enabled or req.sampling.prompt_logprobs is not None:
             return None if pool.allocate(owner, 0) is None else NO_HIT
         keys = self.prompt_keys(req)
         matched = pool.num_cached_prefix(keys)

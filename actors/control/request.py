@@ -46,6 +46,9 @@ class TokenLogprobs(NamedTuple):
     logprob: float
     top_ids: tuple[int, ...]
     top_logprobs: tuple[float, ...]
+    # The token's rank in the distribution (1: the likeliest); set for prompt tokens, whose
+    # vLLM shape reports it.
+    rank: int | None = None
 
 
 MAX_LOGPROBS = 20
@@ -81,6 +84,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), token ids distinct
     logprobs: int | None = None  # None: none; k: the sampled token's and the top k
+    # None: none; k: every prompt token's logprob (from the second on) and the top k there.
+    # Computed by the runner only when set; such a prompt never starts on cached pages.
+    prompt_logprobs: int | None = None
     # (kind, spec) of a grammar the output must follow (actors.model.grammar); None: free.
     grammar: tuple[str, str] | None = None
     # Sequences sampled from one prompt: the prompt is prefilled once, then forked.
@@ -113,6 +119,10 @@ class SamplingParams:
             )
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise ValueError(
+                f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}"
+            )
         if not 1 <= self.n <= MAX_N:
             raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}")
         if len({t for t, _ in self.logit_bias}) != len(self.logit_bias):
@@ -170,6 +180,9 @@ class Request:
     # One entry per output token when ``sampling.logprobs`` is set (appended by the scheduler
     # from the executor's result), else empty.
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # One entry per prompt token from the second on when ``sampling.prompt_logprobs`` is set
+    # (appended chunk by chunk as the prefill runs), else empty.
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_computed_tokens: int = 0
     page_ids: list[int] = field(default_factory=list)
     arrival_round: int = 0

@@ -149,6 +149,9 @@ class RoundResult:
     # request_id -> why, for requests the executor could not run this round (a bad input or a
     # sampling failure of that request alone): the scheduler fails just those requests.
     failed: dict[str, str] = field(default_factory=dict)
+    # request_id -> logprobs of the prompt tokens this round's chunk of it predicted (in
+    # order), for requests with ``sampling.prompt_logprobs``; empty otherwise.
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,6 +230,11 @@ class Scheduler:
         events = ends.take_events() if ends.events else []
         if self.prefix.enabled and plan.num_extends:
             self.prefix.keep_prefilled(plan)
+        if result.prompt_logprobs:  # only requests that asked (a failed one is finished)
+            for request_id, entries in result.prompt_logprobs.items():
+                req = self.requests.get(request_id)
+                if req is not None and not req.is_finished:
+                    req.prompt_logprobs.extend(entries)
         sampled = result.sampled
         logprobs = result.logprobs
         max_len = self.max_sequence_len

@@ -1,7 +1,9 @@
 """Structured output: grammars compiled by xgrammar, their token masks for the sampler.
 
 A request's ``SamplingParams.grammar`` is ``(kind, spec)``: ``("json_object", "")``,
-``("json_schema", schema JSON)``, ``("regex", pattern)``, ``("choice", JSON list)``,
+``("json_schema", schema JSON)`` (no property beyond the schema's: xgrammar's strict mode),
+``("json_schema_open", schema JSON)`` (``strict: false``: JSON Schema's own rule for undeclared
+properties), ``("regex", pattern)``, ``("choice", JSON list)``,
 ``("ebnf", grammar)``, or ``("tool_call", schema JSON)`` (``tool_choice``: one Hermes-style
 ``<tool_call>`` block whose JSON follows the schema). The rank compiles each distinct grammar
 once (``Grammars.compile``: in the rank replica on a worker thread with a time limit while the
@@ -25,7 +27,7 @@ import torch
 
 from actors.control.request import Request
 
-KINDS = ("json_object", "json_schema", "regex", "choice", "ebnf", "tool_call")
+KINDS = ("json_object", "json_schema", "json_schema_open", "regex", "choice", "ebnf", "tool_call")
 _BITS = 32
 
 
@@ -103,6 +105,10 @@ class Grammars:
                 compiled = compiler.compile_builtin_json_grammar()
             elif kind == "json_schema":
                 compiled = compiler.compile_json_schema(spec, any_whitespace=False)
+            elif kind == "json_schema_open":  # ``strict: false``: JSON Schema's own rule
+                compiled = compiler.compile_json_schema(
+                    spec, any_whitespace=False, strict_mode=False
+                )
             elif kind == "regex":
                 compiled = compiler.compile_regex(spec)
             elif kind == "choice":

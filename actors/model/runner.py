@@ -6,6 +6,7 @@ One round, in order::
     restore readmitted requests' host copy -> their new pages
     copy    cached pages into the pages of prompts that recompute only their last token
     forward every chunk as one flattened ragged batch (or an idle forward)
+    score   the prompt positions of requests that asked for prompt logprobs (only those)
     sample  one token for every chunk whose ``samples`` is true
 
 The runner never mutates requests: the scheduler applies the ``RoundResult``.
@@ -29,6 +30,7 @@ from actors.model.gguf_blocks import pack_gguf
 from actors.model.grammar import Grammars
 from actors.model.kv_cache import allocate_cache, select_backend, size_for_gpu
 from actors.model.layers import ForwardContext
+from actors.model.prompt_logprobs import prompt_rows, score_rows
 from actors.model.round_sampling import sample_round
 from actors.server_args import ServerArgs
 from gate import RankRow, RoundView, read_rows
@@ -125,9 +127,17 @@ class ModelRunner:
         # No limit is checked here: the rank's intake refused what could never fit, and the
         # scheduler never plans a position past the context (it finishes requests there).
         failed: dict[str, str] = {}
+        prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
         chunks = plan.chunks
         if chunks:
-            logits = self.forward(chunks, low_latency)
+            # Prompt positions to score: looked for only in rounds that extend a prompt.
+            found = prompt_rows(chunks) if plan.num_extends else None
+            if found is None:
+                logits = self.forward(chunks, low_latency)
+            else:
+                logits = self.forward(chunks, low_latency, found.rows)
+                prompt_logprobs = score_rows(logits[len(chunks) :], found)
+                logits = logits[: len(chunks)]
             picks = [i for i, c in enumerate(chunks) if c.samples]
             if picks:
                 requests = [chunks[i].request for i in picks]
@@ -138,7 +148,8 @@ class ModelRunner:
             self.idle_forward(low_latency)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return RoundResult(sampled, time.perf_counter() - started, logprobs, forks, failed)
+        cost = time.perf_counter() - started
+        return RoundResult(sampled, cost, logprobs, forks, failed, prompt_logprobs)
 
     def _sample(
         self, logits: torch.Tensor, requests: list[Request], failed: dict[str, str]
@@ -171,14 +182,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(
-        self, work: RoundPlan | Sequence[ScheduledChunk], low_latency: bool | None = None
+        self,
+        work: RoundPlan | Sequence[ScheduledChunk],
+        low_latency: bool | None = None,
+        extra_rows: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """Float32 logits at the last position of every chunk, ``[len(chunks), vocab]``.
+        """Float32 logits at the last position of every chunk, ``[len(chunks), vocab]``,
+        followed by those at ``extra_rows`` (flattened token indices: prompt logprobs).
 
         Writes the chunks' K/V into the cache, exactly as ``execute`` does.
         """
         chunks = work.chunks if isinstance(work, RoundPlan) else work
-        if self.graphs is not None and chunks and all(c.num_tokens == 1 for c in chunks):
+        if (
+            self.graphs is not None
+            and not extra_rows
+            and chunks
+            and all(c.num_tokens == 1 for c in chunks)
+        ):
             logits = self.graphs.run(
                 [c.token_ids[0] for c in chunks],
                 [c.start for c in chunks],
@@ -199,13 +219,17 @@ class ModelRunner:
         )
         input_ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         low_latency = num_extends == 0 if low_latency is None else low_latency
-        return self.forward_batch(input_ids, batch, low_latency).float()
+        return self.forward_batch(input_ids, batch, low_latency, extra_rows).float()
 
     def forward_batch(
-        self, input_ids: torch.Tensor, batch: AttentionBatch, low_latency: bool = True
+        self,
+        input_ids: torch.Tensor,
+        batch: AttentionBatch,
+        low_latency: bool = True,
+        extra_rows: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """Logits at the last row of every sequence of ``batch`` (tensor ops only: the
-        decode graphs capture this)."""
+        """Logits at the last row of every sequence of ``batch``, then at ``extra_rows``
+        (tensor ops only: the decode graphs capture this, with no extra rows)."""
         cos, sin = self.model.rotary.lookup(batch.positions, self.dtype)
         ctx = ForwardContext(
             attention=self.attention,
@@ -218,7 +242,11 @@ class ModelRunner:
             sin=sin,
             experts=self.experts,
         )
-        return self.model(input_ids, ctx, batch.cu_query_lens[1:] - 1)
+        rows = batch.cu_query_lens[1:] - 1
+        if extra_rows:
+            extra = torch.tensor(extra_rows, dtype=rows.dtype, device=rows.device)
+            rows = torch.cat([rows, extra])
+        return self.model(input_ids, ctx, rows)
 
     def decode_graphs(self, capture: bool) -> DecodeGraphs:
         """Decode rounds on per-bucket static buffers (``capture``: as CUDA graphs; without,

@@ -14,6 +14,7 @@ import hashlib
 import os
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,11 +34,26 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, token_ids: Sequence[int]) -> str: ...
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     def render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        options: ChatOptions | None = None,
     ) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """How a chat is rendered beyond its messages (vLLM's request fields of the same names)."""
+
+    add_generation_prompt: bool = True  # end with the assistant's turn opened
+    continue_final_message: bool = False  # leave the last (assistant) message open
+    template_kwargs: tuple[tuple[str, Any], ...] = ()  # extra template variables
+
+
+DEFAULT_CHAT = ChatOptions()
 
 
 class ByteTokenizer:
@@ -58,17 +74,27 @@ class ByteTokenizer:
         ids = list(text.encode("utf-8"))
         return [BYTE_BOS_ID, *ids] if add_bos else ids
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Special and out-of-range ids are dropped; broken UTF-8 becomes U+FFFD."""
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Special and out-of-range ids are dropped (they have no text); broken UTF-8
+        becomes U+FFFD."""
         return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
 
     def render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        options: ChatOptions | None = None,
     ) -> list[int]:
         if tools:
             raise ChatTemplateError("the random presets' transcript template has no tools")
+        options = options or DEFAULT_CHAT
         lines = [f"<|{m['role']}|>\n{m.get('content') or ''}" for m in messages]
-        return self.encode("\n".join(lines) + "\n<|assistant|>\n")
+        text = "\n".join(lines)
+        if options.add_generation_prompt:
+            text += "\n<|assistant|>\n"
+        elif not options.continue_final_message:
+            text += "\n"
+        return self.encode(text)
 
 
 class HFTokenizer:
@@ -87,17 +113,22 @@ class HFTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self._tok.decode(list(token_ids), skip_special_tokens=True)
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def save_pretrained(self, directory: str) -> None:
         """Write the tokenizer as a Hugging Face directory (what external clients load)."""
         self._tok.save_pretrained(directory)
 
     def render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        options: ChatOptions | None = None,
     ) -> list[int]:
-        """``apply_chat_template`` with the generation prompt; tools go to the template."""
+        """``apply_chat_template`` (by default with the generation prompt); tools and the
+        options' template variables go to the template."""
+        options = options or DEFAULT_CHAT
         if not self.chat_template:
             raise ChatTemplateError(
                 f"the model ({self.source}) has no chat template; use /v1/completions or "
@@ -108,8 +139,10 @@ class HFTokenizer:
                 messages,
                 tools=tools,
                 chat_template=self.chat_template,
-                add_generation_prompt=True,
+                add_generation_prompt=options.add_generation_prompt,
+                continue_final_message=options.continue_final_message,
                 tokenize=True,
+                **dict(options.template_kwargs),
             )
         except Exception as exc:  # jinja2 errors, and raise_exception() inside templates
             raise ChatTemplateError(f"the chat template refused the messages: {exc}") from None

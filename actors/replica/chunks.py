@@ -16,6 +16,7 @@ class ChunkBuilder:
         self.n = request.sampling.n
         self.interval = stream_interval
         self.wants_logprobs = request.sampling.logprobs is not None
+        self.wants_prompt_logprobs = request.sampling.prompt_logprobs is not None
         self.sequences: dict[int, Request] = {0: request}
         self.pending: dict[int, list[int]] = {}
         self.sent: dict[int, int] = {}  # tokens streamed per sequence
@@ -56,7 +57,12 @@ class ChunkBuilder:
                     GenerateChunk(tuple(tokens), "error", usage, seq.error, None, index, 500)
                 )
             else:
-                out.append(GenerateChunk(tuple(tokens), reason, usage, None, logprobs, index))
+                prompt = None
+                if self.wants_prompt_logprobs and index == 0 and sent == 0:
+                    prompt = tuple(seq.prompt_logprobs)  # the prefill ended before any token
+                out.append(
+                    GenerateChunk(tuple(tokens), reason, usage, None, logprobs, index, 400, prompt)
+                )
             self.pending.pop(index, None)
             if index in self.finished:
                 self.reported.add(index)

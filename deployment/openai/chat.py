@@ -10,11 +10,11 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from actors.control.request import TokenLogprobs
-from actors.model.tokenizer import Tokenizer
+from actors.model.tokenizer import ChatOptions, Tokenizer
 from deployment.ingress import Ingress
 from deployment.openai.choices import Choice, Delta, token_ids_of, usage
 from deployment.openai.errors import APIError
-from deployment.openai.logprobs import TokenTexts, chat_logprobs
+from deployment.openai.logprobs import TokenTexts, chat_logprobs, vllm_prompt_logprobs
 from deployment.openai.protocol import ChatMessage, ChatRequest
 from deployment.openai.sse import drain, stream
 from deployment.openai.tool_calls import ToolStream, parse_calls, render_inputs
@@ -26,7 +26,9 @@ async def create_chat_completion(
 ) -> dict[str, Any] | StreamingResponse:
     """The route's body: the chat's prompt ids, one rank request, the answer."""
     req = await core.read_request(request, ChatRequest)
-    ids = chat_prompt_ids(core.tokenizer, req.messages, req.tools)
+    # ``tool_choice: none``: the tools are neither rendered nor parsed.
+    tools = None if req.tool_choice == "none" else req.tools
+    ids = req.truncated(chat_prompt_ids(core.tokenizer, req.messages, tools, chat_options(req)))
     max_tokens = req.max_completion_tokens or req.max_tokens
     rid, created = new_request_id(), int(time.time())
     choices, deltas = core.generate(rid, ids, req, max_tokens, "messages")
@@ -37,23 +39,34 @@ async def create_chat_completion(
         "model": core.model_name,
     }
     responder = ChatResponder(head, req, core.token_texts)
+    responder.prompt_ids = {c.index: c.prompt_token_ids for c in choices}
     if req.stream:
-        options = req.stream_options
-        include_usage = bool(options and options.include_usage)
-        return stream(deltas, responder.chunk, head, choices, include_usage)
+        return stream(deltas, responder.chunk, head, choices, req.stream_options)
     await drain(deltas)
     return responder.body(choices)
 
 
+def chat_options(req: ChatRequest) -> ChatOptions:
+    """The request's rendering fields (vLLM's) as the tokenizer's ``ChatOptions``."""
+    return ChatOptions(
+        add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message,
+        template_kwargs=tuple((req.chat_template_kwargs or {}).items()),
+    )
+
+
 def chat_prompt_ids(
-    tokenizer: Tokenizer, messages: list[ChatMessage], tools: list[dict[str, Any]] | None
+    tokenizer: Tokenizer,
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    options: ChatOptions | None = None,
 ) -> list[int]:
-    """The ids the model's template renders ``messages`` (and ``tools``) to, with the
-    generation prompt; a 400 naming ``messages`` when they cannot be rendered."""
+    """The ids the model's template renders ``messages`` (and ``tools``) to, by default with
+    the generation prompt; a 400 naming ``messages`` when they cannot be rendered."""
     try:
         inputs = [m.as_template_input() for m in messages]
         template = getattr(tokenizer, "chat_template", None)
-        return tokenizer.render_chat(*render_inputs(inputs, tools, template))
+        return tokenizer.render_chat(*render_inputs(inputs, tools, template), options)
     except ValueError as exc:  # a non-text part, no template, or the template refused
         raise APIError(400, str(exc), param="messages") from None
 
@@ -67,8 +80,11 @@ class ChatResponder:
         self.req = req
         self.texts = texts
         self.parses_tools = bool(req.tools) and req.tool_choice != "none"
+        # ``parallel_tool_calls: false``: the first call only.
+        self.max_calls = 1 if req.parallel_tool_calls is False else None
         self.tool_streams: dict[int, ToolStream] = {}
         self.started: set[int] = set()
+        self.prompt_ids: dict[int, list[int]] = {}  # by choice index, for the first chunk
 
     def _logprobs(self, ids: list[int], lps: list[TokenLogprobs] | None) -> dict[str, Any] | None:
         if lps is None or not self.req.logprobs:
@@ -78,7 +94,8 @@ class ChatResponder:
     def chunk(self, d: Delta) -> dict[str, Any]:
         """One stream event for a delta of one choice."""
         delta: dict[str, Any] = {}
-        if d.index not in self.started:
+        first = d.index not in self.started
+        if first:
             self.started.add(d.index)
             delta["role"] = "assistant"
         finish = d.finish_reason
@@ -86,6 +103,8 @@ class ChatResponder:
             tools = self.tool_streams.setdefault(d.index, ToolStream())
             before = tools.num_calls
             content, calls = tools.feed(d.text, final=finish is not None)
+            if self.max_calls is not None:
+                calls = calls[: max(0, self.max_calls - before)]
             delta["content"] = content
             if calls:
                 delta["tool_calls"] = [
@@ -95,18 +114,24 @@ class ChatResponder:
                 finish = "tool_calls"
         else:
             delta["content"] = d.text
-        choice = {
+        choice: dict[str, Any] = {
             "index": d.index,
             "delta": delta,
             "logprobs": self._logprobs(d.token_ids, d.logprobs),
             "finish_reason": finish,
         }
+        if self.req.return_token_ids:  # vLLM: the prompt's ids in the first chunk, then deltas
+            if first:
+                choice["prompt_token_ids"] = self.prompt_ids.get(d.index)
+            choice["token_ids"] = d.token_ids
         return {**self.head, "choices": [choice]}
 
     def _message(self, c: Choice) -> tuple[dict[str, Any], str | None]:
         if not self.parses_tools:
             return {"role": "assistant", "content": c.text}, c.finish_reason
         content, calls = parse_calls(c.text)
+        if self.max_calls is not None:
+            calls = calls[: self.max_calls]
         if not calls:
             return {"role": "assistant", "content": c.text}, c.finish_reason
         finish = "tool_calls" if c.finish_reason == "stop" else c.finish_reason
@@ -126,4 +151,11 @@ class ChatResponder:
                     **token_ids_of(c, self.req.return_token_ids),
                 }
             )
-        return {**self.head, "object": "chat.completion", "choices": out, "usage": usage(choices)}
+        body = {**self.head, "object": "chat.completion", "choices": out, "usage": usage(choices)}
+        k = self.req.prompt_logprobs
+        if k is not None:  # vLLM's: the response's, one prompt for every choice
+            first = choices[0]
+            body["prompt_logprobs"] = vllm_prompt_logprobs(
+                self.texts, first.prompt_token_ids, first.prompt_logprobs or [], k
+            )
+        return body

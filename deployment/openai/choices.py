@@ -9,7 +9,7 @@ requests (one per prompt) run at once (``merge``); their ``usage`` is the ranks'
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from actors.control.messages import GenerateChunk, Usage
@@ -34,6 +34,16 @@ class Delta:
     text_offsets: list[int] | None = None  # where each token's text starts in the choice
 
 
+class _KeepSpecial:
+    """A tokenizer's decoding with special tokens kept (``skip_special_tokens: false``)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+
 class RequestFailed(Exception):
     """The rank refused (``status`` 400) or failed (500) this one request; the group is fine."""
 
@@ -49,6 +59,10 @@ class Choice:
     With stop strings, the last ``longest - 1`` characters are held back until more text shows
     they start no stop string, so what was streamed is always a prefix of the final text and
     the deltas join to exactly the non-streamed text.
+
+    ``include_stop`` keeps the stop string that ended the text; ``skip_special_tokens=False``
+    keeps special tokens' text; ``score_only`` (``max_tokens: 0``) drops the one token the rank
+    generates: the choice reports the prompt's numbers and no output.
     """
 
     def __init__(
@@ -58,6 +72,9 @@ class Choice:
         tokenizer: Tokenizer,
         stop_strings: list[str] | None = None,
         counts_prompt: bool = True,
+        include_stop: bool = False,
+        skip_special_tokens: bool = True,
+        score_only: bool = False,
     ) -> None:
         self.index = index
         self.prompt_token_ids = prompt_token_ids
@@ -74,7 +91,11 @@ class Choice:
         self.logprobs: list[TokenLogprobs] = []
         self.text_offsets: list[int] = []
         self.stopped = False  # a stop string ended it (the rank may still be generating)
-        self._detok = Detokenizer(tokenizer)
+        # Per prompt token from the second on, when prompt logprobs were asked for.
+        self.prompt_logprobs: list[TokenLogprobs] | None = None
+        self.include_stop = include_stop
+        self.score_only = score_only
+        self._detok = Detokenizer(tokenizer if skip_special_tokens else _KeepSpecial(tokenizer))
         self._stops = stop_strings or []
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._pending = ""  # decoded, not yet sent
@@ -82,6 +103,10 @@ class Choice:
     def feed(self, chunk: GenerateChunk) -> Delta | None:
         """Take a chunk of this choice's tokens; the delta it makes (None: nothing to send)."""
         reason = chunk.finish_reason
+        if chunk.prompt_logprobs is not None:
+            self.prompt_logprobs = list(chunk.prompt_logprobs)
+        if self.score_only:  # the rank's one token is not part of the answer
+            return self._score_only(chunk)
         ids = list(chunk.token_ids)
         offsets = None
         if self._stops or chunk.logprobs is not None:
@@ -94,8 +119,9 @@ class Choice:
                 self._pending += self._detok.add([token], final=final)
                 # Sent text never holds the start of a stop string (it would have been found
                 # while the held-back tail was searched): only the unsent text is searched.
-                cut = first_stop(self._pending, self._stops)
-                if cut is not None:
+                found = first_stop(self._pending, self._stops)
+                if found is not None:
+                    cut = found[1] if self.include_stop else found[0]
                     self._pending, reason = self._pending[:cut], "stop"
                     del ids[n + 1 :], offsets[n + 1 :]
                     self.stopped = True
@@ -119,6 +145,14 @@ class Choice:
             return Delta(self.index, text, ids, reason, logprobs, offsets)
         return None
 
+    def _score_only(self, chunk: GenerateChunk) -> Delta | None:
+        """``max_tokens: 0``: the prompt's usage, no output, finished by ``length``."""
+        self.usage = Usage(chunk.usage.prompt_tokens, 0)
+        if chunk.finish_reason is None:
+            return None
+        self.finish_reason = "length" if chunk.finish_reason != "error" else "error"
+        return Delta(self.index, "", [], self.finish_reason, None, None)
+
 
 async def run_choices(
     stream: AsyncIterator[GenerateChunk], choices: list[Choice]
@@ -134,6 +168,9 @@ async def run_choices(
         if chunk.error is not None:
             raise RequestFailed(chunk.error, chunk.error_status)
         choice = choices[chunk.index]
+        if chunk.prompt_logprobs is not None:  # one prefill: every choice of it reports them
+            for other in choices:
+                other.prompt_logprobs = list(chunk.prompt_logprobs)
         if choice.stopped:
             continue  # stopped here by a stop string; the rank's later tokens are dropped
         delta = choice.feed(chunk)
@@ -145,11 +182,14 @@ async def run_choices(
                 return
 
 
-def first_stop(text: str, stops: list[str]) -> int | None:
-    """Where ``text`` is cut: the start of the stop string that completes first (as if the
-    text arrived one character at a time), so the cut never depends on how it was chunked."""
+def first_stop(text: str, stops: list[str]) -> tuple[int, int] | None:
+    """``(start, end)`` of the stop string in ``text`` that completes first (as if the text
+    arrived one character at a time), so the cut never depends on how it was chunked."""
     hits = [(i + len(s), i) for s in stops if (i := text.find(s)) >= 0]
-    return min(hits)[1] if hits else None
+    if not hits:
+        return None
+    end, start = min(hits)
+    return start, end
 
 
 async def merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[Delta]:

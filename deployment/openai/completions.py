@@ -8,12 +8,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from actors.control.request import TokenLogprobs
 from actors.model.tokenizer import Tokenizer
 from deployment.ingress import Ingress
-from deployment.openai.choices import Delta, token_ids_of, usage
+from deployment.openai.choices import Choice, Delta, token_ids_of, usage
 from deployment.openai.errors import APIError
-from deployment.openai.logprobs import completion_logprobs
+from deployment.openai.logprobs import EchoedPrompt, completion_logprobs, vllm_prompt_logprobs
 from deployment.openai.protocol import CompletionRequest
 from deployment.openai.sse import drain, stream
 from deployment.serve_context import new_request_id
@@ -22,50 +21,67 @@ from deployment.serve_context import new_request_id
 async def create_completion(core: Ingress, request: Request) -> dict[str, Any] | StreamingResponse:
     """The route's body: each prompt's ids, one rank request per prompt, the answer."""
     req = await core.read_request(request, CompletionRequest)
-    if req.echo and req.logprobs is not None:
-        raise APIError(
-            400, "echo with logprobs needs prompt logprobs, which are not computed", "echo"
-        )
-    prompts = prompt_ids(req, core.tokenizer)
-    texts = core.token_texts
-
-    def logprobs(
-        ids: list[int], lps: list[TokenLogprobs] | None, offsets: list[int] | None
-    ) -> dict[str, Any] | None:
-        if lps is None or offsets is None:
-            return None
-        return completion_logprobs(texts, ids, lps, offsets)
-
+    prompts = [req.truncated(ids) for ids in prompt_ids(req, core.tokenizer)]
+    # ``max_tokens: 0`` scores the prompt: the rank generates one token, which is dropped.
+    max_tokens = 1 if req.max_tokens == 0 else (req.max_tokens or 16)
     rid, created = new_request_id(), int(time.time())
-    choices, deltas = core.generate_each(rid, prompts, req, req.max_tokens or 16, "prompt")
+    choices, deltas = core.generate_each(rid, prompts, req, max_tokens, "prompt")
     # After ``generate_each``'s checks: an id outside the vocabulary is a 400, not a decode error.
     echoes = echo_texts(req, prompts, core.tokenizer) if req.echo else None
+    texts = core.token_texts
+
+    def logprobs(c: Choice, d: Delta | None) -> dict[str, Any] | None:
+        """Delta ``d``'s logprobs (streamed), else the whole choice's; with ``echo`` the
+        prompt's come first (in the first delta)."""
+        if req.logprobs is None:
+            return None
+        ids, lps, offsets = (
+            (c.output_token_ids, c.logprobs, c.text_offsets)
+            if d is None
+            else (d.token_ids, d.logprobs or [], d.text_offsets or [])
+        )
+        prompt = None
+        if echoes is not None and (d is None or d.index not in echoed):
+            echo = echoes[c.index // req.n]
+            prompt = EchoedPrompt(
+                c.prompt_token_ids, c.prompt_logprobs or [], req.logprobs, len(echo)
+            )
+        return completion_logprobs(texts, ids, lps, offsets, prompt)
+
+    def extras(c: Choice) -> dict[str, Any]:
+        out = token_ids_of(c, req.return_token_ids)
+        if req.prompt_logprobs is not None:
+            out["prompt_logprobs"] = vllm_prompt_logprobs(
+                texts, c.prompt_token_ids, c.prompt_logprobs or [], req.prompt_logprobs
+            )
+        return out
+
     head = {
         "id": f"cmpl-{rid}",
         "object": "text_completion",
         "created": created,
         "model": core.model_name,
     }
+    echoed: set[int] = set()
     if req.stream:
-        echoed: set[int] = set()
 
         def chunk(d: Delta) -> dict[str, Any]:
+            c = choices[d.index]
             text = d.text
+            delta: dict[str, Any] = {"index": d.index, "text": text, "logprobs": logprobs(c, d)}
             if echoes is not None and d.index not in echoed:
                 echoed.add(d.index)
-                text = echoes[d.index // req.n] + text  # n choices per prompt
-            delta: dict[str, Any] = {
-                "index": d.index,
-                "text": text,
-                "logprobs": logprobs(d.token_ids, d.logprobs, d.text_offsets),
-                "finish_reason": d.finish_reason,
-            }
+                delta["text"] = echoes[d.index // req.n] + text  # n choices per prompt
+            delta["finish_reason"] = d.finish_reason
             if req.return_token_ids:  # each chunk's new ids (a session client resends them)
                 delta["token_ids"] = d.token_ids
+                if d.index not in started:  # the prompt's ids once, in the first chunk (vLLM)
+                    delta["prompt_token_ids"] = c.prompt_token_ids
+            started.add(d.index)
             return {**head, "choices": [delta]}
 
-        options = req.stream_options
-        return stream(deltas, chunk, head, choices, bool(options and options.include_usage))
+        started: set[int] = set()
+        return stream(deltas, chunk, head, choices, req.stream_options)
     await drain(deltas)
     return {
         **head,
@@ -73,13 +89,9 @@ async def create_completion(core: Ingress, request: Request) -> dict[str, Any] |
             {
                 "index": c.index,
                 "text": c.text if echoes is None else echoes[c.index // req.n] + c.text,
-                "logprobs": logprobs(
-                    c.output_token_ids,
-                    c.logprobs if req.logprobs is not None else None,
-                    c.text_offsets,
-                ),
+                "logprobs": logprobs(c, None),
                 "finish_reason": c.finish_reason,
-                **token_ids_of(c, req.return_token_ids),
+                **extras(c),
             }
             for c in choices
         ],

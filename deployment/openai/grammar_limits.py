@@ -61,7 +61,7 @@ def check_grammar(grammar: tuple[str, str], limits: GrammarLimits) -> None:
             f"ebnf: {len(spec)} characters; at most {limits.max_grammar_ebnf_chars} "
             "(max_grammar_ebnf_chars)"
         )
-    if kind in ("json_schema", "tool_call"):
+    if kind in ("json_schema", "json_schema_open", "tool_call"):
         try:
             schema = json.loads(spec)
         except (ValueError, RecursionError):

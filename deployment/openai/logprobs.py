@@ -9,7 +9,7 @@ shows the replacement character; its ``bytes`` are those of that text).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from actors.control.request import TokenLogprobs
 from actors.model.tokenizer import Tokenizer
@@ -36,30 +36,80 @@ def _finite(value: float) -> float:
     return max(value, MIN_LOGPROB)
 
 
+class EchoedPrompt(NamedTuple):
+    """The prompt part of an ``echo`` + ``logprobs`` answer: its ids, their logprobs (one per
+    token from the second on), the ``k`` asked for, and where the output's text starts."""
+
+    token_ids: Sequence[int]
+    logprobs: Sequence[TokenLogprobs]
+    k: int
+    text_len: int
+
+
+def _top(texts: TokenTexts, token: int, lp: TokenLogprobs, k: int) -> dict[str, float]:
+    top: dict[str, float] = {}
+    for tid, value in zip(lp.top_ids[:k], lp.top_logprobs[:k], strict=True):
+        top.setdefault(texts(tid), _finite(value))
+    top.setdefault(texts(token), _finite(lp.logprob))
+    return top
+
+
 def completion_logprobs(
     texts: TokenTexts,
     token_ids: Sequence[int],
     logprobs: Sequence[TokenLogprobs],
     offsets: Sequence[int],
+    prompt: EchoedPrompt | None = None,
 ) -> dict[str, Any]:
     """The completions ``logprobs`` object: the sampled tokens and their top ``k``.
 
     ``top_logprobs`` maps each of the ``k`` most likely tokens' text to its logprob, plus the
-    sampled token (vLLM's shape); two tokens with the same text keep the likelier.
+    sampled token (vLLM's shape); two tokens with the same text keep the likelier. With
+    ``prompt`` (``echo``), the prompt's tokens come first, the first of them with ``null``
+    logprobs (nothing predicts it, as OpenAI and vLLM), and the output's offsets follow the
+    echoed text.
     """
-    tops = []
+    tokens: list[str] = []
+    values: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    starts: list[int] = []
+    shift = 0
+    if prompt is not None:
+        offset = 0
+        for i, token in enumerate(prompt.token_ids):
+            tokens.append(texts(token))
+            starts.append(offset)
+            offset += len(tokens[-1])
+            lp = prompt.logprobs[i - 1] if 0 < i <= len(prompt.logprobs) else None
+            values.append(None if lp is None else _finite(lp.logprob))
+            tops.append(None if lp is None else _top(texts, token, lp, prompt.k))
+        shift = prompt.text_len
     for token, lp in zip(token_ids, logprobs, strict=True):
-        top: dict[str, float] = {}
-        for tid, value in zip(lp.top_ids, lp.top_logprobs, strict=True):
-            top.setdefault(texts(tid), _finite(value))
-        top.setdefault(texts(token), _finite(lp.logprob))
-        tops.append(top)
-    return {
-        "tokens": [texts(t) for t in token_ids],
-        "token_logprobs": [_finite(lp.logprob) for lp in logprobs],
-        "top_logprobs": tops,
-        "text_offset": list(offsets),
-    }
+        tokens.append(texts(token))
+        values.append(_finite(lp.logprob))
+        tops.append(_top(texts, token, lp, len(lp.top_ids)))
+    starts += [shift + o for o in offsets]
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": starts}
+
+
+def vllm_prompt_logprobs(
+    texts: TokenTexts, prompt_ids: Sequence[int], logprobs: Sequence[TokenLogprobs], k: int
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs``: ``null`` for the first token, then per token a map from
+    token id to ``{logprob, rank, decoded_token}``: the prompt's own token, then the top ``k``
+    (ranks 1..k)."""
+    out: list[dict[str, dict[str, Any]] | None] = [None]
+    for token, lp in zip(prompt_ids[1:], logprobs, strict=False):  # short if it failed
+        entry = {str(token): _vllm_entry(texts, token, lp.logprob, lp.rank)}
+        tops = zip(lp.top_ids[:k], lp.top_logprobs[:k], strict=True)
+        for rank, (tid, value) in enumerate(tops, 1):
+            entry.setdefault(str(tid), _vllm_entry(texts, tid, value, rank))
+        out.append(entry)
+    return out
+
+
+def _vllm_entry(texts: TokenTexts, token: int, logprob: float, rank: int | None) -> dict[str, Any]:
+    return {"logprob": _finite(logprob), "rank": rank, "decoded_token": texts(token)}
 
 
 def _chat_entry(texts: TokenTexts, token_id: int, logprob: float) -> dict[str, Any]:

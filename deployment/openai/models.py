@@ -1,7 +1,9 @@
-"""``/v1/models``: the one model this deployment serves, under its served name."""
+"""``/v1/models`` (the one model this deployment serves, under its served name) and
+``/version`` (the server's version, as vLLM and SGLang serve it)."""
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from deployment.ingress import Ingress
@@ -21,3 +23,11 @@ def list_models(core: Ingress) -> dict[str, Any]:
             }
         ],
     }
+
+
+def server_version() -> dict[str, str]:
+    """``{"version": ...}``: the installed ``roundgate`` package's version."""
+    try:
+        return {"version": version("roundgate")}
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return {"version": "unknown"}

@@ -23,10 +23,11 @@ from pydantic import (
     model_validator,
 )
 
-from actors.control.request import MAX_N
+from actors.control.request import MAX_LOGPROBS, MAX_N
 from deployment.openai.errors import APIError, describe_error
 
 MAX_INT32 = 2**31 - 1
+MIN_INT64, MAX_INT64 = -(2**63), 2**63 - 1  # vLLM's seed range
 MAX_STOP_CHARS = 256  # the detokenizer holds back up to this many characters
 
 
@@ -63,6 +64,9 @@ def ignored(description: str) -> Any:
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(
+        False, description="vendor (vLLM): every chunk carries the usage so far"
+    )
 
 
 class JSONSchemaFormat(BaseModel):
@@ -70,7 +74,11 @@ class JSONSchemaFormat(BaseModel):
     name: str | None = None
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None
+    strict: bool | None = Field(
+        None,
+        description="true or null: no property beyond the schema's (xgrammar's strict mode); "
+        "false: JSON Schema's own rule (undeclared properties allowed unless forbidden)",
+    )
 
 
 class ResponseFormat(BaseModel):
@@ -79,6 +87,39 @@ class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_only_with_its_type(self) -> ResponseFormat:
+        if self.json_schema is not None and self.type != "json_schema":
+            raise ValueError(f"json_schema goes with type 'json_schema', not {self.type!r}")
+        return self
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs``: exactly one constraint on the output."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    json_: dict[str, Any] | str | None = Field(None, alias="json", description="a JSON schema")
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1, max_length=256)] | None = None
+    grammar: str | None = Field(None, description="an EBNF grammar (xgrammar's dialect)")
+    json_object: bool | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        given = [
+            name
+            for name in ("json_", "regex", "choice", "grammar")
+            if getattr(self, name) is not None
+        ]
+        if self.json_object:
+            given.append("json_object")
+        if len(given) != 1:
+            names = ", ".join(n.rstrip("_") for n in given) or "none"
+            raise ValueError(
+                f"give exactly one of json, regex, choice, grammar, json_object (got {names})"
+            )
+        return self
 
 
 class _Common(BaseModel):
@@ -99,7 +140,7 @@ class _Common(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     # Bounded: the rank packs sampling parameters into int64 tensors.
     top_k: Int = Field(0, ge=-1, le=MAX_INT32)
-    seed: Int | None = None
+    seed: Int | None = Field(None, ge=MIN_INT64, le=MAX_INT64)
     stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = None
     stop_token_ids: Annotated[list[Int], Field(max_length=256)] | None = None
     ignore_eos: bool = False
@@ -119,6 +160,30 @@ class _Common(BaseModel):
     guided_choice: Annotated[list[str], Field(min_length=1, max_length=256)] | None = Field(
         None, description="vendor: output is exactly one of these strings"
     )
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="vendor (vLLM): json, regex, choice, grammar (EBNF) or json_object"
+    )
+    prompt_logprobs: Int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description="vendor (vLLM): each prompt token's logprob and the top k (not streamed)",
+    )
+    truncate_prompt_tokens: Int | None = Field(
+        None, ge=1, description="vendor (vLLM): keep this many prompt tokens"
+    )
+    truncation_side: Literal["left", "right"] = Field(
+        "left", description="vendor (vLLM): 'left' keeps the last tokens, 'right' the first"
+    )
+    skip_special_tokens: bool = Field(True, description="vendor (vLLM): drop them from text")
+    spaces_between_special_tokens: bool = Field(
+        True,
+        description="vendor (vLLM): accepted; fast tokenizers (all roundgate loads) have no "
+        "such option, so text is the same either way",
+    )
+    include_stop_str_in_output: bool = Field(
+        False, description="vendor (vLLM): keep the stop string that ended the text"
+    )
     service_tier: str | None = refused("null, 'auto' or 'default'")
     store: bool | None = refused("null or false")
     metadata: dict[str, Any] | None = ignored("caller's key-value tags")
@@ -137,6 +202,29 @@ class _Common(BaseModel):
     def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
         return [value] if isinstance(value, str) else value
 
+    def check_combinations(self) -> None:
+        """Fields that are valid alone but not together: a 400 naming the second."""
+        options = self.stream_options
+        if options is not None and not self.stream:
+            raise APIError(400, "stream_options needs stream: true", param="stream_options")
+        if options is not None and options.continuous_usage_stats and not options.include_usage:
+            raise APIError(
+                400,
+                "stream_options.continuous_usage_stats needs include_usage: true",
+                param="stream_options",
+            )
+        if self.prompt_logprobs is not None and self.stream:
+            raise APIError(
+                400, "prompt_logprobs are not available with stream: true", "prompt_logprobs"
+            )
+
+    def truncated(self, ids: list[int]) -> list[int]:
+        """``ids`` cut to ``truncate_prompt_tokens`` from ``truncation_side`` (vLLM's)."""
+        keep = self.truncate_prompt_tokens
+        if keep is None or len(ids) <= keep:
+            return ids
+        return ids[-keep:] if self.truncation_side == "left" else ids[:keep]
+
     @property
     def stop_strings(self) -> list[str]:
         return list(self.stop or [])  # normalised to a list by the validator
@@ -146,8 +234,11 @@ class CompletionRequest(_Common):
     prompt: str | list[str] | list[Int] | list[list[Int]] = Field(
         description="text, texts, token ids (within the tokenizer's vocabulary) or lists of them"
     )
+    max_tokens: Int | None = Field(
+        None, ge=0, description="0: score the prompt only (with echo or prompt_logprobs)"
+    )
     echo: bool = False
-    logprobs: Int | None = Field(None, ge=0, le=20)
+    logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: Int | None = refused("null or 1")
     suffix: str | None = refused("null or empty")
 
@@ -157,9 +248,21 @@ class CompletionRequest(_Common):
         "suffix": lambda v: not v,
     }
 
+    def check_combinations(self) -> None:
+        super().check_combinations()
+        if self.max_tokens == 0 and not self.echo and self.prompt_logprobs is None:
+            raise APIError(
+                400,
+                "max_tokens 0 only scores the prompt: it needs echo or prompt_logprobs",
+                param="max_tokens",
+            )
+
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """One chat message. Unknown keys are accepted and ignored (as vLLM: SDKs and agent
+    frameworks attach their own), so they never reach the template."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -196,6 +299,29 @@ class ChatMessage(BaseModel):
             if value is not None:
                 out[key] = value
         return out
+
+
+# apply_chat_template's own arguments: chat_template_kwargs may not override them.
+RENDER_ARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "sanitize_control_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 
 
 def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -239,7 +365,9 @@ class ChatRequest(_Common):
     tool_choice: str | dict[str, Any] | None = Field(
         None, description="'none', 'auto', 'required' (enforced) or a named function (enforced)"
     )
-    parallel_tool_calls: bool | None = refused("null or true")
+    parallel_tool_calls: bool | None = Field(
+        None, description="false: at most one tool call is returned (the first)"
+    )
     response_format: ResponseFormat | None = None
     functions: list[dict[str, Any]] | None = refused("null (deprecated; use tools)")
     function_call: str | dict[str, Any] | None = refused("null (deprecated; use tool_choice)")
@@ -252,13 +380,43 @@ class ChatRequest(_Common):
     moderation: Any = refused("null")
     prompt_cache_options: dict[str, Any] | None = ignored("prefix caching needs no options")
     prompt_cache_retention: str | None = ignored("prefix caching keeps what fits")
+    add_generation_prompt: bool = Field(
+        True, description="vendor (vLLM): end the prompt with the assistant's turn opened"
+    )
+    continue_final_message: bool = Field(
+        False, description="vendor (vLLM): continue the last (assistant) message"
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="vendor (vLLM): extra variables for the chat template"
+    )
 
     _tools = field_validator("tools")(check_tools)
     _tool_choice = field_validator("tool_choice")(_check_tool_choice)
 
+    def check_combinations(self) -> None:
+        super().check_combinations()
+        if self.continue_final_message and self.add_generation_prompt:
+            raise APIError(
+                400,
+                "continue_final_message needs add_generation_prompt: false",
+                param="continue_final_message",
+            )
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise APIError(
+                400,
+                "continue_final_message needs the last message to be the assistant's",
+                param="continue_final_message",
+            )
+        taken = sorted(RENDER_ARGS & set(self.chat_template_kwargs or {}))
+        if taken:
+            raise APIError(
+                400,
+                f"chat_template_kwargs may not set {', '.join(taken)} (the request's own fields)",
+                param="chat_template_kwargs",
+            )
+
     REFUSED: ClassVar[dict[str, Callable[[Any], bool]]] = {
         **_Common.REFUSED,
-        "parallel_tool_calls": lambda v: v in (None, True),
         "functions": lambda v: v is None,
         "function_call": lambda v: v is None,
         "audio": lambda v: v is None,
@@ -286,4 +444,7 @@ def parse(model: type[Body], body: object) -> Body:
     for name, accepts in getattr(model, "REFUSED", {}).items():
         if name in req.model_fields_set and not accepts(getattr(req, name)):
             raise APIError(400, f"{name} is not supported by roundgate", param=name)
+    check = getattr(req, "check_combinations", None)
+    if check is not None:
+        check()
     return req

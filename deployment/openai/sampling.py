@@ -2,9 +2,11 @@
 
 The ingress checks the request against the model's limits and calls ``sampling_params`` once
 per prompt; a field that cannot be translated is a 400 naming it. Structured output:
-``response_format`` (``json_object``, ``json_schema``) and the vendor fields ``guided_json``,
-``guided_regex`` and ``guided_choice`` each become ``SamplingParams.grammar`` (compiled and
-enforced on the rank, see ``actors.model.grammar``); at most one may be given.
+``response_format`` (``json_object``, ``json_schema``), vLLM's ``structured_outputs`` (``json``,
+``regex``, ``choice``, ``grammar``: EBNF, ``json_object``) and the older vendor fields
+``guided_json``, ``guided_regex`` and ``guided_choice`` each become ``SamplingParams.grammar``
+(compiled and enforced on the rank, see ``actors.model.grammar``); at most one may be given.
+An EBNF grammar or a regex that does not parse is a 400 naming its field, here.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from actors.control.request import SamplingParams
 from actors.model.generation_config import GenerationConfig
 from deployment.openai.errors import APIError
-from deployment.openai.protocol import ChatRequest, CompletionRequest
+from deployment.openai.protocol import ChatRequest, CompletionRequest, StructuredOutputs
 from deployment.openai.tool_calls import tool_grammar
 
 GenerateBody = CompletionRequest | ChatRequest
@@ -53,6 +55,7 @@ def sampling_params(
         repetition_penalty=req.repetition_penalty,
         logit_bias=logit_bias_of(req.logit_bias),
         logprobs=logprobs_of(req),
+        prompt_logprobs=prompt_logprobs_of(req),
         grammar=grammar_of(req),
     )
 
@@ -69,20 +72,61 @@ def grammar_of(req: GenerateBody) -> tuple[str, str] | None:
             raise APIError(
                 400, "response_format json_schema needs json_schema.schema", "response_format"
             )
-        given.append(("response_format", ("json_schema", _dump(schema))))
+        # ``strict: false`` keeps JSON Schema's own rule for undeclared properties.
+        kind = "json_schema_open" if fmt.json_schema.strict is False else "json_schema"
+        given.append(("response_format", (kind, _dump(schema))))
     if req.guided_json is not None:
         given.append(("guided_json", ("json_schema", _dump(req.guided_json))))
     if req.guided_regex is not None:
         given.append(("guided_regex", ("regex", req.guided_regex)))
     if req.guided_choice is not None:
         given.append(("guided_choice", ("choice", json.dumps(req.guided_choice))))
+    if req.structured_outputs is not None:
+        given.append(("structured_outputs", _structured(req.structured_outputs)))
     tool = tool_grammar(req.tools, req.tool_choice) if isinstance(req, ChatRequest) else None
     if tool is not None:
         given.append(("tool_choice", tool))
     if len(given) > 1:
         names = ", ".join(name for name, _ in given)
         raise APIError(400, f"give at most one of {names}", param=given[1][0])
-    return given[0][1] if given else None
+    if not given:
+        return None
+    name, grammar = given[0]
+    _check_parses(name, grammar)
+    return grammar
+
+
+def _structured(so: StructuredOutputs) -> tuple[str, str]:
+    """vLLM's ``structured_outputs`` (one constraint, checked by its model) as a grammar."""
+    if so.json_ is not None:
+        schema = json.loads(so.json_) if isinstance(so.json_, str) else so.json_
+        return "json_schema", _dump(schema)
+    if so.regex is not None:
+        return "regex", so.regex
+    if so.choice is not None:
+        return "choice", json.dumps(so.choice)
+    if so.grammar is not None:
+        return "ebnf", so.grammar
+    return "json_object", ""
+
+
+def _check_parses(name: str, grammar: tuple[str, str]) -> None:
+    """A 400 naming ``name`` when an EBNF grammar or a regex does not parse (xgrammar's
+    parser, no tokenizer needed); the rank compiles what parses."""
+    kind, spec = grammar
+    if kind not in ("ebnf", "regex"):
+        return
+    import xgrammar as xgr
+
+    try:
+        if kind == "ebnf":
+            xgr.Grammar.from_ebnf(spec)
+        else:
+            xgr.Grammar.from_regex(spec)
+    except Exception as exc:  # xgrammar raises RuntimeError with the parser's position
+        detail = str(exc).splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        detail = detail.split("] ", 1)[-1]  # drop xgrammar's timestamp and source path
+        raise APIError(400, f"{name}: the {kind} does not parse: {detail}", param=name) from None
 
 
 def _dump(schema: dict[str, Any]) -> str:
@@ -95,16 +139,25 @@ def logit_bias_of(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...
     (``"1"`` and ``"01"`` are the same id twice: ``SamplingParams`` refuses that)."""
     if not bias:
         return ()
-    pairs = []
+    pairs, bad = [], []
     for key, value in bias.items():
         try:
-            token = int(key)
+            pairs.append((int(key), value))
         except ValueError:
-            raise APIError(
-                400, f"logit_bias: key {key!r} is not a token id", param="logit_bias"
-            ) from None
-        pairs.append((token, value))
+            bad.append(repr(key))
+    if bad:  # every bad key named, not only the first
+        what = f"key {bad[0]} is" if len(bad) == 1 else f"keys {', '.join(bad)} are"
+        raise APIError(400, f"logit_bias: {what} not a token id", param="logit_bias")
     return tuple(pairs)  # a repeated id is refused by ``SamplingParams``
+
+
+def prompt_logprobs_of(req: GenerateBody) -> int | None:
+    """How many top logprobs a request wants per prompt token (None: none): its
+    ``prompt_logprobs``, and ``echo`` with ``logprobs`` asks for the prompt's too (vLLM)."""
+    k = req.prompt_logprobs
+    if isinstance(req, CompletionRequest) and req.echo and req.logprobs is not None:
+        k = max(k or 0, req.logprobs)
+    return k
 
 
 def logprobs_of(req: GenerateBody) -> int | None:

@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from deployment.openai.choices import Choice, Delta, usage
 from deployment.openai.errors import APIError
+from deployment.openai.protocol import StreamOptions
 
 
 def sse(obj: dict[str, Any]) -> str:
@@ -28,14 +29,20 @@ def stream(
     chunk: Callable[[Delta], dict[str, Any]],
     head: dict[str, Any],
     choices: list[Choice],
-    include_usage: bool,
+    options: StreamOptions | None,
 ) -> StreamingResponse:
-    """``chunk(delta)`` per delta as one event; with ``include_usage`` a last chunk of usage."""
+    """``chunk(delta)`` per delta as one event; with ``include_usage`` a last chunk of usage,
+    and with ``continuous_usage_stats`` too every chunk carries the usage so far (vLLM)."""
+    include_usage = options is not None and options.include_usage
+    continuous = include_usage and options is not None and options.continuous_usage_stats
 
     async def body() -> AsyncIterator[str]:
         try:
             async for d in deltas:
-                yield sse(chunk(d))
+                event = chunk(d)
+                if continuous:
+                    event["usage"] = usage(choices)
+                yield sse(event)
         except APIError as exc:
             # Headers are already sent: the error travels as a final event.
             yield sse(exc.body())

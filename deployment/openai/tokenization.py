@@ -1,9 +1,12 @@
-"""``/tokenize`` and ``/detokenize`` in vLLM's request and response shapes.
+"""``/tokenize``, ``/detokenize`` and ``/tokenizer_info`` in vLLM's shapes.
 
 ``/tokenize`` takes a ``prompt`` (as ``/v1/completions`` would tokenize it) or chat
-``messages`` (rendered by the model's template with the generation prompt, as
-``/v1/chat/completions`` would), and answers ``{count, max_model_len, tokens, token_strs}``;
-``token_strs`` are each token's own decoded text. ``/detokenize`` answers ``{prompt}``.
+``messages`` (rendered by the model's template as ``/v1/chat/completions`` would, with the
+same ``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``), and
+answers ``{count, max_model_len, tokens, token_strs}``; ``token_strs`` are each token's own
+decoded text. ``/detokenize`` answers ``{prompt}``. ``/tokenizer_info`` is the tokenizer's
+configuration (its ``init_kwargs`` as JSON, its class and the chat template), which clients
+such as lm-evaluation-harness read instead of downloading the tokenizer.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from deployment.ingress import Ingress
-from deployment.openai.chat import chat_prompt_ids
+from deployment.openai.chat import chat_options, chat_prompt_ids
 from deployment.openai.errors import APIError
-from deployment.openai.protocol import ChatMessage, Int, check_tools
+from deployment.openai.protocol import ChatMessage, ChatRequest, Int, check_tools, parse
 
 
 class TokenizeRequest(BaseModel):
@@ -27,9 +30,9 @@ class TokenizeRequest(BaseModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool = Field(True, description="prompt only: BOS/EOS as the model adds")
-    add_generation_prompt: bool = Field(
-        True, description="messages only; false is refused (chat always adds it)"
-    )
+    add_generation_prompt: bool = Field(True, description="messages only")
+    continue_final_message: bool = Field(False, description="messages only")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="messages only")
     tools: list[dict[str, Any]] | None = None
     return_token_strs: bool = False
 
@@ -56,8 +59,10 @@ async def detokenize_route(core: Ingress, request: Request) -> dict[str, Any]:
 
 def tokenize(core: Ingress, req: TokenizeRequest) -> dict[str, Any]:
     """The token ids ``req`` would be generated from, with their count."""
-    if (req.prompt is None) == (req.messages is None):
-        raise APIError(400, "give exactly one of prompt and messages", param="prompt")
+    if req.prompt is not None and req.messages is not None:
+        raise APIError(400, "give prompt or messages, not both", param="messages")
+    if req.prompt is None and req.messages is None:
+        raise APIError(400, "give one of prompt and messages", param="prompt")
     tokenizer = core.tokenizer
     if req.prompt is not None:
         if req.tools is not None:
@@ -69,11 +74,17 @@ def tokenize(core: Ingress, req: TokenizeRequest) -> dict[str, Any]:
         else:  # the byte tokenizer adds no special tokens anyway
             ids = tokenizer.encode(req.prompt)
     else:
-        if not req.add_generation_prompt:
-            raise APIError(
-                400, "add_generation_prompt: false is not supported", "add_generation_prompt"
-            )
-        ids = chat_prompt_ids(tokenizer, req.messages or [], req.tools)
+        # The chat route's own checks of these fields (one rule for both endpoints).
+        chat = parse(
+            ChatRequest,
+            {
+                "messages": [m.model_dump(exclude_none=True) for m in req.messages or []],
+                "add_generation_prompt": req.add_generation_prompt,
+                "continue_final_message": req.continue_final_message,
+                "chat_template_kwargs": req.chat_template_kwargs,
+            },
+        )
+        ids = chat_prompt_ids(tokenizer, chat.messages, req.tools, chat_options(chat))
     return {
         "count": len(ids),
         "max_model_len": core.max_model_len,
@@ -86,3 +97,37 @@ def detokenize(core: Ingress, req: DetokenizeRequest) -> dict[str, Any]:
     """The text of ``req.tokens`` (special tokens skipped, as in generated text)."""
     core.check_vocab(req.tokens, "tokens")
     return {"prompt": core.tokenizer.decode(req.tokens)}
+
+
+def tokenizer_info(core: Ingress) -> dict[str, Any]:
+    """vLLM's ``/tokenizer_info``: the tokenizer's ``init_kwargs`` (file paths dropped, values
+    made JSON), its class name and the chat template the server renders with."""
+    tokenizer = core.tokenizer
+    hf = getattr(tokenizer, "_tok", None)
+    config = dict(getattr(hf, "init_kwargs", None) or {})
+    for path_key in ("vocab_file", "merges_file", "tokenizer_file", "name_or_path"):
+        config.pop(path_key, None)
+    info: dict[str, Any] = {k: _as_json(v) for k, v in config.items()}
+    # The special tokens' text, always present (lm-evaluation-harness's remote tokenizer reads
+    # ``eos_token`` to tell a vLLM-shaped server).
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = getattr(hf, name, None) if hf is not None else None
+        info[name] = value if isinstance(value, str) else info.get(name)
+    info["tokenizer_class"] = type(hf if hf is not None else tokenizer).__name__
+    info["model_max_length"] = core.max_model_len
+    template = getattr(tokenizer, "chat_template", None)
+    if template:
+        info["chat_template"] = template
+    return info
+
+
+def _as_json(value: Any) -> Any:
+    """A JSON value for ``value`` (special tokens as their text; other objects as ``str``)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _as_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [_as_json(v) for v in value]
+    content = getattr(value, "content", None)  # transformers' AddedToken
+    return content if isinstance(content, str) else str(value)
