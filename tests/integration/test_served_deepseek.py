@@ -32,14 +32,16 @@ def save_word_tokenizer(path: Path, vocab_size: int) -> None:
 
 @pytest.fixture(scope="module")
 def deepseek(app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
-    """The shared deployment serving the directory; the tiny preset comes back after."""
+    """The shared deployment serving the directory; whatever it served before (the tiny preset,
+    or the default model a ``real_model`` module asked for) comes back after."""
+    before = dict(app.overrides)
     path = tmp_path_factory.mktemp("deepseek-v3-served")
     model = build_family("deepseek_v3")
     model.save_pretrained(path)
     save_word_tokenizer(path, model.config.vocab_size)
     app.deploy(model=str(path))
     yield app, str(path)
-    app.deploy()
+    app.deploy(**before)
 
 
 @pytest.fixture(scope="module")
