@@ -144,3 +144,25 @@ def check_error_body(r: httpx.Response, status: int, code: str | None, param: st
 def check_still_serving(app) -> None:
     r = complete(app.url, prompt="still there?", max_tokens=2)
     assert r["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def served_client(deployment: Any) -> Any:
+    """The official ``openai`` client for a served deployment (no retries: a failure shows)."""
+    import openai
+
+    return openai.OpenAI(
+        base_url=f"{deployment.url}/v1", api_key="unused", max_retries=0, timeout=300
+    )
+
+
+def default_model_reference(model: str) -> Any:
+    """transformers' model on the packaged GGUF the deployment serves (the reference)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from actors.model.gguf_file import packaged_path
+
+    path = packaged_path(model)
+    return AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()

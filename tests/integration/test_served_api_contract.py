@@ -16,6 +16,8 @@ import pytest
 import torch
 from pydantic import BaseModel, Field
 
+from tests.integration.helpers import default_model_reference, served_client
+
 MODEL = "smollm2-135m-instruct"
 ATOL = 1e-3
 
@@ -41,21 +43,12 @@ WEATHER = {
 
 @pytest.fixture(scope="module")
 def client(real_model: Any) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{real_model.url}/v1", api_key="unused", max_retries=0, timeout=300
-    )
+    return served_client(real_model)
 
 
 @pytest.fixture(scope="module")
 def reference() -> Any:
-    from transformers import AutoModelForCausalLM
-
-    from actors.model.gguf_file import packaged_path
-
-    path = packaged_path(MODEL)
-    return AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    return default_model_reference(MODEL)
 
 
 def log_softmax(reference: Any, ids: list[int]) -> torch.Tensor:

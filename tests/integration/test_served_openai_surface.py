@@ -15,27 +15,20 @@ import openai
 import pytest
 import torch
 
+from tests.integration.helpers import default_model_reference, served_client
+
 MODEL = "smollm2-135m-instruct"
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
 def client(real_model: Any) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{real_model.url}/v1", api_key="unused", max_retries=0, timeout=300
-    )
+    return served_client(real_model)
 
 
 @pytest.fixture(scope="module")
 def reference() -> Any:
-    from transformers import AutoModelForCausalLM
-
-    from actors.model.gguf_file import packaged_path
-
-    path = packaged_path(MODEL)
-    return AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    return default_model_reference(MODEL)
 
 
 def joined_completion(client: openai.OpenAI, **kwargs: Any) -> dict[int, dict[str, Any]]:

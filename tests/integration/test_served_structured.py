@@ -12,6 +12,8 @@ import jsonschema
 import openai
 import pytest
 
+from tests.integration.helpers import served_client
+
 MODEL = "smollm2-135m-instruct"
 SCHEMAS = [
     {
@@ -70,9 +72,7 @@ WEATHER = {
 
 @pytest.fixture(scope="module")
 def client(real_model: Any) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{real_model.url}/v1", api_key="unused", max_retries=0, timeout=300
-    )
+    return served_client(real_model)
 
 
 def ask(client: openai.OpenAI, i: int) -> tuple[dict, Any]:
