@@ -8,6 +8,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from actors.server_args import ServerArgs, engine_arg_names
+from deployment.openai.grammar_limits import GrammarLimits
+
+_GRAMMAR = GrammarLimits()  # the defaults live with the limits' checks
 
 
 class AppArgs(BaseModel):
@@ -35,11 +38,15 @@ class AppArgs(BaseModel):
         256, ge=1, description="prompts one completion request may batch (400 past it)"
     )
     # Structured-output grammars past these are a 400 at the ingress (grammar_limits.py).
-    max_grammar_bytes: int = Field(64 * 1024, ge=1)
-    max_grammar_properties: int = Field(512, ge=1, description="JSON schema object properties")
-    max_grammar_depth: int = Field(64, ge=1, description="JSON nesting levels of a schema")
-    max_grammar_regex_chars: int = Field(4096, ge=1)
-    max_grammar_ebnf_chars: int = Field(16 * 1024, ge=1)
+    max_grammar_bytes: int = Field(_GRAMMAR.max_grammar_bytes, ge=1)
+    max_grammar_properties: int = Field(
+        _GRAMMAR.max_grammar_properties, ge=1, description="JSON schema object properties"
+    )
+    max_grammar_depth: int = Field(
+        _GRAMMAR.max_grammar_depth, ge=1, description="JSON nesting levels of a schema"
+    )
+    max_grammar_regex_chars: int = Field(_GRAMMAR.max_grammar_regex_chars, ge=1)
+    max_grammar_ebnf_chars: int = Field(_GRAMMAR.max_grammar_ebnf_chars, ge=1)
     num_cpus_per_rank: float = Field(1.0, gt=0)
     num_gpus_per_rank: float = Field(0.0, ge=0)
     max_ongoing_requests: int = Field(1024, ge=1)

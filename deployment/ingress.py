@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
@@ -76,13 +76,8 @@ class Ingress:
         self._health_at = -HEALTH_CACHE_S
         self.metrics = RequestRecorder(self.model_name)
         self.token_texts = TokenTexts(self.tokenizer)
-        a = self.app_args
         self.grammar_limits = GrammarLimits(
-            a.max_grammar_bytes,
-            a.max_grammar_properties,
-            a.max_grammar_depth,
-            a.max_grammar_regex_chars,
-            a.max_grammar_ebnf_chars,
+            **{f.name: getattr(self.app_args, f.name) for f in fields(GrammarLimits)}
         )
 
     # ---- request checks ------------------------------------------------------------------
