@@ -183,13 +183,15 @@ class RankReplica:
         try:
             grammar = request.sampling.grammar
             loading = grammar is not None and not self._grammars.is_compiled(grammar)
+            submitted = False
             try:
                 self.core.submit(request, loading=loading)
+                submitted = True
                 if loading:
                     await self._compile(grammar)
             except ValueError as exc:  # this request cannot run here; the group is fine
                 finished = True
-                if loading:
+                if submitted:  # its grammar failed: take back what waits in LOADING
                     self.core.abort(request_id)
                 yield GenerateChunk((), "error", Usage(request.num_prompt_tokens, 0), str(exc))
                 return
