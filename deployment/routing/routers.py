@@ -9,13 +9,21 @@ the replica that took it, so it never crosses into another group mid-stream.
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from deployment.routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
+
+logger = logging.getLogger("ray.serve")
+
+# A pinned call that finds no replica of its rank backs off and retries; say so at most this
+# often, with what the router sees, so a stale view of a restarted gang is visible in the log.
+MISSING_RANK_LOG_S = 10.0
 
 ROUTER_CLASSES = {
     "round-robin": "deployment.routing.routers:RoundRobinRouter",
@@ -49,10 +57,20 @@ class _RankRouter(RequestRouter):
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         ranked = sorted(candidate_replicas, key=lambda r: str(r.replica_id))
+        if pending_request is not None:
+            # Every candidate is considered at once (no locality rounds), so an empty answer
+            # means "wait". Serve only sleeps between attempts when told to back off; without
+            # it the routing loop retries without ever yielding, the event loop that would
+            # deliver the missing replica's arrival never runs again, and every call of this
+            # process stops routing (a pinned call arriving between the two halves of a
+            # restarted gang's announcement did exactly that).
+            pending_request.routing_context.should_backoff = True
         pinned = pinned_rank(pending_request)
         if pinned is not None:
             # Empty until the ranks have reported their stats: the router backs off and retries.
             matches = [r for r in ranked if _rank_of(r) == pinned]
+            if not matches:
+                self._log_missing_rank(pinned, ranked)
             return [matches[:1]] if matches else []
         if not ranked:
             return []
@@ -62,6 +80,17 @@ class _RankRouter(RequestRouter):
         self, replicas: Sequence[RunningReplica], pending: PendingRequest | None = None
     ) -> RunningReplica:
         raise NotImplementedError
+
+    def _log_missing_rank(self, rank: int, replicas: Sequence[RunningReplica]) -> None:
+        now = time.monotonic()
+        if now - getattr(self, "_missing_logged_at", -MISSING_RANK_LOG_S) < MISSING_RANK_LOG_S:
+            return
+        self._missing_logged_at = now
+        seen = [
+            (str(r.replica_id), r.replica_metadata, r.routing_stats.get("dp_rank"))
+            for r in replicas
+        ]
+        logger.warning("no replica of dp rank %d among the candidates %s", rank, seen)
 
 
 class RoundRobinRouter(_RankRouter):
