@@ -51,6 +51,12 @@ def ttft(url: str, prompt: str) -> float:
     raise RuntimeError("no token came back")
 
 
+def floor_latency(url: str) -> float:
+    started = time.perf_counter()
+    httpx.get(url, timeout=60).raise_for_status()
+    return time.perf_counter() - started
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, default=Path("deployment/configs/local.yaml"))
@@ -89,16 +95,28 @@ def main() -> None:
             used = cpu_seconds(proc) - before[name]
             print(f"  {name:60s} {100 * used / ns.window_s:5.2f} %")
         warm = [ttft(url, f"hello number {i}") for i in range(ns.requests)]
-        cold = []
+        floor_url = f"{url}/idle-floor"
+        floor_warm = [floor_latency(floor_url) for _ in range(ns.requests)]
+        cold, floor_cold = [], []
         for i in range(ns.cold_samples):
             time.sleep(ns.idle_s)
             cold.append(ttft(url, f"hello after rest {i}"))
+            time.sleep(ns.idle_s)
+            floor_cold.append(floor_latency(floor_url))
         median, cold_median = statistics.median(warm), statistics.median(cold)
         print(
             f"TTFT (1-token completion): warm median {1e3 * median:.1f} ms "
             f"(min {1e3 * min(warm):.1f}, max {1e3 * max(warm):.1f}); after {ns.idle_s:g} s "
             f"idle, median of {len(cold)}: {1e3 * cold_median:.1f} ms "
             f"(each: {', '.join(f'{1e3 * c:.1f}' for c in cold)}; {cold_median / median:.2f}x)"
+        )
+        # The same idle spell in front of the engine-less replica: what Serve's own path (proxy,
+        # router probes of expired queue-length caches, the replica's event loop) adds alone.
+        fw, fc = statistics.median(floor_warm), statistics.median(floor_cold)
+        print(
+            f"engine-less replica (GET through the proxy): warm median {1e3 * fw:.1f} ms; after "
+            f"{ns.idle_s:g} s idle, median {1e3 * fc:.1f} ms "
+            f"(each: {', '.join(f'{1e3 * c:.1f}' for c in floor_cold)}; +{1e3 * (fc - fw):.1f} ms)"
         )
     finally:
         shutdown(serve, ray)

@@ -52,3 +52,32 @@ def test_a_fit_on_one_load_predicts_the_other_loads_ttft_not_its_itl(tmp_path: P
 def test_a_fit_bench_that_is_not_given_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"--fit-bench live_nowhere\.json"):
         predict(BENCHES, SCRAPES, None, tmp_path / "costs.json", {"live_nowhere.json"})
+
+
+SEEDS = [
+    (DOCS / f"live_{load}_seed{seed}.json", DOCS / "scrapes" / f"{load}_seed{seed}")
+    for seed in (0, 1, 2)
+    for load in ("below", "past")
+]
+
+
+def test_a_seed_0_fit_predicting_seeds_1_and_2_holds_the_gates_ttft_and_names_its_misses(
+    tmp_path: Path,
+) -> None:
+    # Later runs on today's code (the gate and none, both loads, seeds 0-2): fitted on seed 0's
+    # two runs, the other seeds' arrivals are predicted. The gate's TTFT p50 and ITL p50 hold
+    # the ±25 % on all four predicted runs; `none` misses on five of its eight P50 figures, all
+    # but one by the simulator under-pricing (seed 1's and seed 2's light runs shared the two
+    # cores with other work: a round's live cost moved more than the seeds' workloads do).
+    benches, scrapes = zip(*SEEDS, strict=True)
+    fit = {"live_below_seed0.json", "live_past_seed0.json"}
+    _, rows = predict(list(benches), list(scrapes), None, tmp_path / "costs.json", fit)
+    predicted = [r for r in rows if r["checked"] and not r["fitted"]]
+    assert len(predicted) == 16  # 2 seeds x 2 loads x 2 policies x (TTFT p50, ITL p50)
+    gate = [r for r in predicted if r["policy"] == "roundgate"]
+    assert len(gate) == 8
+    for row in gate:
+        assert abs(row["error"]) <= TOLERANCE, row
+    misses = [r for r in predicted if abs(r["error"]) > TOLERANCE]
+    assert {r["policy"] for r in misses} == {"none"}, misses
+    assert sum(r["error"] < 0 for r in misses) >= len(misses) - 1, misses
