@@ -5,6 +5,8 @@ fails a request whose transfer failed alone."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from builders import make_args, make_request
 
@@ -35,6 +37,17 @@ def make_handoff(request_id: str, prompt_len: int, max_tokens: int = 4) -> Hando
         prompt_logprobs=(),
         page_ids=tuple(range(-(-prompt_len // 4))),
         num_kv_tokens=prompt_len,
+    )
+
+
+def fork_handoff(prompt_len: int, n: int) -> Handoff:
+    """A handoff of ``n`` sequences (each with the same first token)."""
+    one = make_handoff("h", prompt_len)
+    return replace(
+        one,
+        sampling=replace(one.sampling, n=n),
+        first_token_ids=(FIRST,) * n,
+        first_logprobs=(None,) * n,
     )
 
 
@@ -137,8 +150,30 @@ def test_an_abort_in_flight_keeps_the_pages_until_the_transfer_ends() -> None:
         ("decode", lambda c: c.submit(make_request("p")), "takes handoffs only"),
         ("null", lambda c: c.submit_handoff(make_handoff("h", 4)), "only a decode rank"),
         ("decode", lambda c: c.submit_handoff(make_handoff("h", 200)), "more KV pages"),
+        ("decode", lambda c: c.submit_handoff(fork_handoff(120, n=8)), "needs 38 KV pages"),
     ],
 )
 def test_a_rank_refuses_work_its_role_cannot_take(role: str, call, culprit: str) -> None:
     with pytest.raises(ValueError, match=culprit):
         call(make_core(role))
+
+
+def test_forks_share_the_prompt_pages_and_copy_only_the_partial_last_one() -> None:
+    core = make_core("decode")
+    core.submit_handoff(fork_handoff(10, n=3))  # pages 0-1 full, page 2 holds 2 tokens
+    (reservation,) = core.step().plan.reservations
+    pool = core.scheduler.pool
+    parent = reservation.target_page_ids
+    assert len(parent) == 3 and pool.num_used_pages == 3 + 2  # one private page per fork
+    assert [pool.num_holders(p) for p in parent] == [3, 3, 1]
+    core.kv_arrived("h")
+    outcome = core.step()
+    forks = [core.scheduler.requests[f"h#{j}"] for j in (1, 2)]
+    assert outcome.plan.page_copies == [(parent[2], f.page_ids[2]) for f in forks]
+    assert [f.page_ids[:2] for f in forks] == [list(parent[:2])] * 2
+    assert sorted(e.request.request_id for e in outcome.events if e.token_id == FIRST) == [
+        "h",
+        "h#1",
+        "h#2",
+    ]
+    pool.check_integrity()

@@ -82,6 +82,17 @@ class HandoffIntake:
         self.queues.waiting.append(req)
         return req
 
+    def check_fits(self, handoff: Handoff) -> None:
+        """Refuse a handoff this rank's whole pool could never hold (its prompt and first
+        token, plus a private page for each fork): it would wait forever."""
+        need = self.pool.pages_for(len(handoff.prompt_token_ids) + 1) + handoff.sampling.n - 1
+        if need > self.pool.num_pages:
+            raise ValueError(
+                f"handoff {handoff.request_id!r} needs {need} KV pages (prompt of "
+                f"{len(handoff.prompt_token_ids)} tokens, n={handoff.sampling.n}); the decode "
+                f"rank has {self.pool.num_pages}"
+            )
+
     @property
     def num_loading_sequences(self) -> int:
         return sum(req.sampling.n for req in self.in_flight.values())

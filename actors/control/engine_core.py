@@ -108,6 +108,7 @@ class EngineCore:
             )
         request = handoff.to_request()
         self.scheduler.check_fits(request)
+        self.scheduler.intake.check_fits(handoff)
         if self._check_request is not None:
             self._check_request(request)  # a grammar compiles (cached after the first)
         with self._lock:
