@@ -93,6 +93,7 @@ def test_a_decode_rank_reserves_only_under_the_watermark_and_when_the_pages_fit(
     assert reservation.request_id == "a" and reservation.target_page_ids == tuple(range(19))
     assert reservation.page_indices == tuple(range(19))
     assert core.scheduler.requests["a"].status is RequestStatus.LOADING
+    assert not core.waits_on_transfers  # "b" still waits for a reservation
     assert not core.step().plan.reservations  # "b" waits: the pool is over the watermark
     core.kv_arrived("a")
     outcome = core.step()
@@ -129,6 +130,7 @@ def test_an_abort_in_flight_keeps_the_pages_until_the_transfer_ends() -> None:
     core.submit_handoff(make_handoff("a", 9))
     core.submit_handoff(make_handoff("b", 9))
     assert len(core.step().plan.reservations) == 2
+    assert core.waits_on_transfers  # nothing to plan until a transfer ends
     pool = core.scheduler.pool
     core.abort("a")
     events = core.step().events

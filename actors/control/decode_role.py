@@ -98,6 +98,19 @@ class HandoffIntake:
         return sum(req.sampling.n for req in self.in_flight.values())
 
     @property
+    def only_in_flight(self) -> bool:
+        """Whether every request the rank holds waits for its KV: a round could plan nothing
+        (a serving loop may wait for ``kv_arrived`` / ``kv_failed`` instead of stepping)."""
+        queues = self.queues
+        return (
+            bool(self.in_flight)
+            and len(self.in_flight) == len(self._handoffs)
+            and not queues.running
+            and not queues.retracted
+            and not self.ends.has_pending
+        )
+
+    @property
     def num_waiting(self) -> int:
         """Handoffs waiting for decode capacity (not yet reserved)."""
         return len(self._handoffs) - len(self.in_flight)

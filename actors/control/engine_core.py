@@ -190,6 +190,17 @@ class EngineCore:
                 intake.failed(request_id, error)
 
     @property
+    def waits_on_transfers(self) -> bool:
+        """Decode rank: nothing to plan until a transfer ends (every request it holds is
+        ``LOADING``, nothing queued): its loop may block instead of stepping idle rounds."""
+        intake = self.scheduler.intake
+        return (
+            intake is not None
+            and intake.only_in_flight
+            and not (self._intake or self._handoffs or self._transfers)
+        )
+
+    @property
     def num_unfinished(self) -> int:
         """Requests queued for the next round plus those the scheduler holds."""
         return len(self._intake) + len(self.scheduler.requests)
