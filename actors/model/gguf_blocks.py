@@ -43,7 +43,8 @@ def read_blocks(source: GGUFSource, name: str) -> BlockWeights | None:
     if heads is not None:  # whole rows move: the blocks within a row stay as they are
         raw = unpermute(raw, heads)
     width = int(tensor.shape[0])  # GGUF lists the fastest-varying dimension first
-    return BlockWeights(torch.from_numpy(np.array(raw, order="C")), FORMATS[tensor.tensor_type.name], width)
+    data = torch.from_numpy(np.array(raw, order="C"))
+    return BlockWeights(data, FORMATS[tensor.tensor_type.name], width)
 
 
 def weight_path(model: nn.Module) -> str:

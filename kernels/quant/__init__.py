@@ -74,7 +74,9 @@ class BlockWeights:
     def __post_init__(self) -> None:
         k, fmt = self.in_features, self.format
         if k % BLOCK or self.data.dtype != torch.uint8 or self.data.dim() != 2:
-            raise ValueError(f"block weights: {k} columns, data {self.data.dtype} {self.data.dim()}-D")
+            raise ValueError(
+                f"block weights: {k} columns, data {self.data.dtype} {self.data.dim()}-D"
+            )
         if self.data.shape[1] != k // BLOCK * fmt.block_bytes:
             raise ValueError(
                 f"block weights: {fmt.name} rows of {k} weights take "
@@ -236,4 +238,5 @@ class BlockLinear(nn.Module):
 
     def extra_repr(self) -> str:
         product = "int8-dot" if self.int8_dot else "exact"
-        return f"in={self.in_features}, out={self.out_features}, {self.weights.format.name} ({product})"
+        kind = self.weights.format.name
+        return f"in={self.in_features}, out={self.out_features}, {kind} ({product})"
