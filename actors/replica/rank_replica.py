@@ -79,6 +79,7 @@ class RankReplica:
         self._grammar_worker = ThreadPoolExecutor(1, thread_name_prefix="grammar")
         model = os.path.basename(self.args.model.rstrip("/"))
         self.metrics = RankMetrics(self.gang_id, model, self.rank)
+        self.metrics.note_weight_path(self._runner.weight_path)
         self._pusher = Pusher(
             f"rank:{self.gang_id}:{self.rank}",
             lambda: snapshot(self.metrics.set.registry),
