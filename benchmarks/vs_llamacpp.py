@@ -2,14 +2,15 @@
 client (``roundgate bench --url ...``), one server at a time.
 
     .venv/bin/python benchmarks/vs_llamacpp.py [--threads 2] [--concurrency 1 4 8 16]
-        [--runs llamacpp ours-dp2 ours-dp1 ours-dp1-int8 ours-dp2-int8 ours-dp2-nogate]
+        [--runs llamacpp llamacpp-1t ours-dp2 ours-dp2-int8 ours-dp1 ours-dp2-nogate]
 
 Servers (``--runs``): ``llamacpp``, llama.cpp's server from ``.venv-llamacpp`` (``make
 llamacpp``) on the default model's GGUF with ``--threads`` threads and one slot per concurrent
-request; ``ours-dp2``, ``deployment/configs/local.yaml`` (two ranks of one thread each, the
-gate on); ``ours-dp1``, ``local-dp1.yaml`` (one rank, both threads); the ``-int8`` variants
-run ``--gguf-weights int8-dot``; ``-nogate`` runs ``--prefill-policy none`` (what the gate does
-to inter-token latency under load).
+request, and ``llamacpp-1t`` with one thread (batch 1 only: the per-thread figure that one of
+our dp2 ranks, one thread each, is compared with); ``ours-dp2``,
+``deployment/configs/local.yaml`` (two ranks of one thread each, the gate on); ``ours-dp1``, ``local-dp1.yaml`` (one rank, both threads); the ``-int8`` variants
+run ``--gguf-weights int8-dot``; ``-nogate`` runs ``--prefill-policy none`` at concurrency 8
+only (what the gate does to inter-token latency under load).
 
 Per server: one request with a 256-token prompt and 64 output tokens, three times
 (prefill tok/s = 256 / TTFT, decode tok/s = 1 / TPOT; medians), then closed-loop runs at each
@@ -50,6 +51,9 @@ OURS = {
     "ours-dp2-int8": ("local.yaml", {"gguf_weights": "int8-dot"}),
     "ours-dp2-nogate": ("local.yaml", {"prefill_policy": "none"}),
 }
+LLAMACPP = {"llamacpp", "llamacpp-1t"}
+# Runs that measure only some concurrency levels (None: all of --concurrency).
+LEVELS = {"llamacpp-1t": [], "ours-dp2-nogate": [8]}
 
 
 def cpu_name() -> str:
@@ -148,6 +152,7 @@ def bench(url: str, concurrency: int, requests: int, seed: int, folder: Path) ->
 
 
 def measure(url: str, levels: list[int], folder: Path, seed: int) -> dict[str, Any]:
+    """Batch-1 prefill and decode (medians of three single requests), then each level."""
     singles = [bench(url, 1, 1, seed + i, folder) for i in range(3)]
     ttft = statistics.median(s["ttft_ms"]["p50"] for s in singles)
     tpot = statistics.median(s["tpot_ms"]["p50"] for s in singles)
@@ -195,27 +200,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument(
-        "--runs", nargs="+", default=["llamacpp", "ours-dp2", "ours-dp1", "ours-dp1-int8"]
+        "--runs",
+        nargs="+",
+        default=[
+            "llamacpp",
+            "llamacpp-1t",
+            "ours-dp2",
+            "ours-dp2-int8",
+            "ours-dp1",
+            "ours-dp2-nogate",
+        ],
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    unknown = [r for r in args.runs if r != "llamacpp" and r not in OURS]
+    unknown = [r for r in args.runs if r not in LLAMACPP and r not in OURS]
     if unknown:
-        parser.error(f"--runs: unknown {unknown}; choose from llamacpp, {', '.join(OURS)}")
+        choices = ", ".join([*sorted(LLAMACPP), *OURS])
+        parser.error(f"--runs: unknown {unknown}; choose from {choices}")
     url = f"http://127.0.0.1:{PORT}"
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for i, name in enumerate(args.runs):
-            if name == "llamacpp":
-                process = start_llamacpp(args.threads, max(args.concurrency))
+            if name in LLAMACPP:
+                threads = 1 if name == "llamacpp-1t" else args.threads
+                process = start_llamacpp(threads, max(args.concurrency))
             else:
                 process = start_ours(name, folder)
             try:
                 wait_ready(url, process)
                 # Fresh prompts per server: no run is served from another's cache.
-                results[name] = measure(url, args.concurrency, folder, args.seed + 1000 * i)
+                levels = LEVELS.get(name, args.concurrency)
+                results[name] = measure(url, levels, folder, args.seed + 1000 * i)
             finally:
                 stop(process)
             print(f"{name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)
