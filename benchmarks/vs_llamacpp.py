@@ -8,9 +8,10 @@ Servers (``--runs``): ``llamacpp``, llama.cpp's server from ``.venv-llamacpp`` (
 llamacpp``) on the default model's GGUF with ``--threads`` threads and one slot per concurrent
 request, and ``llamacpp-1t`` with one thread (batch 1 only: the per-thread figure that one of
 our dp2 ranks, one thread each, is compared with); ``ours-dp2``,
-``deployment/configs/local.yaml`` (two ranks of one thread each, the gate on); ``ours-dp1``, ``local-dp1.yaml`` (one rank, both threads); the ``-int8`` variants
-run ``--gguf-weights int8-dot``; ``-nogate`` runs ``--prefill-policy none`` at concurrency 8
-only (what the gate does to inter-token latency under load).
+``deployment/configs/local.yaml`` (two ranks of one thread each, the gate on);
+``ours-dp1``, ``local-dp1.yaml`` (one rank, both threads); the ``-int8`` variants run
+``--gguf-weights int8-dot``; ``-nogate`` runs ``--prefill-policy none`` at concurrency 8 only
+(what the gate does to inter-token latency under load).
 
 Per server: one request with a 256-token prompt and 64 output tokens, three times
 (prefill tok/s = 256 / TTFT, decode tok/s = 1 / TPOT; medians), then closed-loop runs at each
