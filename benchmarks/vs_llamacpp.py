@@ -148,7 +148,9 @@ def bench(url: str, concurrency: int, requests: int, seed: int, folder: Path) ->
         str(out),
         "--no-progress",
     ]
-    subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if not out.exists():  # bench exits non-zero when requests fail, yet writes its report
+        raise RuntimeError(f"roundgate bench failed: {done.stderr.decode()[-500:]}")
     return json.loads(out.read_text())["results"]["bench"]
 
 
@@ -234,6 +236,9 @@ def main(argv: list[str] | None = None) -> None:
                 # Fresh prompts per server: no run is served from another's cache.
                 levels = LEVELS.get(name, args.concurrency)
                 results[name] = measure(url, levels, folder, args.seed + 1000 * i)
+            except RuntimeError as exc:  # one server's failure leaves the others' figures
+                print(f"{name}: {exc}", file=sys.stderr, flush=True)
+                continue
             finally:
                 stop(process)
             print(f"{name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)
