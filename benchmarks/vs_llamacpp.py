@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from actors.model.gguf_file import packaged_path
+from bench.cli import policy_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMACPP_PYTHON = REPO / ".venv-llamacpp" / "bin" / "python"
@@ -104,7 +105,10 @@ def start_ours(name: str, folder: Path) -> subprocess.Popen:
     config, overrides = OURS[name]
     cfg = yaml.safe_load((REPO / "deployment" / "configs" / config).read_text())
     cfg["http_options"]["port"] = PORT
-    cfg["applications"][0]["args"].update(overrides)
+    args = cfg["applications"][0]["args"]
+    if "prefill_policy" in overrides:  # the other policies' flags unset, as bench --compare
+        overrides = {**policy_overrides(overrides["prefill_policy"], args), **overrides}
+    args.update(overrides)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return subprocess.Popen(
