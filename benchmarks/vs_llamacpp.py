@@ -189,7 +189,10 @@ def table(results: dict[str, dict[str, Any]], levels: list[int], threads: int) -
     for name, r in results.items():
         row = [name, f"{r['prefill_tok_s']:.0f}", f"{r['decode_tok_s']:.1f}"]
         for c in levels:
-            level = r[f"c{c}"]
+            level = r.get(f"c{c}")
+            if level is None:  # a run that measured only some levels
+                row += ["-", "-", "-"]
+                continue
             row += [
                 f"{level['out_tok_s']:.1f}",
                 f"{level['itl_p50']:.0f}",
