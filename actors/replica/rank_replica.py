@@ -79,6 +79,7 @@ class RankReplica:
         self._grammar_worker = ThreadPoolExecutor(1, thread_name_prefix="grammar")
         model = os.path.basename(self.args.model.rstrip("/"))
         self.metrics = RankMetrics(self.gang_id, model, self.rank)
+        self.metrics.note_weight_path(self._runner.weight_path)
         self._pusher = Pusher(
             f"rank:{self.gang_id}:{self.rank}",
             lambda: snapshot(self.metrics.set.registry),
@@ -300,12 +301,15 @@ def _actor_name() -> str | None:
 
 
 def _limit_threads() -> None:
-    """One torch thread per CPU Ray gave this rank, so co-located ranks don't oversubscribe."""
+    """One torch thread per CPU Ray gave this rank, so co-located ranks don't oversubscribe;
+    a fraction rounds up (1.75 CPUs: two threads, the ingress's quarter CPU beside them)."""
+    import math
+
     import ray
     import torch
 
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
-    torch.set_num_threads(max(1, int(cpus)))
+    torch.set_num_threads(max(1, math.ceil(cpus - 1e-9)))
 
 
 def _device_type(name: str) -> str:
