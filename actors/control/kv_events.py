@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 from actors.control.page_keys import PageKey
 
+# The Ray actor the ranks send their batches to and the routers poll (deployment.routing.kv_hub).
+HUB_NAME = "roundgate-kv-events"
+
 
 @dataclass(frozen=True, slots=True)
 class RankLoad:

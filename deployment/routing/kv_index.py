@@ -122,6 +122,11 @@ class KvIndex:
         entry = self._ranks.get(source)
         return set() if entry is None else entry.keys
 
+    def seq(self, source: Hashable) -> int:
+        """The last batch applied for a rank (-1: none)."""
+        entry = self._ranks.get(source)
+        return -1 if entry is None else entry.seq
+
     def epoch(self, source: Hashable) -> int | None:
         entry = self._ranks.get(source)
         return None if entry is None else entry.epoch
