@@ -49,36 +49,35 @@ def test_kv_aware_prefers_the_rank_holding_the_prefix_until_the_balance_limit() 
     assert (choice.rank, choice.reason) == ("a", "balance")
 
 
-def test_what_a_router_sent_counts_on_the_rank_until_a_report_covers_it() -> None:
-    policy = make_policy(prefill_weight=0.0, decode_weight=1.0, sent_hold_s=0.0)
+def test_what_a_router_sent_counts_on_the_rank_until_the_rank_reports_receiving_it() -> None:
+    policy = make_policy(prefill_weight=0.0, decode_weight=1.0)
     for source in ("a", "b"):
-        policy.index.apply(stored(source, []))
+        policy.index.apply(stored(source, [], load=RankLoad()))
     assert policy.choose(["a", "b"], [0, 0], [5] * 40, now_s=1.0).rank == "a"
     assert policy.choose(["a", "b"], [0, 0], [6] * 40, now_s=1.0).rank == "b"
-    # A report from a, newer than the send and showing it drained, makes a cheap again.
-    policy.index.apply(KvEventBatch("a", 1, 1, (), (), RankLoad(), sent_s=2.0))
-    assert policy.choose(["a", "b"], [0, 0], [7] * 40, now_s=2.5).rank == "a"
+    # A report from a that does not show the send yet: a still carries it, so a tie -> a.
+    policy.index.apply(KvEventBatch("a", 1, 1, (), (), RankLoad(active_tokens=8), sent_s=2.0))
+    assert policy.choose(["a", "b"], [0, 0], [7] * 40, now_s=2.0).rank == "b"
+    # a reports both received and drained: it is the cheap one again.
+    policy.index.apply(KvEventBatch("a", 1, 2, (), (), RankLoad(num_received=1), sent_s=3.0))
+    assert policy.choose(["a", "b"], [0, 0], [8] * 40, now_s=3.0).rank == "a"
 
 
 @pytest.mark.parametrize(
-    ("loads", "expected"),
+    ("loads", "gate_aware", "kv_aware"),
     [
-        # a has backlog, b decodes without: b blocks the ALL point, so b.
-        ({"a": BACKLOGGED, "b": DECODING, "c": RankLoad()}, "b"),
-        # Nobody blocks ALL: a decoding rank rather than the idle one (it would add a blocker).
-        ({"a": BACKLOGGED, "b": BACKLOGGED, "c": RankLoad()}, "a"),
+        # a has backlog, b decodes without: b blocks the ALL point, so gate-aware sends the
+        # prompt there; kv-aware alone takes the idle rank (least active KV).
+        ({"a": BACKLOGGED, "b": DECODING, "c": RankLoad()}, "b", "c"),
+        # Nobody blocks ALL: the gate term is silent, both take the cheapest rank.
+        ({"a": BACKLOGGED, "b": BACKLOGGED, "c": RankLoad()}, "c", "c"),
     ],
 )
-def test_gate_aware_fills_the_all_point(loads, expected) -> None:
-    policy = make_policy(gate_aware=True)
-    for source, load in loads.items():
-        policy.index.apply(KvEventBatch(source, 1, 0, (), (), load))
-    assert policy.choose(list(loads), [2, 2, 0], [9] * 12, now_s=1.0).rank == expected
-    # kv-aware alone goes to the idle rank (least active KV).
-    plain = make_policy()
-    for source, load in loads.items():
-        plain.index.apply(KvEventBatch(source, 1, 0, (), (), load))
-    assert plain.choose(list(loads), [2, 2, 0], [9] * 12, now_s=1.0).rank == "c"
+def test_gate_aware_fills_the_all_point(loads, gate_aware, kv_aware) -> None:
+    for policy, expected in ((make_policy(gate_aware=True), gate_aware), (make_policy(), kv_aware)):
+        for source, load in loads.items():
+            policy.index.apply(KvEventBatch(source, 1, 0, (), (), load))
+        assert policy.choose(list(loads), [2, 2, 0], [9] * 12, now_s=1.0).rank == expected
 
 
 def test_the_hub_serves_batches_then_snapshots_to_a_router_left_behind() -> None:

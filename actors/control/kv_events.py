@@ -34,6 +34,7 @@ class RankLoad:
     wants_prefill: bool = False  # the gate probe: this rank has prefill backlog
     has_decode_work: bool = False  # the gate probe: this rank decodes
     rounds_since_prefill: int = 0  # the gate's counter (0 under a policy without one)
+    num_received: int = 0  # requests ever queued on the rank (routers match sends to it)
 
 
 @dataclass(frozen=True, slots=True)

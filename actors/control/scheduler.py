@@ -82,6 +82,7 @@ class Scheduler:
         self.retracted = queues.retracted
         self.requests = queues.requests
         self.round = 0
+        self.num_received = 0  # requests ever queued here (the routers match their sends to it)
         # Rounds each prompt waited for the gate (the admission-wait metric).
         self.waits = AdmissionWaits()
         self.ends = RequestEnds(queues, self.pool, self.prefix, self.waits)
@@ -122,6 +123,7 @@ class Scheduler:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         request.status = RequestStatus.LOADING if loading else RequestStatus.WAITING
         request.arrival_round = self.round
+        self.num_received += 1
         self.requests[request.request_id] = request
         self.waiting.append(request)
         self.waits.arrived(request)
@@ -169,6 +171,7 @@ class Scheduler:
             probe.wants_prefill,
             probe.has_decode_work,
             rounds_since_prefill or 0,
+            self.num_received,
         )
 
     def admission_wait(self, req: Request) -> int | None:

@@ -27,6 +27,7 @@ A choice, in order:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
@@ -50,9 +51,9 @@ class KvRouterConfig:
     decode_weight: float = 0.1  # per active KV token
     gate_aware: bool = False
     gate_weight: float = 4096.0  # tokens: the price of leaving the ALL point blocked
-    # A prompt this router sent counts on its rank until a report at least this much newer
-    # than the send (the hop to the rank's scheduler and its next plan happen in between).
-    sent_hold_s: float = 0.1
+    # A prompt this router sent counts on its rank (as load, and as backlog for the gate)
+    # until the rank reports having received it, or this long (a rank that restarted).
+    max_in_flight_s: float = 5.0
     balance_abs_threshold: int = 32
     balance_rel_threshold: float = 1.0001
     session_affinity: bool = False
@@ -60,7 +61,7 @@ class KvRouterConfig:
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError(f"--page-size must be >= 1, got {self.page_size}")
-        for name in ("prefill_weight", "decode_weight", "gate_weight", "sent_hold_s"):
+        for name in ("prefill_weight", "decode_weight", "gate_weight", "max_in_flight_s"):
             value = getattr(self, name)
             if not value >= 0:  # also refuses NaN
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
@@ -74,15 +75,40 @@ class KvRouterConfig:
             )
 
 
+class InFlight:
+    """Sends to one rank not yet received there, oldest first: the rank's ``num_received``
+    counter tells how many arrived since ``base`` (another router's sends to the same rank
+    advance it too, so with several routers a send may be settled early: never late)."""
+
+    __slots__ = ("base", "sends")
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.sends: deque[tuple[float, int]] = deque()  # (sent_s, prompt tokens)
+
+    def settle(self, num_received: int, expire_before_s: float) -> int:
+        """Drop the sends the rank received (or too old to wait for); the tokens left."""
+        sends = self.sends
+        arrived = num_received - self.base
+        if arrived < 0:  # the counter went back: a new epoch of the rank
+            arrived = len(sends)
+        while sends and (arrived > 0 or sends[0][0] < expire_before_s):
+            sends.popleft()
+            arrived -= 1
+            self.base += 1
+        if not sends:
+            self.base = num_received
+        return sum(t for _, t in sends)
+
+
 class KvCostPolicy:
     """Chooses the least-cost rank for a prompt; remembers what it sent since each report."""
 
     def __init__(self, config: KvRouterConfig, index: KvIndex | None = None) -> None:
         self.config = config
         self.index = index if index is not None else KvIndex()
-        # Per rank: (sent_s, prompt tokens) this router sent, until a report ``sent_hold_s``
-        # newer than the send arrives (then the rank's own counts include it).
-        self._sent: dict[Hashable, list[tuple[float, int]]] = {}
+        # Per rank: what this router sent that the rank has not reported receiving yet.
+        self._sent: dict[Hashable, InFlight] = {}
         self._sessions: dict[str, Hashable] = {}
 
     def choose(
@@ -123,7 +149,10 @@ class KvCostPolicy:
         return RouteChoice(rank, reason, matched[pick] * cfg.page_size)
 
     def note_sent(self, rank: Hashable, num_tokens: int, now_s: float) -> None:
-        self._sent.setdefault(rank, []).append((now_s, num_tokens))
+        flight = self._sent.get(rank)
+        if flight is None or not flight.sends:
+            flight = self._sent[rank] = InFlight(self.index.load(rank)[0].num_received)
+        flight.sends.append((now_s, num_tokens))
 
     def _costs(
         self, ranks: Sequence[Hashable], matched: Sequence[int], num_tokens: int, now_s: float
@@ -132,12 +161,12 @@ class KvCostPolicy:
         index = self.index
         views = []
         for rank in ranks:
-            load, load_s = index.load(rank)
-            sent = self._sent.get(rank)
-            if sent:
-                sent = [s for s in sent if s[0] + cfg.sent_hold_s > load_s]
-                self._sent[rank] = sent
-            views.append((load, sum(t for _, t in sent) if sent else 0))
+            load, _ = index.load(rank)
+            flight = self._sent.get(rank)
+            pending = 0
+            if flight is not None and flight.sends:
+                pending = flight.settle(load.num_received, now_s - cfg.max_in_flight_s)
+            views.append((load, pending))
         costs = []
         for (load, sent_tokens), hit in zip(views, matched, strict=True):
             uncached = max(1, num_tokens - hit * cfg.page_size)
@@ -149,14 +178,10 @@ class KvCostPolicy:
                 load.has_decode_work and not load.wants_prefill and not sent_tokens
                 for load, sent_tokens in views
             ]
-            # A rank that does not decode yet would, once its prompt is in, block later ALL
-            # points: while any rank decodes, new prompts go to the decoding ranks (within
-            # the balance thresholds), so the fewest ranks have to fill each ALL point.
-            decoding = [load.has_decode_work or bool(sent) for load, sent in views]
-            blocked = any(blocks)
-            for i, is_blocker in enumerate(blocks):
-                if (blocked and not is_blocker) or (not decoding[i] and any(decoding)):
-                    costs[i] += cfg.gate_weight
+            if any(blocks):
+                for i, is_blocker in enumerate(blocks):
+                    if not is_blocker:
+                        costs[i] += cfg.gate_weight
         return costs
 
     def _overloaded(self, load: float, least_load: float) -> bool:
