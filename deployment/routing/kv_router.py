@@ -48,7 +48,7 @@ class KvRouterConfig:
 
     page_size: int = 16
     prefill_weight: float = 1.0  # per uncached prompt token (Dynamo's overlap weight: 1)
-    decode_weight: float = 0.1  # per active KV token
+    decode_weight: float = 0.05  # per active KV token
     gate_aware: bool = False
     gate_weight: float = 4096.0  # tokens: the price of leaving the ALL point blocked
     # A prompt this router sent counts on its rank (as load, and as backlog for the gate)
