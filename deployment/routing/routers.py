@@ -10,6 +10,7 @@ the replica that took it, so it never crosses into another group mid-stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -23,6 +24,9 @@ from deployment.routing.kv_hub import KvPoll, hub_actor
 from deployment.routing.kv_router import KvCostPolicy, KvRouterConfig
 
 logger = logging.getLogger("roundgate.routing")
+# A kv router whose last poll is older than this waits up to STALE_WAIT_S for a fresh one.
+STALE_AFTER_S = 0.2
+STALE_WAIT_S = 0.05
 
 ROUTER_CLASSES = {
     "round-robin": "deployment.routing.routers:RoundRobinRouter",
@@ -170,9 +174,15 @@ class KvAwareRouter(_RankRouter):
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         now = time.monotonic()
+        stale = now - self._last_poll >= STALE_AFTER_S
         if self._polling is None and now - self._last_poll >= self.poll_interval_s:
             self._last_poll = now
             self._polling = asyncio.ensure_future(self._poll())
+        if stale and self._polling is not None:
+            # After a quiet spell (a session's next turn) the index may lack what the ranks
+            # stored since: wait for this poll, briefly.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._polling), STALE_WAIT_S)
         return await super().choose_replicas(candidate_replicas, pending_request)
 
     async def _poll(self) -> None:
