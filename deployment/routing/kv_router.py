@@ -9,17 +9,18 @@ A choice, in order:
 2. else the least *cost*, per rank (NVIDIA Dynamo's KV router cost, per DP rank)::
 
        cost = prefill_weight x uncached prompt tokens on the rank
-            + decode_weight  x active KV tokens on the rank (its last report, plus what this
-                               router sent it since that report)
-            + gate_weight    x [gate-aware only: the prompt does not bring the group closer
-                                to an ALL point, while one is still missing]
+            + decode_weight  x (active KV + backlog tokens on the rank as last reported,
+                                + the prompt tokens this router sent it that the rank has
+                                not reported receiving yet)
+            + gate_weight    x [gate-aware only: some rank blocks the ALL point, and this
+                                one does not]
 
    The gate term: under the group gate a new prompt waits for an ALL point (every decoding
    rank has prefill backlog) or the ANY bound. A decoding rank *without* backlog blocks ALL;
    a prompt sent there unblocks it, one sent to a rank that already has backlog (or that
    does not decode) leaves every blocker in place, so the prompt, and every other rank's
    waiting prompts, wait on for the ANY bound. A rank counts as having backlog when its last
-   report says so or this router sent it a prompt since that report;
+   report says so or a send to it is not yet received;
 3. unless the chosen rank is overloaded against the least-loaded one (by more than
    ``balance_abs_threshold`` requests *and* ``balance_rel_threshold`` times its load): then
    the least-cost rank among those that are not.
