@@ -9,13 +9,17 @@ claims a key the pool does not hold for longer than the resync interval.
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
+from builders import make_args, make_scheduler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.control.kv_events import KvEventBatch, KvEventLog, KvPublisher, KvSnapshot, RankLoad
 from actors.control.kv_pool import KVPool
+from actors.replica import kv_sender
+from deployment.routing.kv_hub import KvEventLogBook
 from deployment.routing.kv_index import KvIndex
 
 
@@ -157,3 +161,36 @@ def test_lost_and_reordered_events_never_claim_a_key_past_the_resync_interval(
         bound = SNAPSHOT_EVERY + LAG + 3
         stale = {k: step - s for k, s in wrong_since.items() if step - s > bound}
         assert not stale, f"step {step}: keys claimed but not held for {stale}"
+
+
+def test_a_rank_sender_resyncs_the_hub_with_a_snapshot_after_dropping_batches(
+    monkeypatch,
+) -> None:
+    monkeypatch.setattr(kv_sender, "LOOKUP_EVERY_S", 0.0)
+    book = KvEventLogBook()
+    hub = SimpleNamespace(publish=SimpleNamespace(remote=book.publish))
+    reachable = [False]
+    scheduler = make_scheduler(make_args(1, num_kv_pages=6, page_size=4))
+    sender = kv_sender.KvEventSender(
+        "r0",
+        scheduler,
+        send_interval_s=0.0,
+        max_queued=2,
+        lookup=lambda: hub if reachable[0] else None,
+    )
+    pool = scheduler.pool
+
+    def one_round(step: int) -> None:
+        (page,) = pool.allocate(f"q{step}", 4)
+        pool.register(page, key(step))
+        pool.free(f"q{step}")
+        sender.after_round(0)
+
+    for step in range(8):  # no hub: the bounded queue drops the oldest batches
+        one_round(step)
+    assert sender.num_dropped > 0 and book.index.sources() == []
+    reachable[0] = True
+    one_round(8)  # the hub is back: a snapshot first, so nothing dropped is missed
+    one_round(9)
+    (snapshot,) = book.poll(-1).snapshots
+    assert snapshot.keys == frozenset(pool.cached_keys()) == frozenset(map(key, range(4, 10)))

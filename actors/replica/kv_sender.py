@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from actors.control.kv_events import HUB_NAME, KvEventBatch, KvEventLog, KvPublisher, KvSnapshot
@@ -33,6 +34,7 @@ class KvEventSender:
         scheduler: Scheduler,
         send_interval_s: float = 0.02,
         max_queued: int = 1024,
+        lookup: Callable[[], Any] | None = None,
     ) -> None:
         self.scheduler = scheduler
         log = scheduler.pool.events = KvEventLog()
@@ -46,6 +48,9 @@ class KvEventSender:
         self._last_send = 0.0
         self._last_lookup = float("-inf")
         self.num_dropped = 0
+        # The hub actor, or None while there is none (``ray.get_actor`` by name; tests pass
+        # their own).
+        self._find_hub = lookup or _ray_hub
 
     def after_round(self, rounds_since_prefill: int | None) -> None:
         """Queue this round's batch; send the queue if it is due (engine thread)."""
@@ -90,15 +95,13 @@ class KvEventSender:
         if now - self._last_lookup < LOOKUP_EVERY_S:
             return None
         self._last_lookup = now
-        import ray
-
-        try:
-            hub = ray.get_actor(HUB_NAME)
-        except ValueError:  # no router made it yet (or it died with its router)
+        hub = self._find_hub()
+        if hub is None:  # no router made it yet (or it died with its router)
             self._hub = None
             return None
-        if hub._actor_id != self._hub_id:
-            self._hub_id, self._needs_snapshot = hub._actor_id, True
+        hub_id = getattr(hub, "_actor_id", id(hub))
+        if hub_id != self._hub_id:
+            self._hub_id, self._needs_snapshot = hub_id, True
         self._hub = hub
         return hub
 
@@ -108,3 +111,12 @@ class KvEventSender:
             # The hub or the cluster may be going away too.
             with contextlib.suppress(Exception):
                 self._hub.leave.remote(self.publisher.source)
+
+
+def _ray_hub() -> Any:
+    import ray
+
+    try:
+        return ray.get_actor(HUB_NAME)
+    except ValueError:
+        return None
