@@ -179,6 +179,45 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def docs_tables(rows: list[dict]) -> str:
+    """The docs' two tables (docs/routing.md): hit rate per router on the session workloads,
+    and TTFT p50 / ITL p50 / ITL p99 per router under roundgate on chat and agentic."""
+    routers = [r for r in ROUTERS if any(row["router"] == r for row in rows)]
+    out = [
+        "| workload | load | dp | policy | " + " | ".join(routers) + " |",
+        "| --- | --- | --- | --- | " + " | ".join("---" for _ in routers) + " |",
+    ]
+    cells = sorted(
+        {
+            (r["workload"], r["load"], r["dp"], r["policy"])
+            for r in rows
+            if r["workload"] in SESSIONS
+        },
+        key=lambda c: (c[2], c[0], c[1] != "light", c[3]),
+    )
+    for name, load, dp, policy in cells:
+        cell = {"workload": name, "load": load, "dp": dp, "policy": policy}
+        hits = [f"{find(rows, router=r, **cell)['hit_rate']:.3f}" for r in routers]
+        out.append(f"| {name} | {load} | {dp} | {policy} | " + " | ".join(hits) + " |")
+    out += [
+        "",
+        "| workload | load | dp | " + " | ".join(routers) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in routers) + " |",
+    ]
+    cells = sorted(
+        {(r["workload"], r["load"], r["dp"]) for r in rows if r["workload"] in RANDOM},
+        key=lambda c: (c[2], c[0], c[1] != "light"),
+    )
+    for name, load, dp in cells:
+        cell = {"workload": name, "load": load, "dp": dp, "policy": "roundgate"}
+        figures = []
+        for r in routers:
+            row = find(rows, router=r, **cell)
+            figures.append(f"{row['ttft_p50']:,.0f} / {row['itl_p50']:.1f} / {row['itl_p99']:.0f}")
+        out.append(f"| {name} | {load} | {dp} | " + " | ".join(figures) + " |")
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=None)
@@ -188,7 +227,15 @@ def main() -> None:
     parser.add_argument("--routers", default=",".join(ROUTERS))
     parser.add_argument("--kv-event-lag-rounds", type=int, default=1)
     parser.add_argument("--kv-event-loss", type=float, default=0.0)
+    parser.add_argument(
+        "--table-from", type=Path, default=None, help="print the docs' tables of a JSON, stop"
+    )
     ns = parser.parse_args()
+    if ns.table_from is not None:
+        rows = json.loads(ns.table_from.read_text())["rows"]
+        print(docs_tables(rows))
+        print("\n".join(targets(rows, sorted({r["dp"] for r in rows}))))
+        return
     channel = ChannelSpec(lag_rounds=ns.kv_event_lag_rounds, loss_rate=ns.kv_event_loss)
     dps = [int(d) for d in ns.dp.split(",")]
     rows = []
