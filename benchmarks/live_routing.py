@@ -53,10 +53,10 @@ ARMS = {
 def hub_stats() -> dict[str, float] | None:
     import ray
 
-    from actors.control.kv_events import HUB_NAME
+    from actors.control.kv_events import HUB_NAME, HUB_NAMESPACE
 
     try:
-        hub = ray.get_actor(HUB_NAME, namespace="serve")
+        hub = ray.get_actor(HUB_NAME, namespace=HUB_NAMESPACE)
     except ValueError:
         return None
     return ray.get(hub.stats_dict.remote(), timeout=30)

@@ -20,6 +20,8 @@ from actors.control.page_keys import PageKey
 
 # The Ray actor the ranks send their batches to and the routers poll (deployment.routing.kv_hub).
 HUB_NAME = "roundgate-kv-events"
+# Its Ray namespace, named: ranks, routers and tools run in different jobs' namespaces.
+HUB_NAMESPACE = "roundgate"
 
 
 @dataclass(frozen=True, slots=True)

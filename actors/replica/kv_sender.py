@@ -17,7 +17,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from actors.control.kv_events import HUB_NAME, KvEventBatch, KvEventLog, KvPublisher, KvSnapshot
+from actors.control.kv_events import (
+    HUB_NAME,
+    HUB_NAMESPACE,
+    KvEventBatch,
+    KvEventLog,
+    KvPublisher,
+    KvSnapshot,
+)
 from actors.control.scheduler import Scheduler
 
 logger = logging.getLogger("roundgate.kv_events")
@@ -117,6 +124,6 @@ def _ray_hub() -> Any:
     import ray
 
     try:
-        return ray.get_actor(HUB_NAME)
+        return ray.get_actor(HUB_NAME, namespace=HUB_NAMESPACE)
     except ValueError:
         return None

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.control.kv_events import HUB_NAME, KvEventBatch, KvSnapshot
+from actors.control.kv_events import HUB_NAME, HUB_NAMESPACE, KvEventBatch, KvSnapshot
 from deployment.routing.kv_index import KvIndex
 
 
@@ -119,8 +119,8 @@ class KvEventLogBook:
         return self.stats.as_dict()
 
 
-def hub_actor(namespace: str | None = None) -> Any:
-    """The named hub actor, created if no router made it yet (one per Ray namespace)."""
+def hub_actor(namespace: str = HUB_NAMESPACE) -> Any:
+    """The named hub actor, created if no router made it yet (one per cluster)."""
     import ray
 
     cls = ray.remote(num_cpus=0, max_concurrency=1)(KvEventLogBook)

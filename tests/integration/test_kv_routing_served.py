@@ -38,9 +38,9 @@ def run(app: Any) -> float | None:
 def hub_call(method: str) -> Any:
     import ray
 
-    from actors.control.kv_events import HUB_NAME
+    from actors.control.kv_events import HUB_NAME, HUB_NAMESPACE
 
-    hub = ray.get_actor(HUB_NAME, namespace="serve")
+    hub = ray.get_actor(HUB_NAME, namespace=HUB_NAMESPACE)
     return ray.get(getattr(hub, method).remote(), timeout=30)
 
 
