@@ -28,7 +28,7 @@ from typing import Any
 
 from bench.client import run_load
 from bench.report import summarize
-from bench.sessions import hit_rate, read_hit_counters, run_sessions
+from bench.sessions import run_sessions
 from deployment.local import DEFAULT_CONFIG, config_url, each_deployment, load_config
 from sim.sessions import SESSION_WORKLOADS, SessionSpec, make_sessions
 from sim.workload import WorkloadSpec, generate
@@ -45,8 +45,8 @@ SESSIONS = replace(
 ARMS = {
     "cache-aware": ("sessions", {"router": "cache-aware", "enable_prefix_caching": True}),
     "kv-aware": ("sessions", {"router": "kv-aware", "enable_prefix_caching": True}),
-    "round-robin": ("random", {"router": "round-robin"}),
-    "gate-aware": ("random", {"router": "gate-aware"}),
+    "round-robin": ("random", {"router": "round-robin", "enable_prefix_caching": False}),
+    "gate-aware": ("random", {"router": "gate-aware", "enable_prefix_caching": False}),
 }
 
 
@@ -62,8 +62,22 @@ def hub_stats() -> dict[str, float] | None:
     return ray.get(hub.stats_dict.remote(), timeout=30)
 
 
+def rank_counters(num_ranks: int = 2) -> tuple[int, int]:
+    """Prefix-cache (queries, hits) in tokens, summed over the ranks (their own counters:
+    the metrics endpoint's series can outlive a redeploy)."""
+    from ray import serve
+
+    from actors.control.messages import RankTarget
+
+    ranks = serve.get_deployment_handle("RankReplica", app_name="roundgate")
+    stats = [
+        ranks.stats_snapshot.remote(RankTarget(r)).result(timeout_s=60) for r in range(num_ranks)
+    ]
+    return sum(s["prefix_queries"] for s in stats), sum(s["prefix_hits"] for s in stats)
+
+
 def one_run(url: str, model: str, kind: str, ns: argparse.Namespace, seed: int) -> dict[str, Any]:
-    before = read_hit_counters(url)
+    before = rank_counters()
     if kind == "sessions":
         spec = SessionSpec(SESSIONS, ns.num_sessions, ns.session_rate, vocab_size=256, seed=seed)
         load = run_sessions(url, model, make_sessions(spec), timeout_s=600)
@@ -86,8 +100,13 @@ def one_run(url: str, model: str, kind: str, ns: argparse.Namespace, seed: int) 
         "ttft_p99": summary["ttft_ms"]["p99"],
         "itl_p50": summary["itl_ms"]["p50"],
         "itl_p99": summary["itl_ms"]["p99"],
-        "hit_rate": hit_rate(before, read_hit_counters(url)),
+        "hit_rate": hit_rate_between(before, rank_counters()),
     }
+
+
+def hit_rate_between(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    queries, hits = after[0] - before[0], after[1] - before[1]
+    return round(hits / queries, 4) if queries > 0 else None
 
 
 def median_of(runs: list[dict[str, Any]], key: str) -> float | None:

@@ -266,6 +266,8 @@ class RankReplica:
             "retractions": sched.num_retractions,
             "aborts": sched.num_aborts,
             "rounds_since_prefill": getattr(self.core.loop.policy, "rounds_since_prefill", None),
+            "prefix_queries": sched.prefix.num_queries,  # prompt tokens looked up, and found
+            "prefix_hits": sched.prefix.num_hits,
             "error": None if self._error is None else str(self._error),
             **self.stats.snapshot(),
         }
