@@ -59,7 +59,7 @@ class KvChannel:
         self.schedulers = schedulers
         self._rng = random.Random(seed)
         self._gate = rounds_since_prefill
-        self.publishers = []
+        self.publishers: list[KvPublisher] = []
         for rank, scheduler in enumerate(schedulers):
             log = scheduler.pool.events = KvEventLog()
             self.publishers.append(KvPublisher(str(rank), 0, log, scheduler.pool.cached_keys))
