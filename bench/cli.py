@@ -19,13 +19,13 @@ from typing import Any
 from bench.client import RequestResult, run_load
 from bench.report import format_table, summarize, write_plots
 from bench.sessions import hit_counters, hit_rate, run_sessions, scrape_metrics
+from deployment.local import DEFAULT_CONFIG
 from gate import registry
 from sim.arrivals import Arrival
 from sim.sessions import SESSION_WORKLOADS, Session, SessionSpec, make_sessions
 from sim.workload import ARRIVALS, LENGTH_DISTS, WorkloadSpec, generate
 
 LENGTH_PRESETS = {"short": (32, 32), "chat": (230, 200), "long-prompt": (900, 32)}
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "local.yaml"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

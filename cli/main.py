@@ -7,10 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import cli as bench_cli
+from deployment.local import DEFAULT_CONFIG
 from sim import calibrate_cli, tune
 from sim import cli as sim_cli
-
-DEFAULT_CONFIG = Path(__file__).parent / "configs" / "local.yaml"
 
 
 def _serve(ns: argparse.Namespace) -> int:

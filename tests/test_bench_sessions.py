@@ -81,3 +81,13 @@ R0, R1, OLD = (("dp_rank", "0"),), (("dp_rank", "1"),), (("group", "old"),)
 )
 def test_hit_rate_between_two_readings(before, after, rate) -> None:
     assert hit_rate(before, after) == rate
+
+
+def test_the_default_config_of_serve_and_bench_compare_is_the_shipped_local_yaml() -> None:
+    """Both commands fall back to ``deployment/configs/local.yaml``; the file must exist there
+    (the re-housing moved it once and left both defaults pointing at a missing path)."""
+    parser = build_parser()
+    for argv in (["serve"], ["bench", "--compare", "none"]):
+        config = parser.parse_args(argv).config
+        assert config.is_file(), (argv, config)
+        assert config.parts[-3:] == ("deployment", "configs", "local.yaml")

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from ingress_fakes import complete, make_ingress
+from ray.serve._private.request_router.common import RequestRoutingContext
 
 from actors.control.messages import GenerateRequest, RankTarget
 from actors.control.request import SamplingParams
@@ -65,7 +66,11 @@ def make_router(loads: dict[str, int]) -> CacheAwareRouter:
 
 
 def pick(router: CacheAwareRouter, replicas, message) -> str:
-    pending = SimpleNamespace(args=[message]) if message is not None else None
+    pending = (
+        SimpleNamespace(args=[message], routing_context=RequestRoutingContext())
+        if message is not None
+        else None
+    )
     (chosen,) = asyncio.run(router.choose_replicas(replicas, pending))
     return chosen[0].replica_id
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import pytest
+from ray.serve._private.request_router.common import RequestRoutingContext
 from sim_builders import sim_args
 
 from actors.control.kv_events import KvEventBatch, KvSnapshot, RankLoad
@@ -131,7 +132,8 @@ def test_the_serve_router_routes_on_what_the_hub_says_and_never_to_a_replica_tha
         await router.choose_replicas(replicas, None)  # starts a poll
         await asyncio.sleep(0)
         await asyncio.sleep(0)
-        (chosen,) = await router.choose_replicas(replicas, SimpleNamespace(args=[message]))
+        pending = SimpleNamespace(args=[message], routing_context=RequestRoutingContext())
+        (chosen,) = await router.choose_replicas(replicas, pending)
         return chosen[0].replica_id
 
     assert asyncio.run(pick(replicas)) == "b"

@@ -23,10 +23,15 @@ from deployment.routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
 from deployment.routing.kv_hub import KvPoll, hub_actor
 from deployment.routing.kv_router import KvCostPolicy, KvRouterConfig
 
-logger = logging.getLogger("roundgate.routing")
+logger = logging.getLogger("ray.serve")
+
 # A kv router whose last poll is older than this waits up to STALE_WAIT_S for a fresh one.
 STALE_AFTER_S = 0.2
 STALE_WAIT_S = 0.05
+
+# A pinned call that finds no replica of its rank backs off and retries; say so at most this
+# often, with what the router sees, so a stale view of a restarted gang is visible in the log.
+MISSING_RANK_LOG_S = 10.0
 
 ROUTER_CLASSES = {
     "round-robin": "deployment.routing.routers:RoundRobinRouter",
@@ -64,10 +69,20 @@ class _RankRouter(RequestRouter):
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         ranked = sorted(candidate_replicas, key=lambda r: str(r.replica_id))
+        if pending_request is not None:
+            # Every candidate is considered at once (no locality rounds), so an empty answer
+            # means "wait". Serve only sleeps between attempts when told to back off; without
+            # it the routing loop retries without ever yielding, the event loop that would
+            # deliver the missing replica's arrival never runs again, and every call of this
+            # process stops routing (a pinned call arriving between the two halves of a
+            # restarted gang's announcement did exactly that).
+            pending_request.routing_context.should_backoff = True
         pinned = pinned_rank(pending_request)
         if pinned is not None:
             # Empty until the ranks have reported their stats: the router backs off and retries.
             matches = [r for r in ranked if _rank_of(r) == pinned]
+            if not matches:
+                self._log_missing_rank(pinned, ranked)
             return [matches[:1]] if matches else []
         if not ranked:
             return []
@@ -77,6 +92,17 @@ class _RankRouter(RequestRouter):
         self, replicas: Sequence[RunningReplica], pending: PendingRequest | None = None
     ) -> RunningReplica:
         raise NotImplementedError
+
+    def _log_missing_rank(self, rank: int, replicas: Sequence[RunningReplica]) -> None:
+        now = time.monotonic()
+        if now - getattr(self, "_missing_logged_at", -MISSING_RANK_LOG_S) < MISSING_RANK_LOG_S:
+            return
+        self._missing_logged_at = now
+        seen = [
+            (str(r.replica_id), r.replica_metadata, r.routing_stats.get("dp_rank"))
+            for r in replicas
+        ]
+        logger.warning("no replica of dp rank %d among the candidates %s", rank, seen)
 
 
 class RoundRobinRouter(_RankRouter):
