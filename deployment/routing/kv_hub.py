@@ -120,8 +120,12 @@ class KvEventLogBook:
 
 
 def hub_actor(namespace: str = HUB_NAMESPACE) -> Any:
-    """The named hub actor, created if no router made it yet (one per cluster)."""
+    """The named hub actor, created if no router made it yet (one per cluster); None outside
+    a Ray worker or driver (a router built without a cluster must not start one)."""
     import ray
+
+    if not ray.is_initialized():
+        return None
 
     cls = ray.remote(num_cpus=0, max_concurrency=1)(KvEventLogBook)
     return cls.options(name=HUB_NAME, namespace=namespace, get_if_exists=True).remote()

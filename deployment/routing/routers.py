@@ -215,6 +215,8 @@ class KvAwareRouter(_RankRouter):
         try:
             if self._hub is None:
                 self._hub = hub_actor()
+                if self._hub is None:  # no cluster: nothing publishes
+                    return
             resync = bool(self.policy.index.needs_resync())
             self.apply(await self._hub.poll.remote(self._cursor, resync))
         except Exception as exc:  # the hub went away with its creator: make a new one
