@@ -123,6 +123,11 @@ class ServerArgs:
     log_gate_windows: bool = _flag(
         "log one JSON line per gate window (round, point, ranks that prefilled, tokens)", False
     )
+    publish_kv_events: bool = _flag(
+        "send the pool's stored/removed page keys and the rank's load to the KV-event hub "
+        "(set by the deployment for the kv-aware and gate-aware routers)",
+        False,
+    )
     # The selected policy's flags as given, by flag name (``prefill_schedule_interval``...).
     policy_flags: Mapping[str, Any] = field(default_factory=dict, hash=False)
     # Derived once in ``__init__`` from the flags above: not flags, and not compared (their

@@ -8,6 +8,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from deployment.routing.kv_router import KvRouterConfig
 from gate import registry
 from sim.disaggregated import (
     describe_transfers,
@@ -15,6 +16,7 @@ from sim.disaggregated import (
     parse_split,
     simulate_pd,
 )
+from sim.kv_channel import ChannelSpec
 from sim.options import (
     BALANCE_ABS_THRESHOLD,
     BALANCE_REL_THRESHOLD,
@@ -122,6 +124,33 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--session-affinity", action="store_true", help="cache-aware: a session's turns stick"
+    )
+    kv = KvRouterConfig()
+    for flag, default, what in (
+        ("--prefill-weight", kv.prefill_weight, "per uncached prompt token"),
+        ("--decode-weight", kv.decode_weight, "per active KV token"),
+        ("--gate-weight", kv.gate_weight, "gate-aware: tokens, for leaving ALL blocked"),
+    ):
+        g.add_argument(flag, type=float, default=None, help=f"kv-aware cost: {what} ({default})")
+    channel = ChannelSpec()
+    g.add_argument(
+        "--kv-event-lag-rounds",
+        type=int,
+        default=None,
+        help=f"kv routers: rounds a rank's KV events take to reach the router "
+        f"({channel.lag_rounds})",
+    )
+    g.add_argument(
+        "--kv-event-loss",
+        type=float,
+        default=None,
+        help=f"kv routers: fraction of event batches lost ({channel.loss_rate})",
+    )
+    g.add_argument(
+        "--kv-snapshot-rounds",
+        type=int,
+        default=None,
+        help=f"kv routers: rounds between snapshots ({channel.snapshot_rounds})",
     )
     g.add_argument("--seed", type=int, default=workload["seed"])
 

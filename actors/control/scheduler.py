@@ -31,6 +31,7 @@ from actors.control.admission import AdmissionWaits
 from actors.control.decode_role import HandoffIntake
 from actors.control.endings import RequestEnds
 from actors.control.fork import fork_sequences
+from actors.control.kv_events import RankLoad
 from actors.control.kv_pool import KVPool
 from actors.control.page_keys import extend_keys
 from actors.control.planner import PREFILL_WATERMARK, RoundPlanner
@@ -85,6 +86,7 @@ class Scheduler:
         self.retracted = queues.retracted
         self.requests = queues.requests
         self.round = 0
+        self.num_received = 0  # requests ever queued here (the routers match their sends to it)
         # Rounds each prompt waited for the gate (the admission-wait metric).
         self.waits = AdmissionWaits()
         self.ends = ends = RequestEnds(queues, self.pool, self.prefix, self.waits)
@@ -143,6 +145,7 @@ class Scheduler:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         request.status = RequestStatus.LOADING if loading else RequestStatus.WAITING
         request.arrival_round = self.round
+        self.num_received += 1
         self.requests[request.request_id] = request
         self.waiting.append(request)
         self.waits.arrived(request)
@@ -179,6 +182,21 @@ class Scheduler:
         if probe.wants_prefill:
             self.waits.wanted(self.round)
         return probe
+
+    def load(self, rounds_since_prefill: int | None = None) -> RankLoad:
+        """What this rank tells the routers about its load and gate state, as of now."""
+        probe = self.probe()
+        pool = self.pool
+        return RankLoad(
+            len(self.running),
+            len(self.waiting),
+            sum(r.num_uncomputed_prompt_tokens for r in self.waiting),
+            pool.num_used_pages * pool.page_size,
+            probe.wants_prefill,
+            probe.has_decode_work,
+            rounds_since_prefill or 0,
+            self.num_received,
+        )
 
     def admission_wait(self, req: Request) -> int | None:
         """Rounds from first published want to first prefill, less pressure/full-batch rounds."""
