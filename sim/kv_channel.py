@@ -22,6 +22,7 @@ from actors.control.kv_events import (
     KvSnapshot,
     RankLoad,
 )
+from actors.control.rank_load import rank_load
 from actors.control.scheduler import Scheduler
 from deployment.routing.kv_index import KvIndex
 
@@ -106,4 +107,4 @@ class KvChannel:
 
     def _load(self, rank: int) -> RankLoad:
         since = self._gate(rank) if self._gate is not None else None
-        return self.schedulers[rank].load(since)
+        return rank_load(self.schedulers[rank], since)

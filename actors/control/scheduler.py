@@ -31,7 +31,6 @@ from actors.control.admission import AdmissionWaits
 from actors.control.decode_role import HandoffIntake
 from actors.control.endings import RequestEnds
 from actors.control.fork import fork_sequences
-from actors.control.kv_events import RankLoad
 from actors.control.kv_pool import KVPool
 from actors.control.page_keys import extend_keys
 from actors.control.planner import PREFILL_WATERMARK, RoundPlanner
@@ -182,21 +181,6 @@ class Scheduler:
         if probe.wants_prefill:
             self.waits.wanted(self.round)
         return probe
-
-    def load(self, rounds_since_prefill: int | None = None) -> RankLoad:
-        """What this rank tells the routers about its load and gate state, as of now."""
-        probe = self.probe()
-        pool = self.pool
-        return RankLoad(
-            len(self.running),
-            len(self.waiting),
-            sum(r.num_uncomputed_prompt_tokens for r in self.waiting),
-            pool.num_used_pages * pool.page_size,
-            probe.wants_prefill,
-            probe.has_decode_work,
-            rounds_since_prefill or 0,
-            self.num_received,
-        )
 
     def admission_wait(self, req: Request) -> int | None:
         """Rounds from first published want to first prefill, less pressure/full-batch rounds."""

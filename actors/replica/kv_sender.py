@@ -25,6 +25,7 @@ from actors.control.kv_events import (
     KvPublisher,
     KvSnapshot,
 )
+from actors.control.rank_load import rank_load
 from actors.control.scheduler import Scheduler
 
 logger = logging.getLogger("roundgate.kv_events")
@@ -62,7 +63,7 @@ class KvEventSender:
     def after_round(self, rounds_since_prefill: int | None) -> None:
         """Queue this round's batch; send the queue if it is due (engine thread)."""
         now = time.time()
-        batch = self.publisher.publish(self.scheduler.load(rounds_since_prefill), now)
+        batch = self.publisher.publish(rank_load(self.scheduler, rounds_since_prefill), now)
         if batch is not None:
             if len(self._queue) == self._queue.maxlen:
                 self.num_dropped += 1
@@ -84,7 +85,8 @@ class KvEventSender:
         if self._needs_snapshot:
             # Everything held now, as of the last batch: queued batches before it are covered.
             self._queue.clear()
-            messages.append(self.publisher.snapshot(self.scheduler.load(rounds_since_prefill), now))
+            load = rank_load(self.scheduler, rounds_since_prefill)
+            messages.append(self.publisher.snapshot(load, now))
             self._needs_snapshot = False
         messages.extend(self._queue)
         self._queue.clear()
