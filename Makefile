@@ -13,7 +13,13 @@ LMEVAL_VERSION := 0.4.13
 # GGUF loader needs the gguf package).
 LMEVAL_GGUF := gguf==0.19.0 transformers==5.24.0
 
-.PHONY: setup tools lm-eval serve test lint format bench clean
+# llama.cpp's server (the xllamacpp package's prebuilt CPU wheel) in its own venv: the
+# reference of the int8-dot weight path and the peer of benchmarks/vs_llamacpp.py.
+LLAMACPP_VENV := .venv-llamacpp
+LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed
+XLLAMACPP_VERSION := 2026.10.11549
+
+.PHONY: setup tools lm-eval llamacpp serve test lint format bench clean
 
 setup: $(STAMP)
 
@@ -52,10 +58,17 @@ $(LMEVAL_STAMP): constraints.txt Makefile
 	  'lm-eval[api,hf]==$(LMEVAL_VERSION)' $(LMEVAL_GGUF)
 	@touch $(LMEVAL_STAMP)
 
+llamacpp: $(LLAMACPP_STAMP)
+
+$(LLAMACPP_STAMP): Makefile
+	@test -x $(LLAMACPP_VENV)/bin/python || $(PYTHON) -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/python -m pip install --quiet 'xllamacpp==$(XLLAMACPP_VERSION)'
+	@touch $(LLAMACPP_STAMP)
+
 serve: setup
 	$(VENV)/bin/roundgate serve
 
-test: setup tools lm-eval
+test: setup tools lm-eval llamacpp
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup
@@ -67,4 +80,4 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(LMEVAL_VENV) *.egg-info
+	rm -rf $(VENV) $(LMEVAL_VENV) $(LLAMACPP_VENV) *.egg-info

@@ -33,7 +33,7 @@ DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 MOE_BACKENDS = ("auto", "local", "torch", "deepep")
 MOE_KERNELS = ("torch", "triton")
-GGUF_WEIGHTS = ("packed", "float")
+GGUF_WEIGHTS = ("packed", "int8-dot", "float")
 
 C = TypeVar("C")
 
@@ -106,8 +106,10 @@ class ServerArgs:
         False,
     )
     gguf_weights: str = _flag(
-        "GGUF Q4_1/Q8_0 linear weights on CPU: packed (the file's blocks, an AVX2 kernel) or "
-        "float (dequantized)",
+        "GGUF Q4_0/Q4_1/Q8_0 linear weights on CPU: packed (the file's blocks, an AVX2 kernel "
+        "exact to the dequantized float32 weights), int8-dot (the same blocks, activations "
+        "quantized to 8 bits per 32-block and integer dot products, as llama.cpp) or float "
+        "(dequantized)",
         "packed",
         choices=GGUF_WEIGHTS,
     )
@@ -120,6 +122,11 @@ class ServerArgs:
     max_grammar_cache: int = _flag("compiled grammars a rank keeps (LRU)", 256, positive=True)
     log_gate_windows: bool = _flag(
         "log one JSON line per gate window (round, point, ranks that prefilled, tokens)", False
+    )
+    publish_kv_events: bool = _flag(
+        "send the pool's stored/removed page keys and the rank's load to the KV-event hub "
+        "(set by the deployment for the kv-aware and gate-aware routers)",
+        False,
     )
     # The selected policy's flags as given, by flag name (``prefill_schedule_interval``...).
     policy_flags: Mapping[str, Any] = field(default_factory=dict, hash=False)

@@ -11,8 +11,10 @@ and the tied LM head (576 -> 49152, a fifth of the model's bytes). Kernels:
 - ``int8-weight-only``: ``aten._weight_int8pack_mm`` (int8 weights, float activations);
 - ``int8-dynamic``: fbgemm's ``quantized.linear_dynamic`` (int8 weights per channel,
   activations quantized per call);
-- ``gguf-blocks``: ours (``kernels.quant``), the weight as Q4_1-style 32-weight blocks, what
-  ``--gguf-weights packed`` runs (exact for the file's own blocks).
+- ``gguf-blocks``: ours (``kernels.quant``), the weight as a GGUF file's Q4_1 blocks, what
+  ``--gguf-weights packed`` runs (exact to the dequantized weights);
+- ``gguf-int8-dot``: the same blocks, activations quantized to 8 bits per block and integer
+  dot products (``--gguf-weights int8-dot``, llama.cpp's arithmetic).
 
 Each weight is a fresh tensor larger than the last-level cache would hold for the LM head;
 the smaller ones stay cache-resident across repeats, so their float32 figures are a best case.
@@ -26,10 +28,12 @@ import statistics
 import time
 from collections.abc import Callable
 
+import gguf
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels.quant import BLOCK, BlockWeights, block_linear
+from kernels.quant import FORMATS, BlockWeights, block_linear
 
 SHAPES = {"gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, 49152)}
 
@@ -58,17 +62,16 @@ def kernels(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Te
         "int8-weight-only": lambda x: torch.ops.aten._weight_int8pack_mm(x, int8, scale),
         "int8-dynamic": lambda x: torch.ops.quantized.linear_dynamic(x, packed, True),
         "gguf-blocks": lambda x: block_linear(x, blocks),
+        "gguf-int8-dot": lambda x: block_linear(x, blocks, int8_dot=True),
     }
 
 
 def q4_1_blocks(weight: torch.Tensor) -> BlockWeights:
-    """``weight`` rounded to Q4_1's form: 16 levels between each 32-block's min and max."""
-    n, k = weight.shape
-    grouped = weight.view(n, k // BLOCK, BLOCK)
-    low, high = grouped.amin(-1), grouped.amax(-1)
-    scale = ((high - low) / 15).clamp_min(1e-12)
-    q = ((grouped - low[..., None]) / scale[..., None]).round().clamp(0, 15)
-    return BlockWeights(q.to(torch.int8).view(n, k), scale, low)
+    """``weight`` quantized to Q4_1 by the gguf package (the bytes a GGUF file would hold)."""
+    raw = gguf.quants.quantize(weight.numpy(), gguf.GGMLQuantizationType.Q4_1)
+    return BlockWeights(
+        torch.from_numpy(np.ascontiguousarray(raw)), FORMATS["Q4_1"], weight.shape[1]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,7 +31,7 @@ from deployment.openai.tokenization import (
     tokenizer_info,
 )
 from deployment.request_metrics import exposition
-from deployment.routing.routers import ROUTER_CLASSES
+from deployment.routing.routers import KV_ROUTERS, ROUTER_CLASSES
 
 
 @serve.ingress(api)
@@ -96,6 +96,9 @@ def build_app(args: dict[str, Any]) -> Application:
     cfg = AppArgs.model_validate(args)
     engine = cfg.server_args()
     router_kwargs = cfg.router_kwargs()
+    engine_flags = engine.to_dict()
+    if cfg.router in KV_ROUTERS:  # their ranks publish what their pools hold
+        engine_flags["publish_kv_events"] = True
     ranks = serve.deployment(
         RankReplica,
         name="RankReplica",
@@ -111,7 +114,7 @@ def build_app(args: dict[str, Any]) -> Application:
         health_check_period_s=2.0,
         health_check_timeout_s=max(10.0, engine.collective_timeout_s),
         graceful_shutdown_timeout_s=5.0,
-    ).bind(engine.to_dict())
+    ).bind(engine_flags)
     ingress = serve.deployment(
         OpenAIServer,
         name="OpenAIServer",

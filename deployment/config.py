@@ -9,8 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from actors.server_args import ServerArgs, engine_arg_names
 from deployment.openai.grammar_limits import GrammarLimits
+from deployment.routing.kv_router import KvRouterConfig
 
 _GRAMMAR = GrammarLimits()  # the defaults live with the limits' checks
+_KV = KvRouterConfig()  # the cost routers' defaults
+_GATE_AWARE_POLICIES = ("roundgate", "roundgate-auto")
 
 
 class AppArgs(BaseModel):
@@ -25,8 +28,14 @@ class AppArgs(BaseModel):
 
     engine: dict[str, Any] = Field(default_factory=dict, description="ServerArgs fields")
     num_groups: int = Field(1, ge=1, description="DP groups; replicas = num_groups * dp_size")
-    router: Literal["round-robin", "least-loaded", "skewed", "cache-aware"] = "round-robin"
+    router: Literal[
+        "round-robin", "least-loaded", "skewed", "cache-aware", "kv-aware", "gate-aware"
+    ] = "round-robin"
     route_weights: list[int] | None = None
+    # The kv-aware/gate-aware cost (deployment/routing/kv_router.py: KvRouterConfig defaults).
+    prefill_weight: float = Field(_KV.prefill_weight, ge=0, description="per uncached token")
+    decode_weight: float = Field(_KV.decode_weight, ge=0, description="per active KV token")
+    gate_weight: float = Field(_KV.gate_weight, ge=0, description="gate-aware: ALL blocked")
     # The cache-aware router's load limits (SGLang's defaults) and session affinity.
     balance_abs_threshold: int = Field(32, ge=0)
     balance_rel_threshold: float = Field(1.0001, ge=1.0)
@@ -87,9 +96,15 @@ class AppArgs(BaseModel):
                 raise ValueError("route_weights must be >= 0 with a positive sum")
         elif self.route_weights is not None:
             raise ValueError(f"route_weights applies to router 'skewed' only, not {self.router}")
-        if self.session_affinity and self.router != "cache-aware":
+        if self.session_affinity and self.router not in ("cache-aware", "kv-aware", "gate-aware"):
             raise ValueError(
-                f"session_affinity applies to router 'cache-aware' only, not {self.router}"
+                "session_affinity applies to routers cache-aware, kv-aware and gate-aware "
+                f"only, not {self.router}"
+            )
+        if self.router == "gate-aware" and args.prefill_policy_name not in _GATE_AWARE_POLICIES:
+            raise ValueError(
+                f"router gate-aware needs prefill_policy {' or '.join(_GATE_AWARE_POLICIES)}, "
+                f"got {args.prefill_policy_name!r}"
             )
         return self
 
@@ -115,6 +130,17 @@ class AppArgs(BaseModel):
             return {
                 "page_size": engine.page_size,
                 "max_pages_per_rank": engine.num_kv_pages,
+                "balance_abs_threshold": self.balance_abs_threshold,
+                "balance_rel_threshold": self.balance_rel_threshold,
+                "session_affinity": self.session_affinity,
+            }
+        if self.router in ("kv-aware", "gate-aware"):
+            return {
+                "page_size": engine.page_size,
+                "prefill_weight": self.prefill_weight,
+                "decode_weight": self.decode_weight,
+                "gate_aware": self.router == "gate-aware",
+                "gate_weight": self.gate_weight,
                 "balance_abs_threshold": self.balance_abs_threshold,
                 "balance_rel_threshold": self.balance_rel_threshold,
                 "session_affinity": self.session_affinity,

@@ -8,7 +8,15 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from deployment.routing.kv_router import KvRouterConfig
 from gate import registry
+from sim.disaggregated import (
+    describe_transfers,
+    disaggregated_namespace,
+    parse_split,
+    simulate_pd,
+)
+from sim.kv_channel import ChannelSpec
 from sim.options import (
     BALANCE_ABS_THRESHOLD,
     BALANCE_REL_THRESHOLD,
@@ -117,6 +125,33 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--session-affinity", action="store_true", help="cache-aware: a session's turns stick"
     )
+    kv = KvRouterConfig()
+    for flag, default, what in (
+        ("--prefill-weight", kv.prefill_weight, "per uncached prompt token"),
+        ("--decode-weight", kv.decode_weight, "per active KV token"),
+        ("--gate-weight", kv.gate_weight, "gate-aware: tokens, for leaving ALL blocked"),
+    ):
+        g.add_argument(flag, type=float, default=None, help=f"kv-aware cost: {what} ({default})")
+    channel = ChannelSpec()
+    g.add_argument(
+        "--kv-event-lag-rounds",
+        type=int,
+        default=None,
+        help=f"kv routers: rounds a rank's KV events take to reach the router "
+        f"({channel.lag_rounds})",
+    )
+    g.add_argument(
+        "--kv-event-loss",
+        type=float,
+        default=None,
+        help=f"kv routers: fraction of event batches lost ({channel.loss_rate})",
+    )
+    g.add_argument(
+        "--kv-snapshot-rounds",
+        type=int,
+        default=None,
+        help=f"kv routers: rounds between snapshots ({channel.snapshot_rounds})",
+    )
     g.add_argument("--seed", type=int, default=workload["seed"])
 
 
@@ -157,6 +192,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="with --scenario: send this many requests an arm instead of the run length the "
         "scenario assumes (to see which figures depend on it)",
+    )
+    p.add_argument(
+        "--disaggregate",
+        default=None,
+        metavar="P:D",
+        help="compare fused (none), fused + gate (roundgate) and prefill/decode "
+        "disaggregation with P prefill and D decode ranks; the fused runs get P+D ranks (the "
+        "same GPUs) and --max-num-seqs per rank is kept (docs/pd.md)",
     )
     g = p.add_argument_group("output")
     g.add_argument("--max-rounds", type=int, default=None, help="stop after this many rounds")
@@ -238,11 +281,19 @@ def run_scenario(ns: argparse.Namespace) -> int:
 def run(ns: argparse.Namespace) -> int:
     if getattr(ns, "scenario", None) is not None:
         return run_scenario(ns)
+    split = None
     try:
+        if ns.disaggregate is not None:
+            split = parse_split(ns.disaggregate)
+            ns = disaggregated_namespace(ns, split)
         specs = sim_specs(ns)
     except ValueError as exc:
         ns.parser.error(str(exc))
     results = [simulate_with_progress(spec, not ns.no_progress) for spec in specs]
+    if split is not None:
+        pd, sim = simulate_pd(specs[0], *split)
+        results.append(pd)
+        print(f"P/D {split[0]}:{split[1]}: {describe_transfers(sim)}")
     summaries = [summarize(r) for r in results]
     baseline = "none" if len(summaries) > 1 else None
     print(format_table(summaries, baseline=baseline))

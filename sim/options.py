@@ -17,9 +17,11 @@ from typing import Any
 
 from actors.server_args import ServerArgs
 from deployment.routing.cache_aware import CacheAwareConfig
+from deployment.routing.kv_router import KvRouterConfig
 from gate import registry
+from sim.kv_channel import ChannelSpec
 from sim.round_costs import COST_FIELDS, RoundCosts, load_costs
-from sim.router import RouterSpec
+from sim.router import KV_ROUTERS, RouterSpec
 from sim.sessions import SESSION_WORKLOADS, SessionSpec
 from sim.spec import SimSpec, Workload, arrivals_of
 from sim.workload import WORKLOADS, WorkloadSpec
@@ -134,8 +136,13 @@ def router_spec(
     balance_abs_threshold: int = BALANCE_ABS_THRESHOLD,
     balance_rel_threshold: float = BALANCE_REL_THRESHOLD,
     session_affinity: bool = False,
+    kv_flags: Mapping[str, Any] | None = None,
 ) -> RouterSpec:
-    """``--router`` and its flags; the cache-aware router sized like the ranks' pools."""
+    """``--router`` and its flags; the cache-aware router sized like the ranks' pools;
+    ``kv_flags`` (by field name, None: not given) the kv routers' weights and channel."""
+    kv, channel = kv_router_flags(
+        policy, args, kv_flags or {}, balance_abs_threshold, balance_rel_threshold, session_affinity
+    )
     cache_aware = None
     if policy == "cache-aware":
         cache_aware = CacheAwareConfig(
@@ -145,7 +152,41 @@ def router_spec(
             balance_rel_threshold=balance_rel_threshold,
             session_affinity=session_affinity,
         )
-    return RouterSpec(policy, weights, cache_aware, api_servers)
+    return RouterSpec(policy, weights, cache_aware, api_servers, kv, channel)
+
+
+KV_FLAGS = ("prefill_weight", "decode_weight", "gate_weight")
+CHANNEL_FLAGS = {
+    "kv_event_lag_rounds": "lag_rounds",
+    "kv_event_loss": "loss_rate",
+    "kv_snapshot_rounds": "snapshot_rounds",
+}
+
+
+def kv_router_flags(
+    policy: str,
+    args: ServerArgs,
+    given: Mapping[str, Any],
+    balance_abs_threshold: int,
+    balance_rel_threshold: float,
+    session_affinity: bool,
+) -> tuple[KvRouterConfig | None, ChannelSpec | None]:
+    """The kv routers' config and channel from their flags; refused for another router."""
+    named = {k: given[k] for k in (*KV_FLAGS, *CHANNEL_FLAGS) if given.get(k) is not None}
+    if policy not in KV_ROUTERS:
+        if named:
+            flag = "--" + next(iter(named)).replace("_", "-")
+            raise ValueError(f"{flag} applies to --router {', '.join(KV_ROUTERS)} only")
+        return None, None
+    kv = KvRouterConfig(
+        page_size=args.page_size,
+        balance_abs_threshold=balance_abs_threshold,
+        balance_rel_threshold=balance_rel_threshold,
+        session_affinity=session_affinity,
+        **{k: float(named[k]) for k in KV_FLAGS if k in named},
+    )
+    channel = ChannelSpec(**{CHANNEL_FLAGS[k]: named[k] for k in CHANNEL_FLAGS if k in named})
+    return kv, channel
 
 
 def sim_specs(ns: argparse.Namespace) -> list[SimSpec]:
@@ -185,6 +226,7 @@ def sim_specs(ns: argparse.Namespace) -> list[SimSpec]:
         getattr(ns, "balance_abs_threshold", BALANCE_ABS_THRESHOLD),
         getattr(ns, "balance_rel_threshold", BALANCE_REL_THRESHOLD),
         getattr(ns, "session_affinity", False),
+        vars(ns),
     )
     spec = SimSpec(
         first,

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from deployment.routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
+from deployment.routing.kv_router import KvCostPolicy, KvRouterConfig
+from sim.kv_channel import ChannelSpec
 from sim.vllm_lb import VllmBalancer
 
-ROUTERS = ("round-robin", "least-loaded", "skewed", "vllm-lb", "cache-aware")
+# The routers that read the ranks' KV events (``deployment.routing.kv_router``); ``oracle`` is
+# the simulator's yardstick: kv-aware's cost on the pools themselves, loads without lag.
+KV_ROUTERS = ("kv-aware", "gate-aware", "oracle")
+ROUTERS = ("round-robin", "least-loaded", "skewed", "vllm-lb", "cache-aware", *KV_ROUTERS)
+# The prefill policies whose gate ``gate-aware`` reads.
+GATE_AWARE_POLICIES = ("roundgate", "roundgate-auto")
 
 
 @dataclass(frozen=True)
@@ -26,17 +33,42 @@ class RouterSpec:
     # cache-aware: sized like the ranks' pools (None: the policy's own defaults).
     cache_aware: CacheAwareConfig | None = None
     api_servers: int | None = None  # vllm-lb: API servers, each on its own view (None: 1)
+    # kv-aware, gate-aware, oracle: the cost's weights (None: the defaults, gate term per
+    # router) and the KV-event channel (None: its defaults; the oracle's has no lag or loss).
+    kv: KvRouterConfig | None = None
+    channel: ChannelSpec | None = None
 
-    def build(self, dp_size: int, seed: int) -> Router:
-        """A fresh router for one run (validates the settings against ``dp_size``)."""
-        return Router(self.policy, dp_size, self.weights, seed, self.cache_aware, self.api_servers)
+    def build(self, dp_size: int, seed: int, page_size: int = 16) -> Router:
+        """A fresh router for one run (validates the settings against ``dp_size``); the kv
+        routers key prompts by the ranks' ``page_size``."""
+        return Router(
+            self.policy,
+            dp_size,
+            self.weights,
+            seed,
+            self.cache_aware,
+            self.api_servers,
+            self.kv,
+            self.channel,
+            page_size,
+        )
+
+    def check_policy(self, prefill_policy: str) -> None:
+        """``gate-aware`` reads the group gate: refused under any other prefill policy."""
+        if self.policy == "gate-aware" and prefill_policy not in GATE_AWARE_POLICIES:
+            raise ValueError(
+                f"--router gate-aware needs --prefill-policy {' or '.join(GATE_AWARE_POLICIES)}"
+                f", got {prefill_policy!r}"
+            )
 
 
 class Router:
     """Chooses a rank for each arrival: round-robin, least-loaded, fixed skewed weights, or
     vLLM's internal load balancer (``vllm-lb``: least ``4 x waiting + running`` on counts
     refreshed every 100 ms, so requests sent since the engines last reported are invisible
-    to it after a refresh), or cache-aware (``deployment.routing.cache_aware``)."""
+    to it after a refresh), cache-aware (``deployment.routing.cache_aware``), or the cost
+    routers on the ranks' KV events (``kv-aware``, ``gate-aware``, and the ``oracle``; the
+    simulator feeds their index through ``sim.kv_channel``)."""
 
     def __init__(
         self,
@@ -46,6 +78,9 @@ class Router:
         seed: int = 0,
         cache_aware: CacheAwareConfig | None = None,
         api_servers: int | None = None,
+        kv: KvRouterConfig | None = None,
+        channel: ChannelSpec | None = None,
+        page_size: int = 16,
     ) -> None:
         if policy not in ROUTERS:
             raise ValueError(f"--router must be one of {', '.join(ROUTERS)}, got {policy!r}")
@@ -61,6 +96,10 @@ class Router:
             raise ValueError(f"--route-weights applies to --router skewed only, not {policy}")
         if api_servers is not None and policy != "vllm-lb":
             raise ValueError(f"--lb-api-servers applies to --router vllm-lb only, not {policy}")
+        if (kv is not None or channel is not None) and policy not in KV_ROUTERS:
+            raise ValueError(
+                f"the KV-event flags apply to --router {', '.join(KV_ROUTERS)} only, not {policy}"
+            )
         self.policy = policy
         self.dp_size = dp_size
         self.weights = list(weights or [])
@@ -74,6 +113,15 @@ class Router:
         self.cache_aware = (
             CacheAwarePolicy(cache_aware or CacheAwareConfig()) if policy == "cache-aware" else None
         )
+        self.kv: KvCostPolicy | None = None
+        self.channel = channel or ChannelSpec()
+        if policy in KV_ROUTERS:
+            # The pools' page size (the keys must be theirs), the gate term per router.
+            gate_aware = policy == "gate-aware"
+            config = replace(kv or KvRouterConfig(), page_size=page_size, gate_aware=gate_aware)
+            self.kv = KvCostPolicy(config)
+            if policy == "oracle":
+                self.channel = ChannelSpec(lag_rounds=0, loss_rate=0.0)
 
     def route(
         self, loads: Sequence[int], token_ids: Sequence[int] = (), session: str | None = None

@@ -20,6 +20,8 @@ from gate import read_rows
 from sim import decode_ranks, fast_forward, steady_policies
 from sim.arrivals import Arrival, OpenLoop
 from sim.cost_executor import CostExecutor
+from sim.kv_channel import KvChannel
+from sim.prompts import FillerPrompts
 from sim.records import (
     KIND_CODES,
     POINT_CODES,
@@ -71,26 +73,31 @@ class GroupSimulator:
             )
             for rank in range(args.dp_size)
         ]
-        self._prompts: dict[int, list[int]] = {}  # shared prompt tails, by length
-        self._distinct = max(2, args.model_config.vocab_size - 2)  # digit base of _prompt
+        self._prompts = FillerPrompts(args.model_config.vocab_size)
         self._in_flight = [0] * args.dp_size
         self._pending: deque[tuple[float, int, int, Arrival]] = deque()
+        # The kv routers' index is fed by the ranks' own KV events, through a lagging channel.
+        self.channel = (
+            None
+            if router.kv is None
+            else KvChannel(
+                router.channel,
+                [loop.scheduler for loop in self.loops],
+                router.kv.index,
+                seed=0,
+                rounds_since_prefill=lambda r: getattr(
+                    self.loops[r].policy, "rounds_since_prefill", None
+                ),
+            )
+        )
+        self._sources = [str(rank) for rank in range(args.dp_size)]
 
     def _now(self) -> float:
         return self.clock
 
     def _prompt(self, index: int, arrival: Arrival) -> list[int]:
-        """A session turn's own tokens, else filler distinct per request (4 leading digits of
-        its index, then a shared tail of ones), so unrelated prompts never share a cached
-        page; only the prefix cache reads token values."""
-        if arrival.token_ids is not None:
-            return list(arrival.token_ids)
-        length = arrival.prompt_tokens
-        head = [2 + index // self._distinct**k % self._distinct for k in range(min(4, length))]
-        tail = self._prompts.get(length - len(head))
-        if tail is None:
-            tail = self._prompts[length - len(head)] = [1] * (length - len(head))
-        return head + tail
+        """The request's prompt tokens (``sim.prompts``)."""
+        return self._prompts.make(index, arrival)
 
     def run(
         self,
@@ -142,6 +149,7 @@ class GroupSimulator:
         rounds = busy = prefill_rounds = decode_rounds = 0
         finished = 0
         in_flight = self._in_flight = [0] * dp  # routed, not yet admitted, per rank
+        channel = self.channel
         while True:
             admit_until = starts[0]
             while True:
@@ -184,6 +192,8 @@ class GroupSimulator:
                 if k:
                     self.clock = clock
                     rounds, busy, decode_rounds = rounds + k, busy + k, decode_rounds + k
+                    if channel is not None:
+                        channel.tick(rounds, clock)
                     finished += len(done)
                     if gc_period:
                         for request in done:
@@ -232,6 +242,8 @@ class GroupSimulator:
             self.clock = clock
             starts.append(clock)
             rounds += 1
+            if channel is not None:
+                channel.tick(rounds, clock)
             for rank, rank_events in enumerate(events):
                 for request, token_id, done in rank_events:
                     rec = records[request.request_id]
@@ -304,8 +316,20 @@ class GroupSimulator:
         # The router knows what it sent: a rank's load counts its requests still in flight.
         in_flight = self._in_flight
         loads = [len(s.requests) + in_flight[r] for r, s in enumerate(schedulers)]
+        session = None if arrival.session is None else str(arrival.session.session_id)
+        if self.router.kv is not None:
+            match = None
+            if self.router.policy == "oracle":
+                pools = [s.pool for s in schedulers]
+
+                def match(source: object, keys: Sequence[bytes]) -> int:
+                    return pools[int(str(source))].num_cached_prefix(keys)
+
+            choice = self.router.kv.choose(
+                self._sources, loads, self._prompt(index, arrival), now_s, session, match
+            )
+            return int(choice.rank)
         if self.router.policy == "cache-aware":
-            session = None if arrival.session is None else str(arrival.session.session_id)
             return self.router.route(loads, self._prompt(index, arrival), session)
         return self.router.route(loads)
 

@@ -49,7 +49,10 @@ class SimSpec:
             raise ValueError(f"--concurrency must be >= 1, got {self.concurrency}")
         if self.max_rounds is not None and self.max_rounds < 1:
             raise ValueError(f"--max-rounds must be >= 1, got {self.max_rounds}")
-        self.router.build(self.args.dp_size, self.seed)  # refuses its settings now, not mid-run
+        self.router.build(
+            self.args.dp_size, self.seed, self.args.page_size
+        )  # refuses its settings now, not mid-run
+        self.router.check_policy(self.policy)
 
     @property
     def policy(self) -> str:
@@ -111,7 +114,7 @@ def simulate(spec: SimSpec, on_round: Callable[[int, int], None] | None = None) 
     sim = GroupSimulator(
         spec.args,
         spec.costs,
-        spec.router.build(spec.args.dp_size, spec.seed),
+        spec.router.build(spec.args.dp_size, spec.seed, spec.args.page_size),
         spec.policy,
         keep_timeline=spec.keep_timeline,
     )

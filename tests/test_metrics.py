@@ -149,3 +149,16 @@ def test_group_work_counters_sum_the_rounds_of_each_kind() -> None:
         ("roundgate_decode_rounds_total", (("group", "g0"), ("model", "tiny-moe")))
     ]
     assert decode_rounds <= work("decode", "decodes") <= 2 * decode_rounds
+
+
+def test_each_rank_reports_its_weight_path() -> None:
+    recorders = [RankMetrics("g0", "m", rank) for rank in range(2)]
+    recorders[0].note_weight_path("packed")
+    recorders[1].note_weight_path("float")  # e.g. a rank whose CPU lacks AVX2
+    vals = values(render(merge(snapshot(r.set.registry) for r in recorders)).decode())
+    series = {
+        (dict(labels)["dp_rank"], dict(labels)["path"]): v
+        for (name, labels), v in vals.items()
+        if name == "roundgate_rank_weight_path"
+    }
+    assert series == {("0", "packed"): 1.0, ("1", "float"): 1.0}

@@ -15,8 +15,9 @@ new allocation takes one only when no plain free page is left, least recently us
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, KeysView, Sequence
 
+from actors.control.kv_events import KvEventLog
 from actors.control.page_keys import PageKey
 
 
@@ -44,6 +45,8 @@ class KVPool:
         self._key_of: dict[int, PageKey] = {}
         self._page_of: dict[PageKey, int] = {}
         self.num_evictions = 0
+        # Stored/removed keys for the routers (``actors.control.kv_events``); None: not kept.
+        self.events: KvEventLog | None = None
 
     @property
     def num_free_pages(self) -> int:
@@ -161,6 +164,18 @@ class KVPool:
         self._owned[owner] = pages
         return pages
 
+    def share(self, owner: Hashable, pages: Sequence[int]) -> None:
+        """Start a new owner on pages others hold (each gains a reference): a fork's common
+        prompt on a decode rank, read by every sequence and written by none."""
+        if owner in self._owned:
+            raise ValueError(f"KV owner {owner!r} already holds pages")
+        for page in pages:
+            if self._refs[page] == 0:
+                raise ValueError(f"page {page} is not held: only a held page is shared")
+        for page in pages:
+            self._refs[page] += 1
+        self._owned[owner] = list(pages)
+
     def num_holders(self, page: int) -> int:
         """How many requests hold ``page`` (its reference count)."""
         return self._refs[page]
@@ -178,7 +193,13 @@ class KVPool:
             return False
         self._key_of[page] = key
         self._page_of[key] = page
+        if self.events is not None:
+            self.events.stored(key)
         return True
+
+    def cached_keys(self) -> KeysView[PageKey]:
+        """Every key the pool holds (a live view: copy it to keep it)."""
+        return self._page_of.keys()
 
     def _take(self) -> int:
         """One page for a new holder: a plain free page, else the least recently used
@@ -187,8 +208,11 @@ class KVPool:
             page = self._free.pop()
         else:
             page, _ = self._evictable.popitem(last=False)
-            del self._page_of[self._key_of.pop(page)]
+            key = self._key_of.pop(page)
+            del self._page_of[key]
             self.num_evictions += 1
+            if self.events is not None:
+                self.events.removed(key)
         self._refs[page] = 1
         return page
 

@@ -1,11 +1,13 @@
-"""GGUF linear weights kept block-quantized (``--gguf-weights packed``).
+"""GGUF linear weights kept block-quantized (``--gguf-weights packed`` or ``int8-dot``).
 
 The loader fills every layer with dequantized float32 weights first (one path for every
 source). Then, for a GGUF model on the CPU, each linear layer whose checkpoint tensors are
-Q4_1 or Q8_0 is swapped for a ``BlockLinear`` over the file's own blocks, read again from the
-memory-mapped file (fused projections concatenate their parts' rows, Q/K rows un-permuted as
-the float path does). A swap happens only when the packed weight dequantizes to exactly the
-float32 weight it replaces, so a mapping that does not fit a model can never change results.
+Q4_0, Q4_1 or Q8_0 (all parts of a fused layer the same type) is swapped for a ``BlockLinear``
+over the file's own blocks, copied byte for byte from the memory-mapped file (fused
+projections concatenate their parts' rows, Q/K rows un-permuted as the float path does). A swap
+happens only when the packed weight dequantizes to exactly the float32 weight it replaces, so a
+mapping that does not fit a model can never change results. Other types (the K-quants among
+them) keep their float32 weights: see ``kernels.quant``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from torch import nn
 
 from actors.model.gguf_source import GGUFSource, unpermute
-from kernels.quant import BLOCK, BlockLinear, BlockWeights, kernel, kernel_failure
+from kernels.quant import BLOCK, FORMATS, BlockLinear, BlockWeights, kernel, kernel_failure
 
 logger = logging.getLogger("roundgate.model")
 
@@ -32,40 +34,44 @@ _LAYER_LINEARS = {
 
 
 def read_blocks(source: GGUFSource, name: str) -> BlockWeights | None:
-    """The HF tensor ``name`` as blocks, if the file stores it as Q4_1 or Q8_0."""
-    import gguf
-
+    """The HF tensor ``name`` as the file's blocks, if its type is one in ``FORMATS``."""
     tensor = source.tensor_of(name)
-    if tensor is None:
+    if tensor is None or tensor.tensor_type.name not in FORMATS:
         return None
-    kind = tensor.tensor_type
-    raw = np.asarray(tensor.data, dtype=np.uint8)
-    rows = raw.shape[0]
-    if kind == gguf.GGMLQuantizationType.Q4_1:
-        blocks = raw.reshape(rows, -1, 20)  # f16 scale, f16 min, 16 bytes of nibbles
-        scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-        offset = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        packed = blocks[..., 4:]
-        q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).astype(np.int8)
-    elif kind == gguf.GGMLQuantizationType.Q8_0:
-        blocks = raw.reshape(rows, -1, 34)  # f16 scale, 32 int8
-        scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-        offset = None
-        q = blocks[..., 2:].copy().view(np.int8)
-    else:
-        return None
-    q = q.reshape(rows, -1)
+    raw = np.asarray(tensor.data, dtype=np.uint8)  # [rows, row bytes]
     heads = source.permuted_heads(tensor.name)
-    arrays = [q, scale] + ([] if offset is None else [offset])
-    if heads is not None:
-        arrays = [unpermute(a, heads) for a in arrays]
-    tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
-    return BlockWeights(tensors[0], tensors[1], tensors[2] if offset is not None else None)
+    if heads is not None:  # whole rows move: the blocks within a row stay as they are
+        raw = unpermute(raw, heads)
+    width = int(tensor.shape[0])  # GGUF lists the fastest-varying dimension first
+    data = torch.from_numpy(np.array(raw, order="C"))
+    return BlockWeights(data, FORMATS[tensor.tensor_type.name], width)
 
 
-def pack_gguf(model: nn.Module, source: object, tied: bool) -> int:
+def weight_path(model: nn.Module) -> str:
+    """Which weights the model's linear layers run on: ``int8-dot`` or ``packed`` when any
+    layer is block-quantized, else ``float`` (what ``/metrics`` reports per rank)."""
+    packed = [m for m in model.modules() if isinstance(m, BlockLinear)]
+    if not packed:
+        return "float"
+    return "int8-dot" if any(m.int8_dot for m in packed) else "packed"
+
+
+def decode_weight_bytes(model: nn.Module) -> int:
+    """Bytes of linear weights one decode step reads (every linear layer's weight once; the
+    embedding lookup reads one row and is left out)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, BlockLinear):
+            total += module.weights.nbytes
+        elif isinstance(module, nn.Linear):
+            total += module.weight.numel() * module.weight.element_size()
+    return total
+
+
+def pack_gguf(model: nn.Module, source: object, tied: bool, int8_dot: bool = False) -> int:
     """Swap the model's linear layers for packed ones where the file allows; returns how many
-    (0 for a source that is not a GGUF file).
+    (0 for a source that is not a GGUF file). ``int8_dot``: they run llama.cpp's integer dot
+    products instead of the exact float32 ones.
 
     Falls back to the float32 weights (and says why) when the kernel cannot run here.
     """
@@ -89,15 +95,19 @@ def pack_gguf(model: nn.Module, source: object, tied: bool) -> int:
         if any(b is None for b in blocks):
             continue
         packed = BlockWeights.cat(blocks)  # type: ignore[arg-type]
+        if packed is None:
+            logger.info("%s: its parts are stored in different block types; kept float", path)
+            continue
         if not torch.equal(packed.dequantize(), linear.weight.float()):
             logger.warning("%s: packed GGUF weight differs from the float one; kept float", path)
             continue
         before += linear.weight.numel() * linear.weight.element_size()
         after += packed.nbytes
-        _replace(model, path, BlockLinear(packed))
+        _replace(model, path, BlockLinear(packed, int8_dot))
         swapped += 1
     logger.info(
-        "GGUF weights packed: %d linear layers, %.1f MiB float32 -> %.1f MiB blocks",
+        "GGUF weights packed (%s): %d linear layers, %.1f MiB float32 -> %.1f MiB blocks",
+        "int8-dot" if int8_dot else "exact",
         swapped,
         before / 2**20,
         after / 2**20,

@@ -26,7 +26,7 @@ from actors.control.request import Request, TokenLogprobs, sequence_id
 from actors.control.round import RoundPlan, RoundResult, ScheduledChunk
 from actors.model.decode_graphs import DecodeGraphs, ineligibility
 from actors.model.decoder import build_model, open_source
-from actors.model.gguf_blocks import pack_gguf
+from actors.model.gguf_blocks import pack_gguf, weight_path
 from actors.model.grammar import Grammars
 from actors.model.kv_cache import allocate_cache, select_backend, size_for_gpu
 from actors.model.layers import ForwardContext
@@ -72,8 +72,11 @@ class ModelRunner:
         )
         source = open_source(args.model, config, args.seed)
         self.model = build_model(config, source, self.placement, self.dtype, self.device)
-        if args.gguf_weights == "packed" and self.device.type == "cpu":
-            pack_gguf(self.model, source, config.tie_word_embeddings)
+        if args.gguf_weights != "float" and self.device.type == "cpu":
+            int8_dot = args.gguf_weights == "int8-dot"
+            pack_gguf(self.model, source, config.tie_word_embeddings, int8_dot)
+        # What /metrics reports as this rank's weight path.
+        self.weight_path = weight_path(self.model)
         if args.gpu_memory_utilization is not None:  # sized now that the weights are in
             args = self.args = size_for_gpu(args, config, self.device)
         self.attention = select_backend(args, config, self.device, self.dtype)
@@ -142,7 +145,8 @@ class ModelRunner:
             if picks:
                 requests = [chunks[i].request for i in picks]
                 sampled, logprobs, forks = self._sample(logits[picks], requests, failed)
-                if forks:
+                # A prefill rank hands the forks to its decode rank, which shares the pages.
+                if forks and self.args.disaggregation_mode != "prefill":
                     self.save_forks(requests, forks)
         else:
             self.idle_forward(low_latency)

@@ -21,6 +21,7 @@ from actors.control.messages import GenerateChunk, GenerateRequest, RankTarget, 
 from actors.control.round import TokenEvent
 from actors.replica.chunks import ChunkBuilder
 from actors.replica.group_wake import STOP_CHECK_S, open_group_wake
+from actors.replica.kv_sender import KvEventSender
 from actors.server_args import ServerArgs
 from actors.telemetry import gate_log
 from actors.telemetry.gate_log import log_gate_window
@@ -74,11 +75,18 @@ class RankReplica:
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self.core = await asyncio.to_thread(self._build_core, device)
+        # The kv routers' channel: this rank's pool changes and load (None: not asked for).
+        self.kv_events = (
+            KvEventSender(str(serve.get_replica_context().replica_id), self.core.scheduler)
+            if self.args.publish_kv_events
+            else None
+        )
         self._grammars = self._runner.grammars
         # One worker: compiles queue rather than take CPU from the rounds.
         self._grammar_worker = ThreadPoolExecutor(1, thread_name_prefix="grammar")
         model = os.path.basename(self.args.model.rstrip("/"))
         self.metrics = RankMetrics(self.gang_id, model, self.rank)
+        self.metrics.note_weight_path(self._runner.weight_path)
         self._pusher = Pusher(
             f"rank:{self.gang_id}:{self.rank}",
             lambda: snapshot(self.metrics.set.registry),
@@ -122,6 +130,11 @@ class RankReplica:
                     self.core.loop.parts,
                     getattr(self.core.loop.policy, "rounds_since_prefill", None),
                 )
+                if self.kv_events is not None:
+                    since = getattr(self.core.loop.policy, "rounds_since_prefill", None)
+                    self.kv_events.after_round(since)
+                    if outcome.view.all_idle:
+                        self.kv_events.flush(since)
                 if outcome.view.all_idle:
                     self._pause()
         except BaseException as exc:  # a dead peer or a timed-out collective ends the group
@@ -254,6 +267,8 @@ class RankReplica:
             "retractions": sched.num_retractions,
             "aborts": sched.num_aborts,
             "rounds_since_prefill": getattr(self.core.loop.policy, "rounds_since_prefill", None),
+            "prefix_queries": sched.prefix.num_queries,  # prompt tokens looked up, and found
+            "prefix_hits": sched.prefix.num_hits,
             "error": None if self._error is None else str(self._error),
             **self.stats.snapshot(),
         }
@@ -291,6 +306,8 @@ class RankReplica:
             self._wake.close()
         if hasattr(self, "_pusher"):
             self._pusher.stop()
+        if getattr(self, "kv_events", None) is not None:
+            self.kv_events.leave()
 
 
 def _actor_name() -> str | None:
@@ -300,12 +317,15 @@ def _actor_name() -> str | None:
 
 
 def _limit_threads() -> None:
-    """One torch thread per CPU Ray gave this rank, so co-located ranks don't oversubscribe."""
+    """One torch thread per CPU Ray gave this rank, so co-located ranks don't oversubscribe;
+    a fraction rounds up (1.75 CPUs: two threads, the ingress's quarter CPU beside them)."""
+    import math
+
     import ray
     import torch
 
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
-    torch.set_num_threads(max(1, int(cpus)))
+    torch.set_num_threads(max(1, math.ceil(cpus - 1e-9)))
 
 
 def _device_type(name: str) -> str:

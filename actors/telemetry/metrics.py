@@ -114,6 +114,14 @@ class RankMetricSet:
         self.kv_occupancy = Gauge(
             _n("rank_kv_occupancy_ratio"), "KV pool pages in use, 0..1", RANK, registry=r
         )
+        # 1 on the weight path the rank's linear layers run (--gguf-weights after the CPU and
+        # compiler had their say): packed, int8-dot or float.
+        self.weight_path = Gauge(
+            _n("rank_weight_path"),
+            "Weight path of the rank's linear layers (1 on the one in use)",
+            (*RANK, "path"),
+            registry=r,
+        )
         # vLLM's prefix_cache_queries / prefix_cache_hits, in tokens: hits / queries is the
         # rank's hit rate.
         self.prefix_cache_queries = Counter(

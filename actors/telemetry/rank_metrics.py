@@ -31,6 +31,7 @@ class RankMetrics:
         self.set = metrics or RankMetricSet()
         self.rank = rank
         s, g, r = self.set, (group, model), (group, model, str(rank))
+        self._labels = r
         self.is_group_exporter = rank == 0
         # Bound children: label lookups happen once, not every round. Group series are bound
         # (and so exist) only on the exporting rank.
@@ -74,6 +75,10 @@ class RankMetrics:
         self._seen_retractions = 0
         self._seen_aborts = 0
         self._seen_prefix = (0, 0)
+
+    def note_weight_path(self, path: str) -> None:
+        """Which weights the rank's linear layers run on (``ModelRunner.weight_path``)."""
+        self.set.weight_path.labels(*self._labels, path).set(1)
 
     def note_arrival(self, request_id: str) -> None:
         self._arrivals[request_id] = time.monotonic()

@@ -9,6 +9,8 @@ the replica that took it, so it never crosses into another group mid-stream.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -18,8 +20,14 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from deployment.routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
+from deployment.routing.kv_hub import KvPoll, hub_actor
+from deployment.routing.kv_router import KvCostPolicy, KvRouterConfig
 
 logger = logging.getLogger("ray.serve")
+
+# A kv router whose last poll is older than this waits up to STALE_WAIT_S for a fresh one.
+STALE_AFTER_S = 0.2
+STALE_WAIT_S = 0.05
 
 # A pinned call that finds no replica of its rank backs off and retries; say so at most this
 # often, with what the router sees, so a stale view of a restarted gang is visible in the log.
@@ -30,7 +38,11 @@ ROUTER_CLASSES = {
     "least-loaded": "deployment.routing.routers:LeastLoadedRouter",
     "skewed": "deployment.routing.routers:SkewedRouter",
     "cache-aware": "deployment.routing.routers:CacheAwareRouter",
+    "kv-aware": "deployment.routing.routers:KvAwareRouter",
+    "gate-aware": "deployment.routing.routers:KvAwareRouter",
 }
+# The routers that read the ranks' KV events (their ranks publish them).
+KV_ROUTERS = ("kv-aware", "gate-aware")
 
 
 def pinned_rank(pending: PendingRequest | None) -> int | None:
@@ -164,4 +176,79 @@ class CacheAwareRouter(_RankRouter):
             return replicas[min(range(len(replicas)), key=lambda i: loads[i])]
         ids = [str(r.replica_id) for r in replicas]
         choice = self.policy.choose(ids, loads, prompt, getattr(message, "session_id", None))
+        return replicas[ids.index(choice.rank)]
+
+
+class KvAwareRouter(_RankRouter):
+    """The least-cost rank on what the ranks report holding (``deployment.routing.kv_router``;
+    ``gate_aware`` adds the gate's term). The index is fed by polling the KV-event hub
+    (``deployment.routing.kv_hub``) every ``poll_interval_s``, in the background: a choice never
+    waits for the hub. Replicas are indexed by replica id, so a replaced replica starts empty;
+    calls that carry no prompt go to the least-loaded replica."""
+
+    def initialize_state(self, poll_interval_s: float = 0.02, **config: Any) -> None:
+        self.policy = KvCostPolicy(KvRouterConfig(**config))
+        self.poll_interval_s = poll_interval_s
+        self._hub: Any = None
+        self._cursor = -1
+        self._polling: asyncio.Future | None = None
+        self._last_poll = float("-inf")
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        now = time.monotonic()
+        stale = now - self._last_poll >= STALE_AFTER_S
+        if self._polling is None and now - self._last_poll >= self.poll_interval_s:
+            self._last_poll = now
+            self._polling = asyncio.ensure_future(self._poll())
+        if stale and self._polling is not None:
+            # After a quiet spell (a session's next turn) the index may lack what the ranks
+            # stored since: wait for this poll, briefly.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._polling), STALE_WAIT_S)
+        return await super().choose_replicas(candidate_replicas, pending_request)
+
+    async def _poll(self) -> None:
+        try:
+            if self._hub is None:
+                self._hub = hub_actor()
+                if self._hub is None:  # no cluster: nothing publishes
+                    return
+            resync = bool(self.policy.index.needs_resync())
+            self.apply(await self._hub.poll.remote(self._cursor, resync))
+        except Exception as exc:  # the hub went away with its creator: make a new one
+            logger.warning("KV-event hub poll failed (%s); reconnecting", exc)
+            self._hub, self._cursor = None, -1
+        finally:
+            self._polling = None
+
+    def apply(self, poll: KvPoll) -> None:
+        """One poll's answer into the index (snapshots replace every rank's keys)."""
+        index = self.policy.index
+        if poll.snapshots is not None:
+            live = {s.source for s in poll.snapshots}
+            self.policy.forget([s for s in index.sources() if s not in live])
+            for snapshot in poll.snapshots:
+                index.resync(snapshot)
+        for batch in poll.batches:
+            index.apply(batch)
+        if poll.gone:
+            self.policy.forget(list(poll.gone))
+        self._cursor = poll.cursor
+
+    def pick(
+        self, replicas: Sequence[RunningReplica], pending: PendingRequest | None = None
+    ) -> RunningReplica:
+        cache = self.replica_queue_len_cache
+        loads = [load_key(r, cache.get(r.replica_id))[0] for r in replicas]
+        message = pending.args[0] if pending is not None and pending.args else None
+        prompt = getattr(message, "prompt_token_ids", None)
+        if not prompt:
+            return replicas[min(range(len(replicas)), key=lambda i: loads[i])]
+        ids = [str(r.replica_id) for r in replicas]
+        session = getattr(message, "session_id", None)
+        choice = self.policy.choose(ids, loads, prompt, time.time(), session)
         return replicas[ids.index(choice.rank)]

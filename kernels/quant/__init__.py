@@ -1,14 +1,21 @@
-"""Linear layers over GGUF block-quantized weights, without dequantizing them to float32.
+"""Linear layers over GGUF block-quantized weights, kept as the file's own blocks.
 
 A CPU decode step is bound by reading the weights (see ``benchmarks/bench_cpu_gemm.py``).
-GGUF's Q4_1 and Q8_0 store each run of 32 weights as small integers with a scale (and, for
-Q4_1, an offset); kept in that form (one byte a weight plus two floats a block) a decode step
-reads about a third of the bytes of float32 weights. ``block_linear`` multiplies by them
-directly (an AVX2 kernel, built on first use with PyTorch's C++ extension loader) and gives
-the float32 products of the dequantized weights, up to summation order.
+GGUF's Q4_0, Q4_1 and Q8_0 store each run of 32 weights as small integers with an f16 scale
+(and, for Q4_1, an f16 offset). ``BlockWeights`` holds those blocks byte for byte as in the
+file (4.5 to 8.5 bits a weight), and ``block_linear`` multiplies by them directly with an AVX2
+kernel (built on first use with g++), the nibbles widened only in registers. Two products:
 
-Prefill-sized inputs (many rows) are compute-bound instead: there the weight is dequantized
-for the call and the float32 GEMM runs, which is faster than the vector kernel at that size.
+- exact (the default): the float32 products of the dequantized weights, summation order
+  aside (each block is decoded to exactly the float32 weights the gguf package gives);
+- int8-dot (``int8_dot=True``): activations quantized per 32-block to 8 bits and integer dot
+  products, llama.cpp's arithmetic (faster, and no longer equal to the float32 model).
+
+Exact prefill-sized inputs (many rows) are compute-bound instead: there the weight is
+dequantized for the call and the float32 GEMM runs, which is faster than the vector kernel.
+
+K-quants (Q4_K, Q5_K, Q6_K) are not packed: their layers keep the float32 weights the gguf
+package dequantizes (correct, but four bytes a weight); see ``FORMATS`` for what is.
 """
 
 from __future__ import annotations
@@ -30,80 +37,108 @@ from torch import nn
 logger = logging.getLogger("roundgate.kernels")
 
 BLOCK = 32
-# Rows of input above which the dequantize-then-GEMM path wins (prefill chunks).
+# Rows of input above which the exact product dequantizes and runs the float32 GEMM.
 GEMM_ROWS = 48
-# From this many rows the kernel multiplies by a dequantized panel and ignores the block sums
-# (the same number as ``PANEL_ROWS`` in block_gemm.cpp).
-PANEL_ROWS = 6
 _SOURCE = Path(__file__).with_name("block_gemm.cpp")
-_CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+_CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 _lock = threading.Lock()
 _module: Any = None
 _failure: str | None = None
 
 
 @dataclass(frozen=True)
-class BlockWeights:
-    """``w[n, 32j + i] = scale[n, j] * q[n, 32j + i] + offset[n, j]`` (no offset: 0)."""
+class BlockFormat:
+    """One GGUF block type the kernel reads: its code in block_gemm.cpp and its layout."""
 
-    q: torch.Tensor  # [N, K] int8
-    scale: torch.Tensor  # [N, K / 32] float32
-    offset: torch.Tensor | None  # [N, K / 32] float32, or None
+    name: str
+    code: int
+    block_bytes: int  # bytes of one block of 32 weights (f16 scale, [f16 offset], quants)
+    has_offset: bool
+
+
+FORMATS = {
+    "Q4_0": BlockFormat("Q4_0", 0, 18, False),
+    "Q4_1": BlockFormat("Q4_1", 1, 20, True),
+    "Q8_0": BlockFormat("Q8_0", 2, 34, False),
+}
+
+
+@dataclass(frozen=True)
+class BlockWeights:
+    """A weight ``[N, K]`` as ``N`` rows of ``K / 32`` GGUF blocks of ``format``."""
+
+    data: torch.Tensor  # [N, K / 32 * block_bytes] uint8, the file's bytes
+    format: BlockFormat
+    in_features: int
 
     def __post_init__(self) -> None:
-        n, k = self.q.shape
-        if k % BLOCK or self.scale.shape != (n, k // BLOCK):
-            raise ValueError(f"block weights: q {tuple(self.q.shape)}, scale {self.scale.shape}")
-        if self.offset is not None and self.offset.shape != self.scale.shape:
-            raise ValueError("block weights: offset and scale shapes differ")
+        k, fmt = self.in_features, self.format
+        if k % BLOCK or self.data.dtype != torch.uint8 or self.data.dim() != 2:
+            raise ValueError(
+                f"block weights: {k} columns, data {self.data.dtype} {self.data.dim()}-D"
+            )
+        if self.data.shape[1] != k // BLOCK * fmt.block_bytes:
+            raise ValueError(
+                f"block weights: {fmt.name} rows of {k} weights take "
+                f"{k // BLOCK * fmt.block_bytes} bytes, not {self.data.shape[1]}"
+            )
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.q.shape)  # type: ignore[return-value]
+        return (self.data.shape[0], self.in_features)
 
     @property
     def nbytes(self) -> int:
-        extra = 0 if self.offset is None else self.offset.numel() * 4
-        return self.q.numel() + self.scale.numel() * 4 + extra
+        return self.data.numel()
 
     def dequantize(self) -> torch.Tensor:
-        n, k = self.q.shape
-        w = self.q.view(n, k // BLOCK, BLOCK).float() * self.scale[..., None]
-        if self.offset is not None:
-            w = w + self.offset[..., None]
-        return w.view(n, k)
+        """The float32 weights, computed as the gguf package does (the kernel's reference)."""
+        n, k = self.shape
+        blocks = self.data.view(n, k // BLOCK, self.format.block_bytes)
+        d = _f16(blocks[..., 0:2])
+        if self.format.name == "Q8_0":
+            q = blocks[..., 2:].view(torch.int8).float()
+            return (d * q).view(n, k)
+        qs = blocks[..., 4:] if self.format.has_offset else blocks[..., 2:]
+        q = torch.cat([qs & 0x0F, qs >> 4], dim=-1)
+        if not self.format.has_offset:
+            return (d * (q.to(torch.int8) - 8).float()).view(n, k)
+        return (d * q.float() + _f16(blocks[..., 2:4])).view(n, k)
 
     @staticmethod
-    def cat(parts: list[BlockWeights]) -> BlockWeights:
-        """Row-wise concatenation (a fused projection built from several checkpoint tensors)."""
-        offsets = [p.offset for p in parts]
-        if any(o is None for o in offsets) and not all(o is None for o in offsets):
-            offsets = [torch.zeros_like(p.scale) if p.offset is None else p.offset for p in parts]
-        return BlockWeights(
-            torch.cat([p.q for p in parts]),
-            torch.cat([p.scale for p in parts]),
-            None if offsets[0] is None else torch.cat(offsets),  # type: ignore[arg-type]
-        )
+    def cat(parts: list[BlockWeights]) -> BlockWeights | None:
+        """Row-wise concatenation (a fused projection built from several checkpoint tensors);
+        None when the parts' formats or widths differ."""
+        first = parts[0]
+        if any(p.format != first.format or p.in_features != first.in_features for p in parts):
+            return None
+        return BlockWeights(torch.cat([p.data for p in parts]), first.format, first.in_features)
+
+
+def _f16(pairs: torch.Tensor) -> torch.Tensor:
+    """Little-endian f16 from byte pairs ``[..., 2]`` as float32 ``[..., 1]``."""
+    return pairs.contiguous().view(torch.float16).float()
 
 
 def cpu_supports_kernel() -> bool:
-    """AVX2 with FMA (what the kernel is compiled for); x86-64 Linux only."""
+    """AVX2 with FMA and F16C (what the kernel is compiled for); x86-64 Linux only."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return " avx2" in flags and " fma" in flags
+    return all(f" {flag}" in flags for flag in ("avx2", "fma", "f16c"))
 
 
 def kernel() -> Any:
-    """The compiled kernel (a ctypes function), built once per machine and source under the
+    """The compiled kernel library (ctypes), built once per machine and source under the
     cache folder; None if it cannot be built here (the caller keeps float32 weights)."""
     global _module, _failure
     with _lock:
         if _module is not None or _failure is not None:
             return _module
         if not cpu_supports_kernel():
-            _failure = "this CPU lacks AVX2/FMA"
+            _failure = "this CPU lacks AVX2/FMA/F16C"
+            logger.warning("block-quantized kernel unavailable (%s)", _failure)
             return None
         try:
             _module = _load(_build())
@@ -134,13 +169,16 @@ def _build() -> Path:
     return library
 
 
-def _load(library: Path) -> Any:
+def _load(library: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(library))
-    fn = lib.block_linear_f32
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, i64, i64, p, p, p, p, i64, p, ctypes.c_int]
-    fn.restype = None
-    return fn
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    for name in ("block_linear_f32", "block_linear_q8"):
+        fn = getattr(lib, name)
+        fn.argtypes = [p, i64, i64, p, i32, i64, p, i32]
+        fn.restype = None
+    lib.block_dequantize.argtypes = [p, i32, i64, i64, p, i32]
+    lib.block_dequantize.restype = None
+    return lib
 
 
 def kernel_failure() -> str | None:
@@ -148,29 +186,35 @@ def kernel_failure() -> str | None:
     return _failure
 
 
-def block_linear(x: torch.Tensor, weights: BlockWeights) -> torch.Tensor:
-    """``x @ dequantize(weights).T`` for 2-D float32 ``x`` on the CPU (rows: tokens)."""
+def dequantize_fast(weights: BlockWeights) -> torch.Tensor:
+    """``weights.dequantize()`` by the kernel (threaded; the same float32 values)."""
+    n, k = weights.shape
+    out = torch.empty(n, k, dtype=torch.float32)
+    kernel().block_dequantize(
+        weights.data.data_ptr(), weights.format.code, n, k, out.data_ptr(), torch.get_num_threads()
+    )
+    return out
+
+
+def block_linear(x: torch.Tensor, weights: BlockWeights, int8_dot: bool = False) -> torch.Tensor:
+    """``x @ dequantize(weights).T`` for 2-D float32 ``x`` on the CPU (rows: tokens); with
+    ``int8_dot``, llama.cpp's approximation of it (``x`` quantized per 32-block to 8 bits)."""
     rows, k = x.shape
-    if rows > GEMM_ROWS:
-        return F.linear(x, weights.dequantize())
-    n = weights.q.shape[0]
-    if k != weights.q.shape[1]:
-        raise ValueError(f"block_linear: x has {k} columns, the weight {weights.q.shape[1]}")
+    n = weights.shape[0]
+    if k != weights.in_features:
+        raise ValueError(f"block_linear: x has {k} columns, the weight {weights.in_features}")
+    if rows > GEMM_ROWS and not int8_dot:
+        return F.linear(x, dequantize_fast(weights))
     x = x.contiguous()
-    offset = weights.offset
-    # The offsets' share, sum_j offset[n, j] * sum(x block j), is taken per x row at once.
-    xsum = None
-    if offset is not None and rows < PANEL_ROWS:
-        xsum = x.view(rows, k // BLOCK, BLOCK).sum(-1)
     y = torch.empty(rows, n, dtype=torch.float32)
-    kernel()(
+    lib = kernel()
+    fn = lib.block_linear_q8 if int8_dot else lib.block_linear_f32
+    fn(
         x.data_ptr(),
         rows,
         k,
-        weights.q.data_ptr(),
-        weights.scale.data_ptr(),
-        None if offset is None else offset.data_ptr(),
-        None if xsum is None else xsum.data_ptr(),
+        weights.data.data_ptr(),
+        weights.format.code,
         n,
         y.data_ptr(),
         torch.get_num_threads(),
@@ -181,16 +225,18 @@ def block_linear(x: torch.Tensor, weights: BlockWeights) -> torch.Tensor:
 class BlockLinear(nn.Module):
     """Stands in for an ``nn.Linear`` whose weight is block-quantized (no bias)."""
 
-    def __init__(self, weights: BlockWeights) -> None:
+    def __init__(self, weights: BlockWeights, int8_dot: bool = False) -> None:
         super().__init__()
         self.weights = weights
+        self.int8_dot = int8_dot
         self.out_features, self.in_features = weights.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        out = block_linear(x.reshape(-1, self.in_features).float(), self.weights)
+        out = block_linear(x.reshape(-1, self.in_features).float(), self.weights, self.int8_dot)
         return out.view(*lead, self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        kind = "q+offset" if self.weights.offset is not None else "q"
-        return f"in={self.in_features}, out={self.out_features}, blocks of {BLOCK} ({kind})"
+        product = "int8-dot" if self.int8_dot else "exact"
+        kind = self.weights.format.name
+        return f"in={self.in_features}, out={self.out_features}, {kind} ({product})"

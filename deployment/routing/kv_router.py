@@ -1,0 +1,199 @@
+"""Cost-based rank routing on what the ranks hold (``kv-aware``), and on the gate (``gate-aware``).
+
+Pure policy (no Ray): the Serve router (``deployment.routing.routers``) and the simulator
+(``sim.router``) run this same code; only where the ``KvIndex`` is fed from differs.
+
+A choice, in order:
+
+1. session affinity (if on): a session's turns follow its last rank, unless it is overloaded;
+2. else the least *cost*, per rank (NVIDIA Dynamo's KV router cost, per DP rank)::
+
+       cost = prefill_weight x uncached prompt tokens on the rank
+            + decode_weight  x (active KV + backlog tokens on the rank as last reported,
+                                + the prompt tokens this router sent it that the rank has
+                                not reported receiving yet)
+            + gate_weight    x [gate-aware only: some rank blocks the ALL point, and this
+                                one does not]
+
+   The gate term: under the group gate a new prompt waits for an ALL point (every decoding
+   rank has prefill backlog) or the ANY bound. A decoding rank *without* backlog blocks ALL;
+   a prompt sent there unblocks it, one sent to a rank that already has backlog (or that
+   does not decode) leaves every blocker in place, so the prompt, and every other rank's
+   waiting prompts, wait on for the ANY bound. A rank counts as having backlog when its last
+   report says so or a send to it is not yet received;
+3. unless the chosen rank is overloaded against the least-loaded one (by more than
+   ``balance_abs_threshold`` requests *and* ``balance_rel_threshold`` times its load): then
+   the least-cost rank among those that are not.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+from actors.control.page_keys import PageKey, page_keys
+from deployment.routing.cache_aware import RouteChoice
+from deployment.routing.kv_index import KvIndex
+
+# A lookup of how many leading pages of ``keys`` a rank holds (the index, or the pools
+# themselves for the simulator's oracle).
+Matcher = Callable[[Hashable, Sequence[PageKey]], int]
+# Sessions remembered for affinity, least recently used dropped first.
+MAX_SESSIONS = 65536
+
+
+@dataclass(frozen=True)
+class KvRouterConfig:
+    """The cost's weights and the load limits (validated: errors name the flag)."""
+
+    page_size: int = 16
+    prefill_weight: float = 1.0  # per uncached prompt token (Dynamo's overlap weight: 1)
+    decode_weight: float = 0.05  # per active KV token
+    gate_aware: bool = False
+    gate_weight: float = 4096.0  # tokens: the price of leaving the ALL point blocked
+    # A prompt this router sent counts on its rank (as load, and as backlog for the gate)
+    # until the rank reports having received it, or this long (a rank that restarted).
+    max_in_flight_s: float = 5.0
+    balance_abs_threshold: int = 32
+    balance_rel_threshold: float = 1.0001
+    session_affinity: bool = False
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"--page-size must be >= 1, got {self.page_size}")
+        for name in ("prefill_weight", "decode_weight", "gate_weight", "max_in_flight_s"):
+            value = getattr(self, name)
+            if not value >= 0:  # also refuses NaN
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+        if self.balance_abs_threshold < 0:
+            raise ValueError(
+                f"--balance-abs-threshold must be >= 0, got {self.balance_abs_threshold}"
+            )
+        if not self.balance_rel_threshold >= 1.0:
+            raise ValueError(
+                f"--balance-rel-threshold must be >= 1.0, got {self.balance_rel_threshold}"
+            )
+
+
+class InFlight:
+    """Sends to one rank not yet received there, oldest first: the rank's ``num_received``
+    counter tells how many arrived since ``base`` (another router's sends to the same rank
+    advance it too, so with several routers a send may be settled early: never late)."""
+
+    __slots__ = ("base", "sends")
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.sends: deque[tuple[float, int]] = deque()  # (sent_s, prompt tokens)
+
+    def settle(self, num_received: int, expire_before_s: float) -> int:
+        """Drop the sends the rank received (or too old to wait for); the tokens left."""
+        sends = self.sends
+        arrived = num_received - self.base
+        if arrived < 0:  # the counter went back: a new epoch of the rank
+            arrived = len(sends)
+        while sends and (arrived > 0 or sends[0][0] < expire_before_s):
+            sends.popleft()
+            arrived -= 1
+            self.base += 1
+        if not sends:
+            self.base = num_received
+        return sum(t for _, t in sends)
+
+
+class KvCostPolicy:
+    """Chooses the least-cost rank for a prompt; remembers what it sent since each report."""
+
+    def __init__(self, config: KvRouterConfig, index: KvIndex | None = None) -> None:
+        self.config = config
+        self.index = index if index is not None else KvIndex()
+        # Per rank: what this router sent that the rank has not reported receiving yet.
+        self._sent: dict[Hashable, InFlight] = {}
+        self._sessions: dict[str, Hashable] = {}
+
+    def choose(
+        self,
+        ranks: Sequence[Hashable],
+        loads: Sequence[float],
+        token_ids: Sequence[int],
+        now_s: float,
+        session: str | None = None,
+        match: Matcher | None = None,
+    ) -> RouteChoice:
+        """The rank for a prompt; ``loads`` are the ranks' unfinished requests as the caller
+        counts them (the balance thresholds' unit), in ``ranks`` order."""
+        if not ranks or len(ranks) != len(loads):
+            raise ValueError(f"need one load per rank, got {len(ranks)} ranks, {len(loads)}")
+        cfg = self.config
+        match = match or self.index.match
+        keys = page_keys(token_ids, cfg.page_size)
+        n = len(ranks)
+        matched = [match(rank, keys) for rank in ranks]
+        costs = self._costs(ranks, matched, len(token_ids), now_s)
+        least = min(range(n), key=lambda i: (loads[i], i))
+        fits = [i for i in range(n) if not self._overloaded(loads[i], loads[least])]
+        pinned = self._sessions.get(session) if cfg.session_affinity and session else None
+        if pinned in ranks and ranks.index(pinned) in fits:
+            pick, reason = ranks.index(pinned), "session"
+        else:
+            pick = min(fits, key=lambda i: (costs[i], loads[i], i))
+            best = min(range(n), key=lambda i: (costs[i], loads[i], i))
+            reason = "cost" if pick == best else "balance"
+        rank = ranks[pick]
+        self.note_sent(rank, len(token_ids), now_s)
+        if cfg.session_affinity and session:
+            self._sessions.pop(session, None)
+            self._sessions[session] = rank
+            if len(self._sessions) > MAX_SESSIONS:
+                del self._sessions[next(iter(self._sessions))]
+        return RouteChoice(rank, reason, matched[pick] * cfg.page_size)
+
+    def note_sent(self, rank: Hashable, num_tokens: int, now_s: float) -> None:
+        flight = self._sent.get(rank)
+        if flight is None or not flight.sends:
+            flight = self._sent[rank] = InFlight(self.index.load(rank)[0].num_received)
+        flight.sends.append((now_s, num_tokens))
+
+    def _costs(
+        self, ranks: Sequence[Hashable], matched: Sequence[int], num_tokens: int, now_s: float
+    ) -> list[float]:
+        cfg = self.config
+        index = self.index
+        views = []
+        for rank in ranks:
+            load, _ = index.load(rank)
+            flight = self._sent.get(rank)
+            pending = 0
+            if flight is not None and flight.sends:
+                pending = flight.settle(load.num_received, now_s - cfg.max_in_flight_s)
+            views.append((load, pending))
+        costs = []
+        for (load, sent_tokens), hit in zip(views, matched, strict=True):
+            uncached = max(1, num_tokens - hit * cfg.page_size)
+            active = load.active_tokens + load.backlog_tokens + sent_tokens
+            costs.append(cfg.prefill_weight * uncached + cfg.decode_weight * active)
+        if cfg.gate_aware:
+            # Decoding ranks without backlog (sent-to counts as backlog) block the ALL point.
+            blocks = [
+                load.has_decode_work and not load.wants_prefill and not sent_tokens
+                for load, sent_tokens in views
+            ]
+            if any(blocks):
+                for i, is_blocker in enumerate(blocks):
+                    if not is_blocker:
+                        costs[i] += cfg.gate_weight
+        return costs
+
+    def _overloaded(self, load: float, least_load: float) -> bool:
+        cfg = self.config
+        return (
+            load - least_load > cfg.balance_abs_threshold
+            and load > least_load * cfg.balance_rel_threshold
+        )
+
+    def forget(self, ranks: Sequence[Hashable]) -> None:
+        """Drop ranks that left: their index entries and what was sent to them."""
+        self.index.forget(ranks)
+        for rank in ranks:
+            self._sent.pop(rank, None)
