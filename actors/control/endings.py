@@ -8,6 +8,7 @@ for from any thread and are applied at the start of the next plan, on the round'
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from actors.control.admission import AdmissionWaits
 from actors.control.kv_pool import KVPool
@@ -40,6 +41,9 @@ class RequestEnds:
         # Retracted requests ended before readmission: their KV is parked off-device, and the
         # engine core tells the executor to let go of it (it drains this list every round).
         self.aborted_parked_ids: list[str] = []
+        # How an ended request's pages go back: to the pool at once, unless the rank's role
+        # says otherwise (a decode rank keeps pages a transfer is still writing).
+        self.free_pages: Callable[[Request], object] = self._free_pages
 
     @property
     def has_pending(self) -> bool:
@@ -79,6 +83,9 @@ class RequestEnds:
         events, self.events = self.events, []
         return events
 
+    def _free_pages(self, req: Request) -> int:
+        return self.pool.free(req.request_id)
+
     def _drop(self, req: Request, status: RequestStatus) -> None:
         """Take ``req`` out of every queue and the pool, finished with ``status``; its
         event goes out with the next update."""
@@ -86,7 +93,7 @@ class RequestEnds:
             # Its KV is parked off-device: the executor must let go of it too.
             self.aborted_parked_ids.append(req.request_id)
         self.queues.remove(req)
-        self.pool.free(req.request_id)
+        self.free_pages(req)
         self.waits.forget(req)
         req.status = status
         self.events.append(TokenEvent(req, None, True))

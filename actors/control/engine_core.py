@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from actors.control.executor import Executor
 from actors.control.gather import Gather, SingleRankGather
+from actors.control.handoff import Handoff
 from actors.control.rank_loop import RankLoop, RoundOutcome
 from actors.control.request import Request
 from actors.control.round import TokenEvent
@@ -43,6 +44,8 @@ class EngineCore:
         self.args = args
         self.rank = rank
         self.scheduler = Scheduler(args)
+        if self.scheduler.handoffs is not None:
+            self.scheduler.handoffs.rank = rank
         self.loop = RankLoop(
             self.scheduler,
             args.build_policy(rank),
@@ -57,6 +60,11 @@ class EngineCore:
         self._intake: deque[Request] = deque()
         self._loading: set[str] = set()  # ids in ``_intake`` submitted as loading
         self._loaded: deque[str] = deque()  # ``mark_loaded`` calls for the next round
+        # Disaggregated roles: handoffs to take in (decode), and transfer outcomes for the
+        # next round as (request id, error or None): kv_arrived / kv_failed on a decode rank,
+        # release_handoff on a prefill rank.
+        self._handoffs: deque[Handoff] = deque()
+        self._transfers: deque[tuple[str, str | None]] = deque()
         self._lock = threading.Lock()
 
     def submit(self, request: Request, loading: bool = False) -> None:
@@ -69,6 +77,11 @@ class EngineCore:
         compiling); it holds its place in the scheduler's ``LOADING`` state until
         ``mark_loaded``, and the executor's own check is the caller's to run.
         """
+        if self.scheduler.intake is not None:
+            raise ValueError(
+                f"request {request.request_id!r}: a decode rank takes handoffs only "
+                "(submit_handoff), never a prompt"
+            )
         self.scheduler.check_fits(request)
         if not loading and self._check_request is not None:
             self._check_request(request)  # what only the executor knows (a grammar compiles)
@@ -83,6 +96,45 @@ class EngineCore:
             if loading:
                 self._loading.add(request.request_id)
 
+    def submit_handoff(self, handoff: Handoff) -> None:
+        """Queue a prefill rank's handoff on this decode rank (any thread). Checked here like
+        a prompt (limits, grammar); its pages are reserved by a later round, whose plan
+        carries the ``KVReservation`` the transfer waits for."""
+        if self.scheduler.intake is None:
+            raise ValueError(
+                f"handoff {handoff.request_id!r}: only a decode rank "
+                f"(--disaggregation-mode decode) takes handoffs, this one is "
+                f"{self.args.disaggregation_mode!r}"
+            )
+        request = handoff.to_request()
+        self.scheduler.check_fits(request)
+        if self._check_request is not None:
+            self._check_request(request)  # a grammar compiles (cached after the first)
+        with self._lock:
+            if self._is_live(handoff.request_id):
+                raise ValueError(
+                    f"request id {handoff.request_id!r} is already in use on this rank"
+                )
+            self._handoffs.append(handoff)
+
+    def kv_arrived(self, request_id: str) -> None:
+        """Decode rank: the reserved pages of ``request_id`` hold its KV (any thread; applied
+        at the next round, from which it decodes). Unknown or ended ids are ignored."""
+        with self._lock:
+            self._transfers.append((request_id, None))
+
+    def kv_failed(self, request_id: str, error: str) -> None:
+        """Decode rank: the transfer of ``request_id`` failed or timed out (any thread): at
+        the next round it fails alone (its final event carries ``error``), pages freed."""
+        with self._lock:
+            self._transfers.append((request_id, error))
+
+    def release_handoff(self, request_id: str) -> None:
+        """Prefill rank: the transfer of handed-off ``request_id`` ended, either way (any
+        thread): its pinned pages are freed at the next round."""
+        with self._lock:
+            self._transfers.append((request_id, None))
+
     def mark_loaded(self, request_id: str) -> None:
         """A ``loading`` request became schedulable (any thread; applied at the next round;
         ignored if it was aborted meanwhile)."""
@@ -92,6 +144,11 @@ class EngineCore:
     def _is_live(self, request_id: str) -> bool:
         """Whether ``request_id`` is queued for intake or held by the scheduler (lock held)."""
         if request_id in self.scheduler.requests:
+            return True
+        handoffs = self.scheduler.handoffs
+        if handoffs is not None and request_id in handoffs.pinned:
+            return True
+        if any(h.request_id == request_id for h in self._handoffs):
             return True
         return any(req.request_id == request_id for req in self._intake)
 
@@ -117,6 +174,20 @@ class EngineCore:
                     return
         self.scheduler.abort(request_id)
 
+    def _apply_handoffs(self, handoffs: deque[Handoff], transfers: deque) -> None:
+        """Take in queued handoffs and transfer outcomes (on the round's thread)."""
+        intake, pinned = self.scheduler.intake, self.scheduler.handoffs
+        for handoff in handoffs:
+            if intake is not None:
+                intake.add(handoff)
+        for request_id, error in transfers:
+            if pinned is not None:
+                pinned.release(request_id)
+            elif intake is not None and error is None:
+                intake.arrived(request_id)
+            elif intake is not None and error is not None:
+                intake.failed(request_id, error)
+
     @property
     def num_unfinished(self) -> int:
         """Requests queued for the next round plus those the scheduler holds."""
@@ -124,7 +195,9 @@ class EngineCore:
 
     @property
     def has_local_work(self) -> bool:
-        return bool(self._intake) or self.scheduler.has_unfinished
+        return bool(self._intake or self._handoffs or self._transfers) or (
+            self.scheduler.has_unfinished
+        )
 
     def step(self) -> RoundOutcome:
         """Take in queued requests, run one round (``RankLoop.step``), hand out its events."""
@@ -133,8 +206,12 @@ class EngineCore:
             for request in intake:
                 self._add(request)
             loaded, self._loaded = self._loaded, deque()
+            handoffs, self._handoffs = self._handoffs, deque()
+            transfers, self._transfers = self._transfers, deque()
         for request_id in loaded:
             self.scheduler.mark_loaded(request_id)
+        if handoffs or transfers:
+            self._apply_handoffs(handoffs, transfers)
         outcome = self.loop.step()
         parked = self.scheduler.aborted_parked_ids
         while parked:

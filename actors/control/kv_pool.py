@@ -161,6 +161,18 @@ class KVPool:
         self._owned[owner] = pages
         return pages
 
+    def share(self, owner: Hashable, pages: Sequence[int]) -> None:
+        """Start a new owner on pages others hold (each gains a reference): a fork's common
+        prompt on a decode rank, read by every sequence and written by none."""
+        if owner in self._owned:
+            raise ValueError(f"KV owner {owner!r} already holds pages")
+        for page in pages:
+            if self._refs[page] == 0:
+                raise ValueError(f"page {page} is not held: only a held page is shared")
+        for page in pages:
+            self._refs[page] += 1
+        self._owned[owner] = list(pages)
+
     def num_holders(self, page: int) -> int:
         """How many requests hold ``page`` (its reference count)."""
         return self._refs[page]

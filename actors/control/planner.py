@@ -11,6 +11,7 @@ import logging
 from collections import deque
 
 from actors.control.admission import AdmissionWaits
+from actors.control.decode_role import HandoffIntake
 from actors.control.endings import RequestEnds
 from actors.control.kv_pool import KVPool
 from actors.control.prefix_cache import PrefixCache
@@ -41,6 +42,7 @@ class RoundPlanner:
         prefix: PrefixCache,
         waits: AdmissionWaits,
         ends: RequestEnds,
+        intake: HandoffIntake | None = None,
     ) -> None:
         self.max_batch_size = args.max_batch_size
         self.max_scheduled_tokens = args.max_scheduled_tokens
@@ -55,6 +57,8 @@ class RoundPlanner:
         self.prefix = prefix
         self.waits = waits
         self.ends = ends
+        # The decode role's handoffs (None on a fused or prefill rank).
+        self.intake = intake
         self.num_retractions = 0
         # New-prompt and chunk counts of recent prefill rounds (SGLang's max_prefill_bs).
         self.prefill_sizes: deque[int] = deque(maxlen=PREFILL_SIZE_WINDOW)
@@ -77,6 +81,13 @@ class RoundPlanner:
         plan = RoundPlan(permission=permission)
         if self.retracted:
             self._readmit(plan)
+        if self.intake is not None:
+            # A decode rank: reservations for handoffs take the place of prefill, and every
+            # chunk it runs is a decode (no permission needed).
+            self.intake.plan(plan)
+            if self.running:
+                self._plan_decodes(plan, self.max_scheduled_tokens)
+            return plan
         if not self.running and not self.waiting:
             return plan  # nothing to plan: the common case of an idle rank in a busy group
         budget = self.max_scheduled_tokens

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from actors.control.columns import column_reader
 from actors.control.executor import Executor
 from actors.control.gather import Gather
+from actors.control.handoff import Handoff
 from actors.control.round import Probe, RoundPlan, RoundResult, TokenEvent
 from actors.control.scheduler import Scheduler
 from gate import GateVote, RankRow, RoundView, read_rows
@@ -47,6 +48,9 @@ class RoundOutcome:
     view: RoundView
     result: RoundResult
     events: list[TokenEvent] = field(default_factory=list)
+    # A prefill rank's requests that finished their prompt this round and leave it (their
+    # pages pinned until released); the reservations of a decode rank are on ``plan``.
+    handoffs: list[Handoff] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -173,10 +177,12 @@ class RankLoop:
             view = read_rows(rows)
         self.policy.observe(rows, view)
         result = RoundResult() if view.all_idle else self.executor.execute(plan, rows, view)
-        events = self.scheduler.update(plan, result)
+        scheduler = self.scheduler
+        events = scheduler.update(plan, result)
         self.last_rows = rows
         self._vote = self._plan = None
-        return RoundOutcome(vote, plan, rows, view, result, events)
+        handoffs = scheduler.handoffs.take() if scheduler.handoffs is not None else []
+        return RoundOutcome(vote, plan, rows, view, result, events, handoffs)
 
     def observe_idle(self) -> None:
         """Stand in for the idle rounds a group runs while no rank has anything to do.

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from actors.control.handoff import KVReservation
 from actors.control.request import Request, TokenLogprobs
 from gate.permission import HOLD_ALL, Permission
 
@@ -61,6 +62,8 @@ class RoundPlan:
     # (source, destination) pages to copy before the forward: a prompt whose every page is
     # cached recomputes its last token into a private copy of its last page.
     page_copies: list[tuple[int, int]] = field(default_factory=list)
+    # Decode role: pages reserved this round for handoffs; each transfer may start now.
+    reservations: list[KVReservation] = field(default_factory=list)
     # What exactly the policy allowed: new prompts, resident chunks, both or neither.
     permission: Permission = HOLD_ALL
     # (len(chunks), extends, prefill tokens, all tokens) from the last count. The counts are

@@ -15,6 +15,8 @@ The scheduler is composed of parts it owns, each given what it works on when it 
     RoundPlanner    what a round runs: readmissions, decodes, prefill chunks, retractions
     RequestEnds     aborts and per-request failures, and their final events
     AdmissionWaits  the admission-wait metric (rounds a prompt waited for the gate)
+    PrefillHandoffs the prefill role's: requests leave at their first token, pages pinned
+    HandoffIntake   the decode role's: handoffs reserve pages, wait for KV, then decode
 
 It keeps intake, the probe and the update after the forward, and offers the simulator's fast
 path its decode-only steps (``plan_decode_round`` ... ``skip_decode_rounds``).
@@ -26,11 +28,13 @@ from collections import deque
 from types import EllipsisType
 
 from actors.control.admission import AdmissionWaits
+from actors.control.decode_role import HandoffIntake
 from actors.control.endings import RequestEnds
 from actors.control.fork import fork_sequences
 from actors.control.kv_pool import KVPool
 from actors.control.page_keys import extend_keys
 from actors.control.planner import PREFILL_WATERMARK, RoundPlanner
+from actors.control.prefill_role import PrefillHandoffs
 from actors.control.prefix_cache import PrefixCache
 from actors.control.queues import RequestQueues
 from actors.control.request import Request, RequestStatus
@@ -83,8 +87,26 @@ class Scheduler:
         self.round = 0
         # Rounds each prompt waited for the gate (the admission-wait metric).
         self.waits = AdmissionWaits()
-        self.ends = RequestEnds(queues, self.pool, self.prefix, self.waits)
-        self.planner = RoundPlanner(args, queues, self.pool, self.prefix, self.waits, self.ends)
+        self.ends = ends = RequestEnds(queues, self.pool, self.prefix, self.waits)
+        # The disaggregated roles' parts (``actors.control.handoff``); None on a fused rank.
+        role = args.disaggregation_mode
+        self.handoffs = PrefillHandoffs(queues, self.pool) if role == "prefill" else None
+        self.intake = None
+        if role == "decode":
+            self.intake = HandoffIntake(
+                queues,
+                self.pool,
+                self.prefix,
+                ends,
+                self.max_batch_size,
+                PREFILL_WATERMARK,
+                self.max_sequence_len,
+                self._retire,
+            )
+            ends.free_pages = self.intake.free_pages
+        self.planner = RoundPlanner(
+            args, queues, self.pool, self.prefix, self.waits, ends, self.intake
+        )
 
     # ---- intake --------------------------------------------------------------------------
 
@@ -142,6 +164,8 @@ class Scheduler:
     def probe(self) -> Probe:
         """What this rank publishes: prefill backlog (under the watermark rule), decode work."""
         num_partial = len(self.queues.partial)
+        if self.intake is not None:  # a decode rank never wants prefill
+            return PROBES[False, bool(self.running)]
         new_work = bool(self.waiting) and self.pool.occupancy <= PREFILL_WATERMARK
         return PROBES[num_partial > 0 or new_work, len(self.running) > num_partial]
 
@@ -238,6 +262,7 @@ class Scheduler:
         sampled = result.sampled
         logprobs = result.logprobs
         max_len = self.max_sequence_len
+        handoffs = self.handoffs
         append = events.append
         # TokenEvent(...) without its __new__: bench_control_plane, about 0.17 us per token
         # (~11 of the ~90 us rank-round at 64 running requests).
@@ -256,10 +281,15 @@ class Scheduler:
                 req.output_logprobs.append(logprobs[req.request_id])
             req.status = _DECODING
             finished = append_token(req, token, max_len)
+            if handoffs is not None and not (finished and req.sampling.n == 1):
+                # A prefill rank: the request leaves with its first token(s), never decoding
+                # here; its stream's first event comes from the decode rank.
+                handoffs.hand_off(req, result.forks.get(req.request_id, ()), logprobs)
+                continue
             if finished:
                 self._retire(req)
             append(make_event(TokenEvent, (req, token, finished)))
-        if result.forks:
+        if result.forks and handoffs is None:
             self._fork(plan, result, events)
         return events
 

@@ -142,7 +142,8 @@ class ModelRunner:
             if picks:
                 requests = [chunks[i].request for i in picks]
                 sampled, logprobs, forks = self._sample(logits[picks], requests, failed)
-                if forks:
+                # A prefill rank hands the forks to its decode rank, which shares the pages.
+                if forks and self.args.disaggregation_mode != "prefill":
                     self.save_forks(requests, forks)
         else:
             self.idle_forward(low_latency)
