@@ -129,7 +129,7 @@ class RankReplica:
                     self._pause()
         except BaseException as exc:  # a dead peer or a timed-out collective ends the group
             self._error = GroupFailure(f"rank {self.rank}: DP group failed: {exc}")
-            logger.error("%s", self._error)
+            logger.error("%s", self._error, exc_info=exc)
             self._loop.call_soon_threadsafe(self._fail_all, self._error)
 
     def _after_round(self, outcome: RoundOutcome) -> None:
