@@ -9,6 +9,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gate import registry
+from sim.disaggregated import (
+    describe_transfers,
+    disaggregated_namespace,
+    parse_split,
+    simulate_pd,
+)
 from sim.options import (
     BALANCE_ABS_THRESHOLD,
     BALANCE_REL_THRESHOLD,
@@ -158,6 +164,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="with --scenario: send this many requests an arm instead of the run length the "
         "scenario assumes (to see which figures depend on it)",
     )
+    p.add_argument(
+        "--disaggregate",
+        default=None,
+        metavar="P:D",
+        help="compare fused (none), fused + gate (roundgate) and prefill/decode "
+        "disaggregation with P prefill and D decode ranks; the fused runs get P+D ranks (the "
+        "same GPUs) and --max-num-seqs per rank is kept (docs/pd.md)",
+    )
     g = p.add_argument_group("output")
     g.add_argument("--max-rounds", type=int, default=None, help="stop after this many rounds")
     g.add_argument("--json", type=Path, default=None, help="write the metrics here")
@@ -238,11 +252,19 @@ def run_scenario(ns: argparse.Namespace) -> int:
 def run(ns: argparse.Namespace) -> int:
     if getattr(ns, "scenario", None) is not None:
         return run_scenario(ns)
+    split = None
     try:
+        if ns.disaggregate is not None:
+            split = parse_split(ns.disaggregate)
+            ns = disaggregated_namespace(ns, split)
         specs = sim_specs(ns)
     except ValueError as exc:
         ns.parser.error(str(exc))
     results = [simulate_with_progress(spec, not ns.no_progress) for spec in specs]
+    if split is not None:
+        pd, sim = simulate_pd(specs[0], *split)
+        results.append(pd)
+        print(f"P/D {split[0]}:{split[1]}: {describe_transfers(sim)}")
     summaries = [summarize(r) for r in results]
     baseline = "none" if len(summaries) > 1 else None
     print(format_table(summaries, baseline=baseline))

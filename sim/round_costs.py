@@ -43,6 +43,17 @@ class RoundCosts:
     # ``gc_pause_per_request_ms`` per request in that rank's batch (the live objects walked).
     gc_every_requests: float = 0.0
     gc_pause_per_request_ms: float = 0.0
+    # Prefill/decode disaggregation (``sim.disaggregated``): moving a handoff's KV from its
+    # prefill rank to its decode rank costs ``kv_transfer_base_ms`` (latency: setup and
+    # completion) plus ``kv_transfer_per_token_ms`` per token slot of the pages moved (whole
+    # pages move), during which both ends' links are busy. Fused runs never read them.
+    kv_transfer_base_ms: float = 0.0
+    kv_transfer_per_token_ms: float = 0.0
+
+    def transfer_ms(self, num_pages: int, page_size: int) -> tuple[float, float]:
+        """``(link busy, done after)`` in ms for moving ``num_pages`` pages."""
+        busy = self.kv_transfer_per_token_ms * num_pages * page_size
+        return busy, busy + self.kv_transfer_base_ms
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -102,6 +113,12 @@ PRESETS: dict[str, RoundCosts] = {
         prefill_per_token_ms=0.15,
         extend_overhead_ms=20.0,
         gather_ms=0.3,
+        # P/D over RDMA (docs/pd.md): Mooncake's transfer engine moves 190 GB/s over 8 x 400
+        # Gbps RoCE NICs, ~24 GB/s for each GPU's NIC; DeepSeek-V3's BF16 MLA latent is 61 x
+        # 576 x 2 = 70,272 B a token -> 2.96 us a token. Latency: Mooncake's vLLM benchmark
+        # moved a 128-token prompt (20 MB) in 0.54 ms, ~0.4 ms over its bandwidth share.
+        kv_transfer_base_ms=0.4,
+        kv_transfer_per_token_ms=0.00296,
     ),
     # Fitted to vLLM PR #44558 workload A (``roundgate simulate --scenario vllm-44558``).
     "gb200-dsv3": RoundCosts(
@@ -119,6 +136,11 @@ PRESETS: dict[str, RoundCosts] = {
         # every 600), 12 ms per request it runs.
         gc_every_requests=600,
         gc_pause_per_request_ms=12.0,
+        # P/D inside one NVL72 over NVLink 5 (docs/pd.md): 900 GB/s a direction per GPU at
+        # Mooncake's measured 71 % peak utilisation, ~640 GB/s; FP8 latent ~40,016 B a token
+        # (as decode_per_kv_token_ms) -> 0.0625 us a token. Latency as h100-dsv3.
+        kv_transfer_base_ms=0.4,
+        kv_transfer_per_token_ms=0.0000625,
     ),
     # One SGLang engine, TEP4, Qwen3.5-397B-A17B-FP8 on 1x GB200 (SGLang PR #23189): decode
     # from its ISL-10 run (9,018 tok/s at concurrency 128: a 14.2 ms step) and TPOT at

@@ -20,6 +20,7 @@ from gate import read_rows
 from sim import decode_ranks, fast_forward, steady_policies
 from sim.arrivals import Arrival, OpenLoop
 from sim.cost_executor import CostExecutor
+from sim.prompts import FillerPrompts
 from sim.records import (
     KIND_CODES,
     POINT_CODES,
@@ -71,8 +72,7 @@ class GroupSimulator:
             )
             for rank in range(args.dp_size)
         ]
-        self._prompts: dict[int, list[int]] = {}  # shared prompt tails, by length
-        self._distinct = max(2, args.model_config.vocab_size - 2)  # digit base of _prompt
+        self._prompts = FillerPrompts(args.model_config.vocab_size)
         self._in_flight = [0] * args.dp_size
         self._pending: deque[tuple[float, int, int, Arrival]] = deque()
 
@@ -80,17 +80,8 @@ class GroupSimulator:
         return self.clock
 
     def _prompt(self, index: int, arrival: Arrival) -> list[int]:
-        """A session turn's own tokens, else filler distinct per request (4 leading digits of
-        its index, then a shared tail of ones), so unrelated prompts never share a cached
-        page; only the prefix cache reads token values."""
-        if arrival.token_ids is not None:
-            return list(arrival.token_ids)
-        length = arrival.prompt_tokens
-        head = [2 + index // self._distinct**k % self._distinct for k in range(min(4, length))]
-        tail = self._prompts.get(length - len(head))
-        if tail is None:
-            tail = self._prompts[length - len(head)] = [1] * (length - len(head))
-        return head + tail
+        """The request's prompt tokens (``sim.prompts``)."""
+        return self._prompts.make(index, arrival)
 
     def run(
         self,

@@ -98,6 +98,8 @@ def test_a_cost_file_may_set_every_field(tmp_path: Path) -> None:
         "plan_ahead_rounds": 1,
         "gc_every_requests": 64,
         "gc_pause_per_request_ms": 0.5,
+        "kv_transfer_base_ms": 0.3,
+        "kv_transfer_per_token_ms": 0.001,
     }
     path = tmp_path / "costs.json"
     path.write_text(json.dumps(costs))

@@ -82,9 +82,33 @@ class HandoffIntake:
         self.queues.waiting.append(req)
         return req
 
+    def check_fits(self, handoff: Handoff) -> None:
+        """Refuse a handoff this rank's whole pool could never hold (its prompt and first
+        token, plus a private page for each fork): it would wait forever."""
+        need = self.pool.pages_for(len(handoff.prompt_token_ids) + 1) + handoff.sampling.n - 1
+        if need > self.pool.num_pages:
+            raise ValueError(
+                f"handoff {handoff.request_id!r} needs {need} KV pages (prompt of "
+                f"{len(handoff.prompt_token_ids)} tokens, n={handoff.sampling.n}); the decode "
+                f"rank has {self.pool.num_pages}"
+            )
+
     @property
     def num_loading_sequences(self) -> int:
         return sum(req.sampling.n for req in self.in_flight.values())
+
+    @property
+    def only_in_flight(self) -> bool:
+        """Whether every request the rank holds waits for its KV: a round could plan nothing
+        (a serving loop may wait for ``kv_arrived`` / ``kv_failed`` instead of stepping)."""
+        queues = self.queues
+        return (
+            bool(self.in_flight)
+            and len(self.in_flight) == len(self._handoffs)
+            and not queues.running
+            and not queues.retracted
+            and not self.ends.has_pending
+        )
 
     @property
     def num_waiting(self) -> int:

@@ -108,6 +108,7 @@ class EngineCore:
             )
         request = handoff.to_request()
         self.scheduler.check_fits(request)
+        self.scheduler.intake.check_fits(handoff)
         if self._check_request is not None:
             self._check_request(request)  # a grammar compiles (cached after the first)
         with self._lock:
@@ -187,6 +188,17 @@ class EngineCore:
                 intake.arrived(request_id)
             elif intake is not None and error is not None:
                 intake.failed(request_id, error)
+
+    @property
+    def waits_on_transfers(self) -> bool:
+        """Decode rank: nothing to plan until a transfer ends (every request it holds is
+        ``LOADING``, nothing queued): its loop may block instead of stepping idle rounds."""
+        intake = self.scheduler.intake
+        return (
+            intake is not None
+            and intake.only_in_flight
+            and not (self._intake or self._handoffs or self._transfers)
+        )
 
     @property
     def num_unfinished(self) -> int:
