@@ -146,7 +146,9 @@ class RankReplica:
         self._pause_epoch += 1
         epoch = self._paused_at = self._pause_epoch
         try:
-            if self.core.has_local_work:
+            # A decode rank whose every request waits for its KV blocks too: the transfer's
+            # end (kv_arrived / kv_failed) wakes it.
+            if self.core.has_local_work and not self.core.waits_on_transfers:
                 self._wake.wake(epoch)
             self._wake.wait(epoch, self._stop)
         finally:
