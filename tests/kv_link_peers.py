@@ -2,7 +2,8 @@
 
 The sender fills a paged cache with values that name their (part, layer, page, slot), sends
 the scenario's pages and reports nothing; the receiver receives into its own pages and
-returns what landed where, so the test compares the two caches page by page.
+returns what landed where, so the test compares the two caches page by page. Pages travel
+back to the test as lists (a tensor's shared memory would die with its process).
 """
 
 from __future__ import annotations
@@ -32,25 +33,32 @@ def make_cache(latent: bool, num_pages: int = 8, fill: bool = False) -> PagedKVC
 
 
 def run_peer(
-    link_rank: int, init_method: str, steps: list[dict[str, Any]], out: Any, latent: bool
+    link_rank: int, init_method: str, steps: list[dict[str, Any]], out: Any, layouts: list[bool]
 ) -> None:
-    """Run ``steps`` in order: each is ``{"send": [...], "dst_pages": [...]}`` seen from both
-    ends (rank 0 sends, rank 1 receives); ``send: None`` sends a failure notice."""
+    """For each cache layout (``latent`` or not), run ``steps`` in order over one link: each is
+    ``{"send": [...], "dst_pages": [...]}`` seen from both ends (rank 0 sends, rank 1
+    receives); ``send: None`` sends a failure notice."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     store = open_store(init_method, link_rank, 2, 20)
     link = KVLink(store, link_rank, 2, "gloo", timeout_s=20)
-    cache = make_cache(latent, fill=link_rank == 0)
-    results: list[Any] = []
-    for tag, step in enumerate(steps, start=1):
+    tags = iter(range(1, 10_000))
+    by_layout: dict[bool, list[Any]] = {}
+    for latent in layouts:
+        cache = make_cache(latent, fill=link_rank == 0)
+        results = by_layout[latent] = []
+        for step in steps:
+            tag = next(tags)
+            if link_rank == 0:
+                pages = step["send"]
+                results.append(link.send(None if pages is None else cache, pages or [], 1, tag))
+                continue
+            try:
+                size = link.receive(cache, step["dst_pages"], 0, tag)
+                results.append(
+                    ("ok", size, [cache.read_pages([p]).tolist() for p in step["dst_pages"]])
+                )
+            except TransferFailed as exc:
+                results.append(("failed", str(exc)))
         if link_rank == 0:
-            pages = step["send"]
-            results.append(link.send(None if pages is None else cache, pages or [], 1, tag))
-            continue
-        try:
-            size = link.receive(cache, step["dst_pages"], 0, tag)
-            results.append(("ok", size, [cache.read_pages([p]) for p in step["dst_pages"]]))
-        except TransferFailed as exc:
-            results.append(("failed", str(exc)))
-    if link_rank == 0:
-        results.append([cache.read_pages([p]) for p in range(cache.num_pages)])
-    out.put((link_rank, results))
+            results.append([cache.read_pages([p]).tolist() for p in range(cache.num_pages)])
+    out.put((link_rank, by_layout))
