@@ -80,6 +80,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help=f"restart the local deployment per policy: {','.join(registry.names())}",
     )
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="for --compare")
+    p.add_argument(
+        "--pd-config",
+        type=Path,
+        default=None,
+        help="with --compare: also run this P/D config (e.g. deployment/configs/pd.yaml) as "
+        "arm 'pd'",
+    )
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument(
@@ -239,7 +246,7 @@ def run(ns: argparse.Namespace) -> int:
 def _compare(
     ns: argparse.Namespace, cfg: dict[str, Any], overrides: dict[str, dict], arrivals: list[Arrival]
 ):
-    from deployment.local import config_url, each_deployment
+    from deployment.local import config_url, each_deployment, load_config
 
     url = config_url(cfg)
     named, configs = [], {}
@@ -247,9 +254,13 @@ def _compare(
     def run(policy: str) -> None:
         results, duration = _load(url, None, arrivals, ns, policy)
         named.append((policy, _summary(ns, policy, results, duration), results))
-        configs[policy] = {**cfg["applications"][0]["args"], **overrides[policy]}
+        if policy in overrides:
+            configs[policy] = {**cfg["applications"][0]["args"], **overrides[policy]}
 
-    each_deployment(cfg, overrides, run)
+    extra = {} if ns.pd_config is None else {"pd": load_config(ns.pd_config)}
+    each_deployment(cfg, overrides, run, extra)
+    for label, other in extra.items():
+        configs[label] = other["applications"][0]["args"]
     return named, configs
 
 

@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--aiperf", type=Path, required=True, help="the aiperf executable")
     p.add_argument("--policies", default="roundgate,none")
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    p.add_argument("--pd-config", type=Path, default=None, help="also run this P/D config: 'pd'")
     p.add_argument("--rate", type=float, required=True)
     p.add_argument("--num-requests", type=int, default=30)
     p.add_argument("--input-len", type=int, default=256)
@@ -133,12 +134,16 @@ def main(argv: list[str] | None = None) -> int:
         results[policy] = {"wall_s": round(time.monotonic() - t0, 1), **summary(artifacts)}
         print(policy, json.dumps(results[policy]["time_to_first_token"]), flush=True)
 
-    each_deployment(cfg, overrides, run)
+    extra = {} if ns.pd_config is None else {"pd": load_config(ns.pd_config)}
+    each_deployment(cfg, overrides, run, extra)
     report = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": sys.argv,
         "aiperf_command": aiperf_argv(ns, url, base["model"], Path("TOKENIZER"), Path("OUT")),
-        "configs": {p: {**base, **overrides[p]} for p in policies},
+        "configs": {
+            **{p: {**base, **overrides[p]} for p in policies},
+            **{label: c["applications"][0]["args"] for label, c in extra.items()},
+        },
         "results": results,
     }
     ns.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""The serving dashboard: request latencies, KV pressure, prefix caching, queues, throughput.
+"""The serving dashboard: request latencies, KV pressure, prefix caching, queues, throughput,
+and the P/D transfer row (KV pages between the roles).
 
 Request latencies are recorded by the ingress (label ``model`` only); queue time, KV
 occupancy and the queues are per rank.
@@ -138,6 +139,63 @@ def _throughput() -> list[Panel]:
     ]
 
 
+def _transfer() -> list[Panel]:
+    """P/D disaggregation: KV pages over the link, per role (empty for a fused deployment)."""
+    by_role = "group, dp_rank, role"
+    legend = "{{group}}/{{dp_rank}} {{role}}"
+    return [
+        graph(
+            "KV transfer pages per second",
+            "KV pages sent (prefill role) and received (decode role) over the P/D link.",
+            [(rate("roundgate_kv_transfer_pages_total", RANK, by_role), legend)],
+            unit="none",
+        ),
+        graph(
+            "KV transfer throughput",
+            "Bytes per second over the P/D link, per rank and role.",
+            [(rate("roundgate_kv_transfer_bytes_total", RANK, by_role), legend)],
+            unit="Bps",
+        ),
+        graph(
+            "KV transfer latency per rank",
+            "One request's transfer on a rank: send, or receive and write into reserved pages.",
+            percentiles("roundgate_kv_transfer_seconds", RANK, "role"),
+            unit="s",
+        ),
+        graph(
+            "KV transfer latency per request",
+            "As the ingress sees it (decode rank ready to KV arrived), and the wait for a "
+            "decode rank with room (prefill done to pages reserved).",
+            [
+                *percentiles("roundgate_request_kv_transfer_seconds", MODEL),
+                *(
+                    (expr, f"decode wait {name}")
+                    for expr, name in percentiles("roundgate_request_decode_wait_seconds", MODEL)
+                ),
+            ],
+            unit="s",
+        ),
+        graph(
+            "Requests waiting for decode capacity",
+            "Prefilled handoffs holding their pages until a decode rank takes them (prefill), "
+            "and handoffs waiting for pages to receive into (decode).",
+            [
+                (
+                    f"sum by ({by_role}) (roundgate_rank_pd_waiting_requests{{{RANK}}})",
+                    legend,
+                )
+            ],
+            unit="none",
+        ),
+        graph(
+            "KV transfer failures",
+            "Failed transfers per second (each fails its request alone).",
+            [(rate("roundgate_kv_transfer_failures_total", RANK, by_role), legend)],
+            unit="none",
+        ),
+    ]
+
+
 def build() -> Dashboard:
     """The serving dashboard builder."""
     return dashboard(
@@ -148,5 +206,6 @@ def build() -> Dashboard:
             ("Latency", _latency()),
             ("Capacity", _capacity()),
             ("Throughput", _throughput()),
+            ("P/D transfer", _transfer()),
         ],
     )

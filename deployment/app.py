@@ -30,6 +30,7 @@ from deployment.openai.tokenization import (
     tokenize_route,
     tokenizer_info,
 )
+from deployment.pd_app import build_roles
 from deployment.request_metrics import exposition
 from deployment.routing.routers import KV_ROUTERS, ROUTER_CLASSES
 
@@ -39,8 +40,13 @@ class OpenAIServer:
     """HTTP front door; holds a handle to the rank deployment. Each route's body lives in
     its endpoint family's module of ``deployment.openai``."""
 
-    def __init__(self, ranks: DeploymentHandle, app_args: dict[str, Any]) -> None:
-        self.core = Ingress(ranks, app_args)
+    def __init__(
+        self,
+        ranks: DeploymentHandle,
+        app_args: dict[str, Any],
+        decode: DeploymentHandle | None = None,
+    ) -> None:
+        self.core = Ingress(ranks, app_args, decode)
 
     @api.get("/health")
     async def health(self) -> dict[str, str]:
@@ -92,8 +98,19 @@ class OpenAIServer:
 
 
 def build_app(args: dict[str, Any]) -> Application:
-    """Validate ``args`` and bind the ingress to ``num_groups`` gangs of ``dp_size`` ranks."""
+    """Validate ``args`` and bind the ingress to ``num_groups`` gangs of ``dp_size`` ranks
+    (P/D: to a prefill group and a decode group, ``deployment.pd_app``)."""
     cfg = AppArgs.model_validate(args)
+    ingress = serve.deployment(
+        OpenAIServer,
+        name="OpenAIServer",
+        num_replicas=cfg.ingress_replicas,
+        max_ongoing_requests=cfg.max_ongoing_requests,
+        ray_actor_options={"num_cpus": 0.25},
+    )
+    if cfg.is_pd:
+        prefill, decode = build_roles(cfg)
+        return ingress.bind(prefill, cfg.model_dump(), decode)
     engine = cfg.server_args()
     router_kwargs = cfg.router_kwargs()
     engine_flags = engine.to_dict()
@@ -115,11 +132,4 @@ def build_app(args: dict[str, Any]) -> Application:
         health_check_timeout_s=max(10.0, engine.collective_timeout_s),
         graceful_shutdown_timeout_s=5.0,
     ).bind(engine_flags)
-    ingress = serve.deployment(
-        OpenAIServer,
-        name="OpenAIServer",
-        num_replicas=cfg.ingress_replicas,
-        max_ongoing_requests=cfg.max_ongoing_requests,
-        ray_actor_options={"num_cpus": 0.25},
-    )
     return ingress.bind(ranks, cfg.model_dump())

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from actors.server_args import ServerArgs, engine_arg_names
 from deployment.openai.grammar_limits import GrammarLimits
+from deployment.pd_config import ROLES, RoleArgs, role_server_args, split_role
 from deployment.routing.kv_router import KvRouterConfig
 
 _GRAMMAR = GrammarLimits()  # the defaults live with the limits' checks
@@ -60,7 +61,11 @@ class AppArgs(BaseModel):
     num_gpus_per_rank: float = Field(0.0, ge=0)
     max_ongoing_requests: int = Field(1024, ge=1)
     ingress_replicas: int = Field(1, ge=1)
+    # P/D disaggregation (``deployment/pd_config.py``): both sections, or neither (fused).
+    prefill: RoleArgs | None = None
+    decode: RoleArgs | None = None
     _server_args: ServerArgs | None = PrivateAttr(default=None)
+    _role_args: dict[str, ServerArgs] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -74,6 +79,9 @@ class AppArgs(BaseModel):
             if name in data:
                 engine[name] = data.pop(name)
         data["engine"] = engine
+        for role in ROLES:
+            if role in data:
+                data[role] = split_role(role, data[role])
         return data
 
     @model_validator(mode="after")
@@ -86,6 +94,8 @@ class AppArgs(BaseModel):
         except TypeError as exc:
             raise ValueError(f"bad engine arguments: {exc}") from exc
         self._server_args = args
+        if self.prefill is not None or self.decode is not None:
+            self._check_pd()
         if self.router == "skewed":
             if not self.route_weights or len(self.route_weights) != args.dp_size:
                 raise ValueError(
@@ -107,6 +117,40 @@ class AppArgs(BaseModel):
                 f"got {args.prefill_policy_name!r}"
             )
         return self
+
+    def _check_pd(self) -> None:
+        """Both role sections, validated together; the fused-only app args refused by name."""
+        missing = [role for role in ROLES if getattr(self, role) is None]
+        if missing:
+            raise ValueError(f"a P/D deployment needs both role sections; {missing[0]} is missing")
+        fused_only = {"num_groups": 1, "router": "round-robin", "route_weights": None}
+        for name in sorted(self.model_fields_set & set(fused_only)):
+            if getattr(self, name) != fused_only[name]:
+                raise ValueError(
+                    f"{name} applies to a fused deployment only: P/D serves one group per role, "
+                    "prefill routed by cached prefix (cache-aware), decode by load"
+                )
+        roles = {role: getattr(self, role) for role in ROLES}
+        self._role_args = role_server_args(self.engine, roles)
+
+    @property
+    def is_pd(self) -> bool:
+        """Whether this is a P/D deployment (a prefill and a decode group)."""
+        return bool(self._role_args)
+
+    def role_args(self, role: str) -> ServerArgs:
+        """A P/D role's ``ServerArgs`` (shared flags, the section's, its mode)."""
+        return self._role_args[role]
+
+    def role_resources(self, role: str) -> tuple[float, float]:
+        """A P/D role's CPUs and GPUs per rank (the section's, else the shared ones)."""
+        section = getattr(self, role)
+        cpus = section.num_cpus_per_rank
+        gpus = section.num_gpus_per_rank
+        return (
+            self.num_cpus_per_rank if cpus is None else cpus,
+            self.num_gpus_per_rank if gpus is None else gpus,
+        )
 
     def server_args(self) -> ServerArgs:
         """The engine flags as the one ``ServerArgs`` built when this model was validated."""
@@ -146,3 +190,15 @@ class AppArgs(BaseModel):
                 "session_affinity": self.session_affinity,
             }
         return {}
+
+    def pd_router_kwargs(self) -> dict[str, Any]:
+        """The prefill role's cache-aware router arguments (its pool, the shared thresholds):
+        a prompt goes to the prefill rank with the fewest uncached tokens, within load limits."""
+        prefill = self.role_args("prefill")
+        return {
+            "page_size": prefill.page_size,
+            "max_pages_per_rank": prefill.num_kv_pages,
+            "balance_abs_threshold": self.balance_abs_threshold,
+            "balance_rel_threshold": self.balance_rel_threshold,
+            "session_affinity": self.session_affinity,
+        }

@@ -29,6 +29,7 @@ from deployment.openai.grammar_limits import GrammarLimits, check_grammar
 from deployment.openai.logprobs import TokenTexts
 from deployment.openai.protocol import parse
 from deployment.openai.sampling import GenerateBody, sampling_params
+from deployment.pd_route import PDRoute
 from deployment.request_metrics import RequestRecorder
 from deployment.serve_context import client_request_id, rank_health, set_serve_request_id
 
@@ -54,14 +55,24 @@ Body = TypeVar("Body", bound=BaseModel)
 class Ingress:
     """State and logic behind the routes; ``deployment.app`` wraps it in a Serve deployment."""
 
-    def __init__(self, ranks: DeploymentHandle, app_args: dict[str, Any]) -> None:
-        """``ranks``: the rank deployment's handle; ``app_args``: the bound ``AppArgs``."""
+    def __init__(
+        self,
+        ranks: DeploymentHandle,
+        app_args: dict[str, Any],
+        decode: DeploymentHandle | None = None,
+    ) -> None:
+        """``ranks``: the rank deployment's handle (P/D: the prefill role's, and ``decode``
+        the decode role's); ``app_args``: the bound ``AppArgs``."""
         from actors.model.generation_config import read_generation_config
         from actors.model.tokenizer import load_tokenizer, stop_token_ids
         from deployment.config import AppArgs
 
         self.app_args = AppArgs.model_validate(app_args)  # this process's one validation
-        args = self.engine_args = self.app_args.server_args()
+        # P/D: the decode role's args (both roles share the model, template and context).
+        pd = self.app_args.is_pd
+        args = self.engine_args = (
+            self.app_args.role_args("decode") if pd else self.app_args.server_args()
+        )
         self.model_name = self.app_args.served_model_name
         self.api_key = self.app_args.resolved_api_key
         self.tokenizer = load_tokenizer(args.model, args.chat_template)
@@ -75,6 +86,11 @@ class Ingress:
         self._health: str | None = None  # why the ranks are not healthy, or None
         self._health_at = -HEALTH_CACHE_S
         self.metrics = RequestRecorder(self.model_name)
+        self.pd: PDRoute | None = None
+        if pd:
+            if decode is None:
+                raise ValueError("a P/D ingress needs the decode role's handle")
+            self.pd = PDRoute(ranks, decode, self.metrics)
         self.token_texts = TokenTexts(self.tokenizer)
         self.grammar_limits = GrammarLimits(
             **{f.name: getattr(self.app_args, f.name) for f in fields(GrammarLimits)}
@@ -181,7 +197,7 @@ class Ingress:
         self, choices: list[Choice], message: GenerateRequest
     ) -> AsyncIterator[Delta]:
         set_serve_request_id(message.request_id)
-        gen = self.ranks.generate.remote(message)
+        gen = self.pd.stream(message) if self.pd else self.ranks.generate.remote(message)
         timer = self.metrics.timer()
         try:
             async for delta in run_choices(gen, choices):
@@ -214,6 +230,13 @@ class Ingress:
 
     def _check_choices(self, num_prompts: int, req: GenerateBody) -> None:
         """``dp_rank`` within the group, and ``num_prompts`` x ``n`` choices within the cap."""
+        if req.dp_rank is not None and self.pd is not None:
+            raise APIError(
+                400,
+                "dp_rank is not supported by a P/D deployment yet: it routes each request "
+                "itself (prefill by cached prefix, decode by load)",
+                param="dp_rank",
+            )
         if req.dp_rank is not None and req.dp_rank >= self.engine_args.dp_size:
             raise APIError(
                 400, f"dp_rank must be < dp_size {self.engine_args.dp_size}", param="dp_rank"

@@ -99,18 +99,26 @@ def config_url(cfg: dict[str, Any]) -> str:
 
 
 def each_deployment(
-    cfg: dict[str, Any], overrides: dict[str, dict[str, Any]], run: Callable[[str], None]
+    cfg: dict[str, Any],
+    overrides: dict[str, dict[str, Any]],
+    run: Callable[[str], None],
+    configs: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """Start the local cluster, deploy ``cfg`` with each entry of ``overrides`` in turn and,
-    once it answers, call ``run(label)``; Serve and Ray are shut down however it ends."""
+    once it answers, call ``run(label)``; then each of ``configs`` (whole configs on the same
+    address, e.g. a P/D one) the same way. Serve and Ray are shut down however it ends."""
     start_local_cluster()
     import ray
     from ray import serve
 
     url = config_url(cfg)
+    plan = [(label, cfg, extra) for label, extra in overrides.items()]
+    plan += [(label, other, {}) for label, other in (configs or {}).items()]
     try:
-        for label, extra in overrides.items():
-            deploy(cfg, extra)
+        for label, config, extra in plan:
+            if config_url(config) != url:
+                raise ValueError(f"config {label!r} serves on {config_url(config)}, not {url}")
+            deploy(config, extra)
             wait_ready(url)
             run(label)
     finally:

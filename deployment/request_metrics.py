@@ -55,6 +55,11 @@ class RequestRecorder:
         self._model = model
         self._pusher = Pusher(f"ingress:{uuid.uuid4().hex[:12]}", lambda: snapshot(s.registry))
 
+    def pd_transfer(self, decode_wait_s: float, transfer_s: float) -> None:
+        """P/D: one request's wait for decode capacity and its KV transfer."""
+        self.set.decode_wait.labels(self._model).observe(decode_wait_s)
+        self.set.kv_transfer_time.labels(self._model).observe(transfer_s)
+
     def finished_by(self, reason: str) -> Any:
         return self.set.finished.labels(self._model, reason)
 

@@ -21,8 +21,12 @@ def set_serve_request_id(request_id: str) -> None:
     _set_request_context(_internal_request_id=request_id)
 
 
+RANK_DEPLOYMENTS = ("RankReplica", "PrefillRank", "DecodeRank")  # fused; P/D's two roles
+
+
 def rank_health() -> str | None:
-    """None when the rank deployment and every one of its replicas is running; else why."""
+    """None when every rank deployment (fused, or both P/D roles) and every one of its
+    replicas is running; else why."""
     from ray import serve
 
     try:
@@ -30,22 +34,24 @@ def rank_health() -> str | None:
     except Exception as exc:  # the controller is unreachable
         return f"cannot read the deployment's status ({type(exc).__name__})"
     for app in apps.values():
-        ranks = app.deployments.get("RankReplica")
-        if ranks is None:
+        found = [(n, app.deployments[n]) for n in RANK_DEPLOYMENTS if n in app.deployments]
+        if not found:
             continue
-        states = {
-            str(state.value if hasattr(state, "value") else state): n
-            for state, n in ranks.replica_states.items()
-        }
-        running = states.get("RUNNING", 0)
-        others = {k: v for k, v in states.items() if k != "RUNNING" and v}
-        if str(getattr(ranks.status, "value", ranks.status)) != "HEALTHY" or others:
-            detail = ", ".join(f"{n} {k.lower()}" for k, n in others.items())
-            return (
-                f"rank replicas not all healthy ({running} running"
-                + (f", {detail}" if detail else "")
-                + ")"
-            )
+        for name, ranks in found:
+            states = {
+                str(state.value if hasattr(state, "value") else state): n
+                for state, n in ranks.replica_states.items()
+            }
+            running = states.get("RUNNING", 0)
+            others = {k: v for k, v in states.items() if k != "RUNNING" and v}
+            if str(getattr(ranks.status, "value", ranks.status)) != "HEALTHY" or others:
+                detail = ", ".join(f"{n} {k.lower()}" for k, n in others.items())
+                what = "rank replicas" if name == "RankReplica" else f"{name} replicas"
+                return (
+                    f"{what} not all healthy ({running} running"
+                    + (f", {detail}" if detail else "")
+                    + ")"
+                )
         return None
     return "no rank deployment found"
 

@@ -65,7 +65,31 @@ def images(objects: Any) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("profile", with_stage("serve"))
+def serve_profiles(pd: bool) -> list[str]:
+    """Serve profiles of one kind: P/D (a prefill and a decode section) or fused."""
+    return [
+        p
+        for p in with_stage("serve")
+        if ("prefill" in app_args(one(p, "serve", "RayService"))[1]) == pd
+    ]
+
+
+@pytest.mark.parametrize("profile", serve_profiles(pd=True))
+def test_pd_roles_fill_whole_worker_pods(profile: str) -> None:
+    """Each role's ranks fill whole GPU pods (its collectives stay on its own nodes), and the
+    pods hold both roles exactly."""
+    service = one(profile, "serve", "RayService")
+    _, args = app_args(service)
+    group, container = worker(service["spec"]["rayClusterConfig"])
+    per_pod, per_rank = gpus(container), args.get("num_gpus_per_rank", 0)
+    assert args["device"] == "cuda" and per_pod > 0 and per_rank > 0
+    role_gpus = [args[role]["dp_size"] * per_rank for role in ("prefill", "decode")]
+    assert all(g % per_pod == 0 for g in role_gpus), (role_gpus, per_pod)
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"]
+    assert group["replicas"] * per_pod == sum(role_gpus)
+
+
+@pytest.mark.parametrize("profile", serve_profiles(pd=False))
 def test_worker_pods_hold_one_dp_group(profile: str) -> None:
     service = one(profile, "serve", "RayService")
     _, args = app_args(service)

@@ -18,6 +18,8 @@ from typing import Any
 
 from actors.control.engine_core import EngineCore
 from actors.control.messages import GenerateChunk, GenerateRequest, RankTarget, Usage
+from actors.control.rank_loop import RoundOutcome
+from actors.control.request import Request
 from actors.control.round import TokenEvent
 from actors.replica.chunks import ChunkBuilder
 from actors.replica.group_wake import STOP_CHECK_S, open_group_wake
@@ -55,10 +57,10 @@ class RankReplica:
                 f"gang of {self.world_size} replicas but --dp-size {self.args.dp_size}"
             )
         timeout = self.args.collective_timeout_s
-        device = _device_type(self.args.device)
+        device = device_type(self.args.device)
         backend = "nccl" if device == "cuda" else "gloo"
         if self.rank == 0:
-            meeting = rendezvous.choose_meeting(self.gang_id, backend, _multinode_host())
+            meeting = rendezvous.choose_meeting(self.gang_id, backend, multinode_host())
             rendezvous.publish(self.gang_id, meeting)
         else:
             meeting = await asyncio.to_thread(rendezvous.lookup, self.gang_id, timeout)
@@ -84,7 +86,7 @@ class RankReplica:
         self._grammars = self._runner.grammars
         # One worker: compiles queue rather than take CPU from the rounds.
         self._grammar_worker = ThreadPoolExecutor(1, thread_name_prefix="grammar")
-        model = os.path.basename(self.args.model.rstrip("/"))
+        model = self.metrics_model = os.path.basename(self.args.model.rstrip("/"))
         self.metrics = RankMetrics(self.gang_id, model, self.rank)
         self.metrics.note_weight_path(self._runner.weight_path)
         self._pusher = Pusher(
@@ -135,12 +137,17 @@ class RankReplica:
                     self.kv_events.after_round(since)
                     if outcome.view.all_idle:
                         self.kv_events.flush(since)
+                self._after_round(outcome)
                 if outcome.view.all_idle:
                     self._pause()
         except BaseException as exc:  # a dead peer or a timed-out collective ends the group
             self._error = GroupFailure(f"rank {self.rank}: DP group failed: {exc}")
-            logger.error("%s", self._error)
+            logger.error("%s", self._error, exc_info=exc)
             self._loop.call_soon_threadsafe(self._fail_all, self._error)
+
+    def _after_round(self, outcome: RoundOutcome) -> None:
+        """A role's own use of a round's outcome (on the engine thread): P/D handoffs and
+        reservations (``prefill_replica``, ``decode_replica``); nothing for a fused rank."""
 
     def _pause(self) -> None:
         """Sleep with the whole group until a request arrives on any rank.
@@ -152,7 +159,9 @@ class RankReplica:
         self._pause_epoch += 1
         epoch = self._paused_at = self._pause_epoch
         try:
-            if self.core.has_local_work:
+            # A decode rank whose every request waits for its KV blocks too: the transfer's
+            # end (kv_arrived / kv_failed) wakes it.
+            if self.core.has_local_work and not self.core.waits_on_transfers:
                 self._wake.wake(epoch)
             self._wake.wait(epoch, self._stop)
         finally:
@@ -179,9 +188,14 @@ class RankReplica:
 
     async def generate(self, message: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         """Stream the request's new tokens, ``stream_interval`` or more per chunk."""
+        async for chunk in self._generate(message.to_request()):
+            yield chunk
+
+    async def _generate(self, request: Request, until: type | None = None) -> AsyncIterator[Any]:
+        """Submit ``request`` and relay its chunks (``_relay``; ``until``: an item type that
+        ends the relay, e.g. a prefill rank's ``Handoff``)."""
         if self._error is not None:
             raise self._error
-        request = message.to_request()
         request_id = request.request_id
         if request_id in self._streams:
             # Its events would reach the live stream of that id: refuse this one alone.
@@ -213,18 +227,8 @@ class RankReplica:
             self._wake_group()
             self.metrics.note_arrival(request_id)
             builder = ChunkBuilder(request, self.args.stream_interval)
-            while not builder.done:
-                # Whatever queued up while we were away goes out in one chunk: under load
-                # that batches tokens; ``stream_interval`` sets the minimum chunk size.
-                items = [await queue.get()]
-                while not queue.empty():
-                    items.append(queue.get_nowait())
-                for item in items:
-                    if isinstance(item, BaseException):
-                        raise item
-                    builder.add(item)
-                for chunk in builder.take():
-                    yield chunk
+            async for chunk in self._relay(builder, queue, until):
+                yield chunk
             finished = True
         finally:
             self._streams.pop(request_id, None)
@@ -232,6 +236,29 @@ class RankReplica:
                 # The caller went away (or the group failed): free the request's pages.
                 for sequence in builder.unfinished_ids() if builder else [request_id]:
                     self.core.abort(sequence)
+
+    async def _relay(
+        self, builder: ChunkBuilder, queue: asyncio.Queue, until: type | None = None
+    ) -> AsyncIterator[Any]:
+        """The request's events from ``queue`` as chunks, until every sequence ended (or an
+        item of type ``until`` arrives: yielded as it is, and the relay stops)."""
+        while not builder.done:
+            # Whatever queued up while we were away goes out in one chunk: under load
+            # that batches tokens; ``stream_interval`` sets the minimum chunk size.
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            for item in items:
+                if isinstance(item, BaseException):
+                    raise item
+                if until is not None and isinstance(item, until):
+                    for chunk in builder.take():
+                        yield chunk
+                    yield item
+                    return
+                builder.add(item)
+            for chunk in builder.take():
+                yield chunk
 
     async def _compile(self, grammar: tuple[str, str]) -> None:
         """Compile ``grammar`` on the grammar worker, within ``--max-grammar-compile-s``; a
@@ -328,14 +355,14 @@ def _limit_threads() -> None:
     torch.set_num_threads(max(1, math.ceil(cpus - 1e-9)))
 
 
-def _device_type(name: str) -> str:
+def device_type(name: str) -> str:
     """``cuda`` or ``cpu``: the device the runner will use (the backend follows from it)."""
     from actors.model.runner import resolve_device
 
     return resolve_device(name).type
 
 
-def _multinode_host() -> str | None:
+def multinode_host() -> str | None:
     """rank 0's node address when the cluster spans nodes; None for a single node."""
     import ray
 

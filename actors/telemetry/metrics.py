@@ -50,9 +50,29 @@ ROUND_BUCKETS = (
     2.5,
 )
 WAIT_ROUND_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# One request's KV over the P/D link: from a page on loopback to a long prompt across nodes.
+TRANSFER_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 GROUP = ("group", "model")
 RANK = ("group", "model", "dp_rank")
+ROLE = (*RANK, "role")  # P/D series: prefill (sender) or decode (receiver)
 
 
 def _n(name: str) -> str:
@@ -196,6 +216,38 @@ class RankMetricSet:
             buckets=ROUND_BUCKETS,
             registry=r,
         )
+        # P/D disaggregation: KV pages over the link, per role (a fused rank exports none).
+        self.kv_transfer_pages = Counter(
+            _n("kv_transfer_pages"),
+            "KV pages moved over the P/D link: sent (prefill role) or received (decode role)",
+            ROLE,
+            registry=r,
+        )
+        self.kv_transfer_bytes = Counter(
+            _n("kv_transfer_bytes"), "KV bytes moved over the P/D link", ROLE, registry=r
+        )
+        self.kv_transfer_time = Histogram(
+            _n("kv_transfer_seconds"),
+            "Wall time of one request's KV transfer on this rank (send, or receive and write "
+            "into the reserved pages)",
+            ROLE,
+            buckets=TRANSFER_BUCKETS,
+            registry=r,
+        )
+        self.kv_transfer_failures = Counter(
+            _n("kv_transfer_failures"),
+            "KV transfers that failed (that request alone fails)",
+            ROLE,
+            registry=r,
+        )
+        self.pd_waiting = Gauge(
+            _n("rank_pd_waiting_requests"),
+            "Requests waiting for decode capacity: prefilled handoffs holding their pages until "
+            "a decode rank takes them (prefill role), handoffs waiting for pages to receive "
+            "into (decode role)",
+            ROLE,
+            registry=r,
+        )
 
 
 @dataclass
@@ -232,6 +284,21 @@ class RequestMetricSet:
         )
         self.generation_tokens = Counter(
             _n("generation_tokens"), "Generated tokens", labels, registry=r
+        )
+        self.kv_transfer_time = Histogram(
+            _n("request_kv_transfer_seconds"),
+            "P/D: one request's KV transfer as the ingress sees it (decode rank ready to "
+            "receive to KV arrived), the decode rank's wait for capacity excluded",
+            labels,
+            buckets=TRANSFER_BUCKETS,
+            registry=r,
+        )
+        self.decode_wait = Histogram(
+            _n("request_decode_wait_seconds"),
+            "P/D: prefill done (handoff ready) to a decode rank holding pages for it",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.finished = Counter(
             _n("requests_finished"),

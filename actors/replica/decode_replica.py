@@ -1,0 +1,166 @@
+"""A decode-role rank: takes a prefill rank's handoff, receives its KV, and only decodes.
+
+``decode`` queues the handoff; a round reserves its pages (under the 0.9 watermark and the
+batch's slots, like a new prompt on a fused rank: until then it waits for decode capacity);
+the rank then asks the handoff's prefill rank to send (``send_kv``) while it receives into the
+reserved pages over the P/D link, and reports the KV arrived (the request decodes from the
+next round) or failed (that request alone ends with a 500, its pages freed). The stream's
+first item is a ``TransferReport``, then the request's chunks, as ``generate`` streams them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from actors.control.handoff import KVReservation
+from actors.control.messages import GenerateChunk, Usage
+from actors.control.rank_loop import RoundOutcome
+from actors.replica.chunks import ChunkBuilder
+from actors.replica.kv_link import KVLink, TransferFailed, join_link
+from actors.replica.pd_messages import (
+    DecodeRequest,
+    LinkSpec,
+    ReleaseHandoff,
+    SendKV,
+    TransferReport,
+)
+from actors.replica.rank_replica import RankReplica, device_type, multinode_host
+from actors.telemetry.transfer_metrics import TransferMetrics
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
+
+logger = logging.getLogger("roundgate.decode")
+MAX_TAG = 2**31 - 1
+
+
+class DecodeRankReplica(RankReplica):
+    """One rank of the decode group: an attention-DP rank whose requests arrive with KV."""
+
+    async def __init__(
+        self, args: dict[str, Any], link: LinkSpec, prefill: DeploymentHandle
+    ) -> None:
+        await super().__init__(args)
+        if self.args.disaggregation_mode != "decode":
+            raise ValueError("DecodeRankReplica needs --disaggregation-mode decode")
+        self.link_spec = link
+        self.link_rank = link.link_rank("decode", self.rank)
+        self.prefill_ranks = prefill
+        self.transfers = TransferMetrics(
+            self.metrics.set, self.gang_id, self.metrics_model, self.rank, "decode"
+        )
+        # Tags of this rank's transfers: unique per (sender, this receiver) pair in flight.
+        self._tags = itertools.count(1)
+        self._pending_sends: set[asyncio.Future] = set()
+        backend = "nccl" if device_type(self.args.device) == "cuda" else "gloo"
+        timeout = self.args.collective_timeout_s
+        self.link: KVLink = await asyncio.to_thread(
+            join_link, link, self.link_rank, backend, multinode_host(), timeout
+        )
+        logger.info("decode rank %d joined P/D link %s", self.rank, link.link_id)
+
+    def _after_round(self, outcome: RoundOutcome) -> None:
+        for reservation in outcome.plan.reservations:
+            queue = self._streams.get(reservation.request_id)
+            if queue is None:  # its caller went away: free the pages nobody will fill
+                self.core.kv_failed(reservation.request_id, "the request's caller went away")
+            else:
+                self._loop.call_soon_threadsafe(queue.put_nowait, reservation)
+        intake = self.core.scheduler.intake
+        if intake is not None:
+            self.transfers.set_waiting(intake.num_waiting)
+
+    async def decode(self, message: DecodeRequest) -> AsyncIterator[GenerateChunk | TransferReport]:
+        """Take the handoff, receive its KV, stream its tokens (first item: the report)."""
+        if self._error is not None:
+            raise self._error
+        handoff = message.handoff
+        request_id = handoff.request_id
+        usage = Usage(len(handoff.prompt_token_ids), 0)
+        if request_id in self._streams:
+            error = f"request id {request_id!r} is already streaming on this rank"
+            yield GenerateChunk((), "error", usage, error)
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = queue
+        finished = False
+        builder = ChunkBuilder(handoff.to_request(), self.args.stream_interval)
+        try:
+            try:  # off the event loop: a grammar compiles here on first use
+                await asyncio.to_thread(self.core.submit_handoff, handoff)
+            except ValueError as exc:  # this request cannot run here; the group is fine
+                finished = True
+                yield GenerateChunk((), "error", usage, str(exc))
+                return
+            self._wake_group()
+            arrived = time.monotonic()
+            reservation = None
+            async for item in self._relay(builder, queue, until=KVReservation):
+                if isinstance(item, KVReservation):
+                    reservation = item
+                else:
+                    yield item
+            if reservation is None:  # it ended before any page was reserved
+                finished = True
+                return
+            yield await self._receive(reservation, time.monotonic() - arrived)
+            async for chunk in self._relay(builder, queue):
+                yield chunk
+            finished = True
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                for sequence in builder.unfinished_ids():
+                    self.core.abort(sequence)
+
+    async def _receive(self, reservation: KVReservation, waited: float) -> TransferReport:
+        """Have the prefill rank send the reserved pages and receive them; the request's KV
+        arrived or failed either way when this returns."""
+        handoff = reservation.handoff
+        request_id, source = handoff.request_id, handoff.source_rank
+        sources = reservation.source_page_ids
+        start = time.monotonic()
+        if not sources:  # every page was prefix-cached here: nothing moves
+            release = ReleaseHandoff(request_id, source)
+            self._track(self.prefill_ranks.release_handoff.remote(release))
+            self.core.kv_arrived(request_id)
+            self._wake_group()
+            return TransferReport(waited, 0.0, 0, 0)
+        tag = next(self._tags) % MAX_TAG + 1
+        src = self.link_spec.link_rank("prefill", source)
+        order = SendKV(request_id, sources, self.link_rank, tag, source)
+        self._track(self.prefill_ranks.send_kv.remote(order))
+        try:
+            size = await asyncio.to_thread(
+                self.link.receive, self._runner.cache, reservation.target_page_ids, src, tag
+            )
+        except TransferFailed as exc:
+            self.transfers.failed()
+            error = f"KV transfer from prefill rank {source} failed: {exc}"
+            self.core.kv_failed(request_id, error)
+            self._wake_group()
+            return TransferReport(waited, time.monotonic() - start, 0, 0, error)
+        self.core.kv_arrived(request_id)
+        self._wake_group()
+        seconds = time.monotonic() - start
+        self.transfers.transferred(len(sources), size, seconds)
+        return TransferReport(waited, seconds, len(sources), size)
+
+    def _track(self, response: Any) -> None:
+        """Await a call to the prefill role in the background; its failure is logged (the
+        transfer's own outcome already decided the request's)."""
+
+        async def wait() -> None:
+            try:
+                await response
+            except Exception as exc:
+                logger.warning("call to the prefill role failed: %r", exc)
+
+        task = asyncio.ensure_future(wait())
+        self._pending_sends.add(task)
+        task.add_done_callback(self._pending_sends.discard)

@@ -1,0 +1,199 @@
+"""The P/D link: a torch.distributed group of every prefill and decode rank, for KV pages.
+
+A prefill rank hands a request's KV pages to a decode rank point to point over this group
+(gloo on CPU, NCCL on GPU): no pickling, no Serve handle in the data path, and no pages in
+Ray's object store. The group is a process group object of its own, apart from the DP group
+each rank already joined (its ``WORLD``), so a transfer never queues behind a round's
+collectives and both can run at once on different threads.
+
+Link ranks: prefill ranks first (``0 .. P-1``), then decode ranks (``P .. P+D-1``). Link rank
+0 chooses the meeting point and publishes it in Ray's KV store under the link id, which
+``build_app`` draws fresh for each deployment (a redeployed app never meets the old one).
+
+One transfer is two messages with the same tag: a header (``[status, num_pages]``, int64)
+and, when the status is ``OK``, the pages ``[parts, layers, pages, page_size, heads, dim]``
+(parts: K and V, or MLA's latent alone) in the pool's own layout and dtype. A sender that
+cannot send (its pages are gone, an injected fault) sends the header alone with ``FAILED``,
+so the receiver learns it at once instead of waiting out the timeout, and the pair stays in
+step for the next transfer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from actors.replica.pd_messages import LinkSpec
+from kernels.attention import PagedKVCache
+
+OK, FAILED = 0, 1
+KEY_PREFIX = "pd-link-"
+
+
+class TransferFailed(RuntimeError):
+    """One request's KV transfer did not complete; the link and other requests are fine."""
+
+
+@dataclass(frozen=True, slots=True)
+class PageShape:
+    """The layout of one transfer's payload, identical on both ends (checked at startup)."""
+
+    num_parts: int
+    num_layers: int
+    page_size: int
+    num_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, cache: PagedKVCache) -> PageShape:
+        parts = 2 if cache.v else 1
+        _, page_size, heads, dim = cache.k[0].shape
+        return cls(parts, len(cache.k), page_size, heads, dim, cache.k[0].dtype)
+
+    def payload(self, num_pages: int) -> tuple[int, ...]:
+        return (self.num_parts, self.num_layers, num_pages, self.page_size, self.num_heads,
+                self.head_dim)  # fmt: skip
+
+    @property
+    def bytes_per_page(self) -> int:
+        per = self.num_parts * self.num_layers * self.page_size * self.num_heads * self.head_dim
+        return per * torch.empty((), dtype=self.dtype).element_size()
+
+
+def pack_pages(cache: PagedKVCache, page_ids: Sequence[int]) -> torch.Tensor:
+    """``page_ids`` of every layer as one contiguous tensor on the cache's device."""
+    device = cache.k[0].device
+    index = torch.tensor(list(page_ids), dtype=torch.long, device=device)
+    parts = [cache.k, cache.v] if cache.v else [cache.k]
+    return torch.stack([torch.stack([t.index_select(0, index) for t in part]) for part in parts])
+
+
+class KVLink:
+    """This rank's end of the P/D link: send pages to a peer, or receive them into pages."""
+
+    def __init__(
+        self, store: dist.Store, link_rank: int, world_size: int, backend: str, timeout_s: float
+    ) -> None:
+        self.link_rank, self.world_size = link_rank, world_size
+        self.timeout = timedelta(seconds=timeout_s)
+        if backend == "gloo":
+            options = dist.ProcessGroupGloo._Options()
+            options._timeout = self.timeout
+            iface = os.environ.get("GLOO_SOCKET_IFNAME")
+            device = (
+                dist.ProcessGroupGloo.create_device(interface=iface)
+                if iface
+                else dist.ProcessGroupGloo.create_default_device()
+            )
+            options._devices = [device]
+            self.group: dist.ProcessGroup = dist.ProcessGroupGloo(
+                store, link_rank, world_size, options
+            )
+            self.device = torch.device("cpu")
+        elif backend == "nccl":
+            self.group = dist.ProcessGroupNCCL(store, link_rank, world_size)
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            raise ValueError(f"KV link backend must be gloo or nccl, got {backend!r}")
+
+    def send(self, cache: PagedKVCache | None, page_ids: Sequence[int], dst: int, tag: int) -> int:
+        """Send ``page_ids`` of ``cache`` to link rank ``dst`` (``cache`` None: a failure
+        notice); returns the payload's bytes. Blocks until the receiver took it."""
+        if cache is None:
+            self._wait(self.group.send([self._header(FAILED, 0)], dst, tag), "send", dst, tag)
+            return 0
+        payload = pack_pages(cache, page_ids).contiguous()
+        self._wait(self.group.send([self._header(OK, len(page_ids))], dst, tag), "send", dst, tag)
+        self._wait(self.group.send([payload], dst, tag), "send", dst, tag)
+        return payload.numel() * payload.element_size()
+
+    def receive(self, cache: PagedKVCache, page_ids: Sequence[int], src: int, tag: int) -> int:
+        """Receive ``len(page_ids)`` pages from link rank ``src`` into ``page_ids`` of
+        ``cache``; returns the bytes. ``TransferFailed`` when the sender reports a failure,
+        sends another page count, or nothing arrives within the link's timeout."""
+        header = self._header(0, 0)
+        self._wait(self.group.recv([header], src, tag), "receive", src, tag)
+        status, count = (int(x) for x in header.tolist())
+        if status != OK:
+            raise TransferFailed(f"link rank {src} could not send the KV pages (tag {tag})")
+        shape = PageShape.of(cache)
+        payload = torch.empty(shape.payload(count), dtype=shape.dtype, device=self.device)
+        # Taken even when the count is wrong: a payload left unreceived would hold the
+        # sender until its timeout.
+        self._wait(self.group.recv([payload], src, tag), "receive", src, tag)
+        if count != len(page_ids):
+            raise TransferFailed(
+                f"link rank {src} sent {count} pages, {len(page_ids)} were reserved (tag {tag})"
+            )
+        cache.write_pages(page_ids, payload)
+        return payload.numel() * payload.element_size()
+
+    def _header(self, status: int, num_pages: int) -> torch.Tensor:
+        return torch.tensor([status, num_pages], dtype=torch.int64, device=self.device)
+
+    def _wait(self, work: dist.Work, verb: str, peer: int, tag: int) -> None:
+        try:
+            work.wait(self.timeout)
+        except Exception as exc:  # gloo raises RuntimeError on a timeout or a closed peer
+            raise TransferFailed(
+                f"KV {verb} with link rank {peer} (tag {tag}) failed: {exc}"
+            ) from exc
+
+
+def open_store(init_method: str, link_rank: int, world_size: int, timeout_s: float) -> dist.Store:
+    """The link's rendezvous store: a file on one node, or TCP on link rank 0's node."""
+    timeout = timedelta(seconds=timeout_s)
+    if init_method.startswith("file://"):
+        store: dist.Store = dist.FileStore(init_method[len("file://") :], world_size)
+        store.set_timeout(timeout)
+        return store
+    host, port = init_method[len("tcp://") :].rsplit(":", 1)
+    return dist.TCPStore(host, int(port), world_size, link_rank == 0, timeout)
+
+
+def join_link(
+    spec: LinkSpec, link_rank: int, backend: str, host: str | None, timeout_s: float
+) -> KVLink:
+    """Join the P/D link as ``link_rank``; an error naming the members that did not come.
+
+    Link rank 0 picks and publishes the meeting point (Ray's KV store, keyed by the link id);
+    every member marks itself in the link's store before the group connects, so a timeout can
+    say who is missing (a role that never started, or cannot reach this node).
+    """
+    from actors.replica import rendezvous
+
+    key = KEY_PREFIX + spec.link_id
+    if link_rank == 0:
+        meeting = rendezvous.choose_meeting(key, backend, host)
+        rendezvous.publish(key, meeting)
+    else:
+        try:
+            meeting = rendezvous.lookup(key, timeout_s)
+        except TimeoutError:
+            raise TimeoutError(
+                f"P/D link: {spec.name(0)} did not publish the link's meeting point within "
+                f"{timeout_s:g} s (is the prefill role running?)"
+            ) from None
+    if meeting.init_method.startswith("file://"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = open_store(meeting.init_method, link_rank, spec.world_size, timeout_s)
+    store.set(f"joined/{link_rank}", "1")
+    deadline = time.monotonic() + timeout_s
+    keys = [f"joined/{r}" for r in range(spec.world_size)]
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            missing = [spec.name(r) for r, k in enumerate(keys) if not store.check([k])]
+            raise TimeoutError(
+                f"P/D link: {', '.join(missing)} did not join within {timeout_s:g} s "
+                f"(seen from {spec.name(link_rank)}): the peer role is not running or cannot "
+                "be reached"
+            )
+        time.sleep(0.1)
+    return KVLink(store, link_rank, spec.world_size, backend, timeout_s)

@@ -1,0 +1,94 @@
+"""The messages of the served P/D path, between the ingress and the two roles' ranks.
+
+    ingress ── GenerateRequest ──► prefill rank .prefill()  ──► PrefillResult (a Handoff, or
+                                                                the whole answer)
+    ingress ── DecodeRequest ────► decode rank .decode()    ──► TransferReport, then the
+                                                                GenerateChunks
+    decode rank ── SendKV ───────► prefill rank .send_kv()  (the pages go over the KV link)
+    ingress ── ReleaseHandoff ───► prefill rank             (a handoff no decode rank took)
+
+Every message names the rank it must reach with ``dp_rank`` (the routers pin on it) or leaves
+it None for the role's router: the prefill role's routes a prompt to the rank with the longest
+cached prefix (cache-aware), the decode role's to the least-loaded rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from actors.control.handoff import Handoff
+from actors.control.messages import GenerateChunk
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSpec:
+    """The P/D link of one deployment: its id (fresh per ``build_app``) and the group sizes.
+
+    Link ranks: prefill ranks ``0 .. P-1``, then decode ranks ``P .. P+D-1``.
+    """
+
+    link_id: str
+    num_prefill: int
+    num_decode: int
+
+    @property
+    def world_size(self) -> int:
+        return self.num_prefill + self.num_decode
+
+    def link_rank(self, role: str, dp_rank: int) -> int:
+        return dp_rank if role == "prefill" else self.num_prefill + dp_rank
+
+    def name(self, link_rank: int) -> str:
+        """``prefill rank 0`` or ``decode rank 1``: how errors name a link member."""
+        if link_rank < self.num_prefill:
+            return f"prefill rank {link_rank}"
+        return f"decode rank {link_rank - self.num_prefill}"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    """What a prefill rank returns: the request's ``Handoff`` (its first tokens sampled, its
+    pages pinned there) or, when it ended at its first token or was refused, ``chunks``."""
+
+    handoff: Handoff | None
+    chunks: tuple[GenerateChunk, ...] = ()
+    prefill_s: float = 0.0  # arrival at the prefill rank to the handoff
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRequest:
+    """A handoff for a decode rank (``dp_rank`` None: the least-loaded one)."""
+
+    handoff: Handoff
+    dp_rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransferReport:
+    """A decode rank's first stream item: how the request's KV got there."""
+
+    decode_wait_s: float  # handoff taken to pages reserved (waiting for decode capacity)
+    transfer_s: float  # pages reserved to KV written (or the failure known)
+    num_pages: int  # pages moved (the decode rank's prefix-cached ones stay)
+    num_bytes: int
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SendKV:
+    """Ask prefill rank ``dp_rank`` to send a handoff's pages to link rank ``dst`` with
+    ``tag``; it unpins them once sent (or once it reported that it cannot)."""
+
+    request_id: str
+    page_ids: tuple[int, ...]
+    dst: int
+    tag: int
+    dp_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseHandoff:
+    """Unpin a handoff no decode rank took (its client left, or the decode rank refused it)."""
+
+    request_id: str
+    dp_rank: int

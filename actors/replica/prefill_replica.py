@@ -1,0 +1,111 @@
+"""A prefill-role rank: computes a prompt's KV and first token, then hands the request off.
+
+``prefill`` runs the request like ``generate`` until the round that samples its first token
+turns it into a ``Handoff`` (its pages pinned here); ``send_kv``, called by the decode rank
+that reserved pages for it, sends those pages over the P/D link and unpins them, whatever
+happened. A request that ends at its first token (or is refused) comes back whole instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from actors.control.handoff import Handoff
+from actors.control.messages import GenerateChunk, GenerateRequest, RankTarget
+from actors.control.rank_loop import RoundOutcome
+from actors.replica.kv_link import KVLink, TransferFailed, join_link
+from actors.replica.pd_messages import LinkSpec, PrefillResult, ReleaseHandoff, SendKV
+from actors.replica.rank_replica import RankReplica, device_type, multinode_host
+from actors.telemetry.transfer_metrics import TransferMetrics
+
+logger = logging.getLogger("roundgate.prefill")
+
+
+class PrefillRankReplica(RankReplica):
+    """One rank of the prefill group: prefill only, then the KV goes to a decode rank."""
+
+    async def __init__(self, args: dict[str, Any], link: LinkSpec) -> None:
+        await super().__init__(args)
+        if self.args.disaggregation_mode != "prefill":
+            raise ValueError("PrefillRankReplica needs --disaggregation-mode prefill")
+        self.link_spec = link
+        self.link_rank = link.link_rank("prefill", self.rank)
+        self.transfers = TransferMetrics(
+            self.metrics.set, self.gang_id, self.metrics_model, self.rank, "prefill"
+        )
+        # Fault injection for tests and drills: the next sends report a failure instead.
+        self._faults = 0
+        backend = "nccl" if device_type(self.args.device) == "cuda" else "gloo"
+        timeout = self.args.collective_timeout_s
+        self.link: KVLink = await asyncio.to_thread(
+            join_link, link, self.link_rank, backend, multinode_host(), timeout
+        )
+        logger.info("prefill rank %d joined P/D link %s", self.rank, link.link_id)
+
+    def _after_round(self, outcome: RoundOutcome) -> None:
+        for handoff in outcome.handoffs:
+            queue = self._streams.get(handoff.request_id)
+            if queue is None:  # its caller went away: nobody will send these pages
+                self.core.release_handoff(handoff.request_id)
+            else:
+                self._loop.call_soon_threadsafe(queue.put_nowait, handoff)
+        pinned = self.core.scheduler.handoffs
+        if pinned is not None:
+            self.transfers.set_waiting(len(pinned.pinned))
+
+    async def generate(self, message: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """A prefill rank never decodes: its requests come through ``prefill``."""
+        raise ValueError("a prefill rank takes requests through prefill(), not generate()")
+        yield  # an async generator, as Serve's streaming call expects
+
+    async def prefill(self, message: GenerateRequest) -> PrefillResult:
+        """Prefill ``message``; its ``Handoff``, or its whole answer when it needs no decode."""
+        start = time.monotonic()
+        chunks: list[GenerateChunk] = []
+        async for item in self._generate(message.to_request(), until=Handoff):
+            if isinstance(item, Handoff):
+                return PrefillResult(item, tuple(chunks), time.monotonic() - start)
+            chunks.append(item)
+        return PrefillResult(None, tuple(chunks), time.monotonic() - start)
+
+    async def send_kv(self, order: SendKV) -> int:
+        """Send a handoff's pages to the decode rank that reserved room for them, then unpin
+        them; returns the bytes sent. A handoff that is no longer pinned here (released, or
+        never made) is reported to the receiver as a failure, so it fails that request at
+        once instead of waiting out the link's timeout."""
+        pinned = self.core.scheduler.handoffs
+        ok = pinned is not None and order.request_id in pinned.pinned
+        if ok and self._faults > 0:
+            self._faults -= 1
+            ok = False
+            logger.warning("injected KV transfer fault for request %s", order.request_id)
+        cache = self._runner.cache if ok else None
+        start = time.monotonic()
+        try:
+            size = await asyncio.to_thread(
+                self.link.send, cache, order.page_ids, order.dst, order.tag
+            )
+        except TransferFailed:
+            self.transfers.failed()
+            raise
+        finally:
+            self.core.release_handoff(order.request_id)
+            self._wake_group()
+        if not ok:
+            self.transfers.failed()
+            return 0
+        self.transfers.transferred(len(order.page_ids), size, time.monotonic() - start)
+        return size
+
+    async def release_handoff(self, order: ReleaseHandoff) -> None:
+        """Unpin a handoff no decode rank will take (idempotent)."""
+        self.core.release_handoff(order.request_id)
+        self._wake_group()
+
+    async def inject_transfer_faults(self, target: RankTarget, count: int) -> None:
+        """Make the next ``count`` sends report a failure (tests and failure drills)."""
+        self._faults = count

@@ -1,0 +1,57 @@
+"""The two rank deployments of a P/D app: a prefill group and a decode group, one link.
+
+Each role is a Serve gang of its ``dp_size`` ranks (its own DP group, restarted together);
+both join one P/D link (``actors/replica/kv_link.py``) under an id drawn here, so a redeployed
+app never meets the old one's ranks. The prefill role routes a prompt to the rank with the
+fewest uncached tokens (the cache-aware router on the prefill pool); the decode role to the
+least-loaded rank.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from ray import serve
+from ray.serve.config import GangSchedulingConfig, RequestRouterConfig
+
+from actors.replica.decode_replica import DecodeRankReplica
+from actors.replica.pd_messages import LinkSpec
+from actors.replica.prefill_replica import PrefillRankReplica
+from deployment.config import AppArgs
+from deployment.routing.routers import ROUTER_CLASSES
+
+ROLE_ROUTERS = {"prefill": "cache-aware", "decode": "least-loaded"}
+
+
+def build_roles(cfg: AppArgs) -> tuple[Any, Any]:
+    """The bound prefill and decode deployments of a validated P/D ``cfg``."""
+    prefill, decode = cfg.role_args("prefill"), cfg.role_args("decode")
+    link = LinkSpec(uuid.uuid4().hex, prefill.dp_size, decode.dp_size)
+    router_kwargs = {"prefill": cfg.pd_router_kwargs(), "decode": {}}
+
+    def options(role: str, dp_size: int, timeout_s: float) -> dict[str, Any]:
+        cpus, gpus = cfg.role_resources(role)
+        return {
+            "name": f"{role.capitalize()}Rank",
+            "num_replicas": dp_size,
+            "max_ongoing_requests": cfg.max_ongoing_requests,
+            "ray_actor_options": {"num_cpus": cpus, "num_gpus": gpus},
+            "gang_scheduling_config": GangSchedulingConfig(gang_size=dp_size),
+            "request_router_config": RequestRouterConfig(
+                request_router_class=ROUTER_CLASSES[ROLE_ROUTERS[role]],
+                request_router_kwargs=router_kwargs[role],
+                request_routing_stats_period_s=0.5,
+            ),
+            "health_check_period_s": 2.0,
+            "health_check_timeout_s": max(10.0, timeout_s),
+            "graceful_shutdown_timeout_s": 5.0,
+        }
+
+    prefill_app = serve.deployment(
+        PrefillRankReplica, **options("prefill", prefill.dp_size, prefill.collective_timeout_s)
+    ).bind(prefill.to_dict(), link)
+    decode_app = serve.deployment(
+        DecodeRankReplica, **options("decode", decode.dp_size, decode.collective_timeout_s)
+    ).bind(decode.to_dict(), link, prefill_app)
+    return prefill_app, decode_app
