@@ -179,3 +179,33 @@ def test_forks_share_the_prompt_pages_and_copy_only_the_partial_last_one() -> No
         "h#2",
     ]
     pool.check_integrity()
+
+
+@pytest.mark.parametrize("ended", [(0,), (0, 1), (1,)], ids=["parent", "parent+fork", "fork"])
+def test_sequences_that_end_at_their_first_token_leave_the_forks_copies_intact(ended) -> None:
+    # A stop token sampled on the prefill rank ends a sequence at arrival. Sequence 0's last
+    # page is the forks' copy source: it stays held until the copies ran; a fork that ended
+    # gets no copy (its pages are freed). Served, sequence 0 ending first crashed the rank.
+    one = fork_handoff(10, n=3)
+    firsts = tuple(2 if j in ended else FIRST for j in range(3))
+    handoff = replace(
+        one,
+        sampling=replace(one.sampling, stop_token_ids=(2,)),
+        first_token_ids=firsts,
+    )
+    core = make_core("decode")
+    core.submit_handoff(handoff)
+    (reservation,) = core.step().plan.reservations
+    parent_tail = reservation.target_page_ids[2]
+    pool = core.scheduler.pool
+    core.kv_arrived("h")
+    outcome = core.step()
+    live = [j for j in (1, 2) if j not in ended]
+    targets = [core.scheduler.requests[f"h#{j}"].page_ids[2] for j in live]
+    assert outcome.plan.page_copies == [(parent_tail, t) for t in targets]
+    assert pool.num_holders(parent_tail) == (1 if live and 0 in ended else int(0 not in ended))
+    pool.check_integrity()
+    for _ in range(8):  # the rest decode to their end; every page comes back
+        core.step()
+    assert pool.num_used_pages == 0
+    pool.check_integrity()

@@ -68,6 +68,10 @@ class HandoffIntake:
         self._orphans: set[str] = set()
         # Pages to copy before the next forward: a fork's private copy of the last page.
         self._copies: list[tuple[int, int]] = []
+        # A finished sequence 0's last page, held for the copies read from it: queued (for the
+        # next plan) and planned (freed at the plan after, once the copies have run).
+        self._copy_holds: list[str] = []
+        self._planned_holds: list[str] = []
         self.num_reserved = 0
         self.num_transferred_pages = 0
         self.num_cached_pages = 0
@@ -120,6 +124,10 @@ class HandoffIntake:
     def plan(self, plan: RoundPlan) -> None:
         """The round's page copies for forks that arrived, and reservations for waiting
         handoffs, oldest first, while the pool and the batch allow."""
+        for owner in self._planned_holds:  # their copies ran in the last round
+            self.pool.free(owner)
+        self._planned_holds = self._copy_holds
+        self._copy_holds = []
         if self._copies:
             plan.page_copies.extend(self._copies)
             self._copies.clear()
@@ -196,13 +204,13 @@ class HandoffIntake:
             for i, key in enumerate(keys):
                 self.pool.register(req.page_ids[i], key)
         tail = prompt // page_size
-        for j, seq in enumerate([req, *forks]):
+        sequences = [req, *forks]
+        finished_at_first = []
+        for j, seq in enumerate(sequences):
             seq.num_computed_tokens = prompt
             seq.status = _DECODING
             if seq is not req:
                 seq.page_ids = self.pool.pages_of(seq.request_id)
-                if prompt % page_size:
-                    self._copies.append((req.page_ids[tail], seq.page_ids[tail]))
                 self.queues.requests[seq.request_id] = seq
             lp = handoff.first_logprobs[j]
             if lp is not None:
@@ -210,8 +218,23 @@ class HandoffIntake:
             self.queues.running.append(seq)
             token = handoff.first_token_ids[j]
             finished = seq.append_token(token, self.max_sequence_len)
+            finished_at_first.append(finished)
             # Out with the next update, with the round's other ends (``RequestEnds.events``).
             self.ends.events.append(TokenEvent(seq, token, finished))
+        # A fork that goes on decoding needs its own copy of the prompt's partial last page
+        # (a fork that ended at its first token needs none: its pages are freed below). When
+        # sequence 0 itself ended, its last page is held until the copies have read it.
+        copies = [
+            (req.page_ids[tail], seq.page_ids[tail])
+            for seq, finished in zip(forks, finished_at_first[1:], strict=True)
+            if not finished and prompt % page_size
+        ]
+        if copies and finished_at_first[0]:
+            owner = f"{request_id}:fork-copy-source"
+            self.pool.share(owner, [req.page_ids[tail]])
+            self._copy_holds.append(owner)
+        self._copies.extend(copies)
+        for seq, finished in zip(sequences, finished_at_first, strict=True):
             if finished:
                 self.retire(seq)
 
