@@ -14,7 +14,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
@@ -127,6 +127,25 @@ def load_key(replica: RunningReplica, in_flight: int | None) -> tuple[float, flo
     return (float(load), float(stats.get("kv_occupancy", 0.0)))
 
 
+def pick_by_prompt(
+    router: RequestRouter,
+    replicas: Sequence[RunningReplica],
+    pending: PendingRequest | None,
+    choose: Callable[[list[str], list[float], Any, Any], Any],
+) -> RunningReplica:
+    """The prompt routers' shared pick: ``choose(ids, loads, prompt, session)`` names the
+    replica (its ``.rank``) for a call carrying a prompt; one without goes to the least-loaded."""
+    cache = router.replica_queue_len_cache
+    loads = [load_key(r, cache.get(r.replica_id))[0] for r in replicas]
+    message = pending.args[0] if pending is not None and pending.args else None
+    prompt = getattr(message, "prompt_token_ids", None)
+    if not prompt:
+        return replicas[min(range(len(replicas)), key=lambda i: loads[i])]
+    ids = [str(r.replica_id) for r in replicas]
+    choice = choose(ids, loads, prompt, getattr(message, "session_id", None))
+    return replicas[ids.index(choice.rank)]
+
+
 class LeastLoadedRouter(_RankRouter):
     """The replica with the fewest unfinished requests (then the emptiest KV pool)."""
 
@@ -168,15 +187,7 @@ class CacheAwareRouter(_RankRouter):
     def pick(
         self, replicas: Sequence[RunningReplica], pending: PendingRequest | None = None
     ) -> RunningReplica:
-        cache = self.replica_queue_len_cache
-        loads = [load_key(r, cache.get(r.replica_id))[0] for r in replicas]
-        message = pending.args[0] if pending is not None and pending.args else None
-        prompt = getattr(message, "prompt_token_ids", None)
-        if not prompt:
-            return replicas[min(range(len(replicas)), key=lambda i: loads[i])]
-        ids = [str(r.replica_id) for r in replicas]
-        choice = self.policy.choose(ids, loads, prompt, getattr(message, "session_id", None))
-        return replicas[ids.index(choice.rank)]
+        return pick_by_prompt(self, replicas, pending, self.policy.choose)
 
 
 class KvAwareRouter(_RankRouter):
@@ -242,13 +253,7 @@ class KvAwareRouter(_RankRouter):
     def pick(
         self, replicas: Sequence[RunningReplica], pending: PendingRequest | None = None
     ) -> RunningReplica:
-        cache = self.replica_queue_len_cache
-        loads = [load_key(r, cache.get(r.replica_id))[0] for r in replicas]
-        message = pending.args[0] if pending is not None and pending.args else None
-        prompt = getattr(message, "prompt_token_ids", None)
-        if not prompt:
-            return replicas[min(range(len(replicas)), key=lambda i: loads[i])]
-        ids = [str(r.replica_id) for r in replicas]
-        session = getattr(message, "session_id", None)
-        choice = self.policy.choose(ids, loads, prompt, time.time(), session)
-        return replicas[ids.index(choice.rank)]
+        def choose(ids: list[str], loads: list[float], prompt: Any, session: Any) -> Any:
+            return self.policy.choose(ids, loads, prompt, time.time(), session)
+
+        return pick_by_prompt(self, replicas, pending, choose)
