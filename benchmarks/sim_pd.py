@@ -20,8 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from actors.server_args import ServerArgs
-from gate import registry
 from sim.disaggregated import describe_transfers, simulate_pd
+from sim.options import policy_args
 from sim.report import summarize
 from sim.round_costs import PRESETS, RoundCosts
 from sim.router import RouterSpec
@@ -40,7 +40,9 @@ KV_BYTES = {"h100-dsv3": 70_272, "gb200-dsv3": 40_016}
 
 
 def fused_args(dp_size: int, policy: str) -> ServerArgs:
-    return ServerArgs(
+    return policy_args(
+        policy,
+        {},
         dp_size=dp_size,
         max_num_seqs=1024 * dp_size,
         max_scheduled_tokens=8192,
@@ -48,8 +50,6 @@ def fused_args(dp_size: int, policy: str) -> ServerArgs:
         num_kv_pages=8192,
         enable_mixed_prefill_decode=True,
         enable_prefix_caching=False,  # synthetic prompts share no prefix
-        prefill_policy=policy,
-        **registry.comparison_flags(policy, {}),
     )
 
 
