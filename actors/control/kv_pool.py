@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, KeysView, Sequence
 
 from actors.control.kv_events import KvEventLog
-from actors.control.page_keys import PageKey
+from actors.control.page_keys import PageKey, num_leading
 
 
 class KVPool:
@@ -136,13 +136,7 @@ class KVPool:
 
     def num_cached_prefix(self, keys: Sequence[PageKey]) -> int:
         """How many leading pages of ``keys`` are cached (a read: nothing changes)."""
-        page_of = self._page_of
-        count = 0
-        for key in keys:
-            if key not in page_of:
-                break
-            count += 1
-        return count
+        return num_leading(keys, self._page_of)
 
     def allocate_cached(self, owner: Hashable, keys: Sequence[PageKey]) -> list[int]:
         """Start a new owner on the cached pages of the longest prefix of ``keys``.

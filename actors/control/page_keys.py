@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 
 PageKey = bytes
 # The parent of a sequence's first page.
@@ -56,3 +56,14 @@ def extend_keys(
         parent = page_key(parent, tokens(i * page_size, (i + 1) * page_size))
         keys.append(parent)
     return keys
+
+
+def num_leading(keys: Sequence[PageKey], held: Container[PageKey]) -> int:
+    """How many leading pages of ``keys`` are in ``held`` (a prefix match stops at the first
+    page missing: the pages after it were computed over it)."""
+    count = 0
+    for key in keys:
+        if key not in held:
+            break
+        count += 1
+    return count

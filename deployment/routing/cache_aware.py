@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from actors.control.page_keys import PageKey, page_keys
+from actors.control.page_keys import PageKey, num_leading, page_keys
 
 
 @dataclass(frozen=True)
@@ -71,14 +71,7 @@ class PrefixIndex:
     def match(self, rank: Hashable, keys: Sequence[PageKey]) -> int:
         """Leading pages of ``keys`` the rank is believed to hold."""
         held = self._keys.get(rank)
-        if not held:
-            return 0
-        count = 0
-        for key in keys:
-            if key not in held:
-                break
-            count += 1
-        return count
+        return num_leading(keys, held) if held else 0
 
     def insert(self, rank: Hashable, keys: Sequence[PageKey]) -> None:
         held = self._keys.setdefault(rank, OrderedDict())

@@ -21,7 +21,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from actors.control.kv_events import KvEventBatch, KvSnapshot, RankLoad
-from actors.control.page_keys import PageKey
+from actors.control.page_keys import PageKey, num_leading
 
 
 @dataclass(slots=True)
@@ -104,13 +104,7 @@ class KvIndex:
         entry = self._ranks.get(source)
         if entry is None:
             return 0
-        held = entry.keys
-        count = 0
-        for key in keys:
-            if key not in held:
-                break
-            count += 1
-        return count
+        return num_leading(keys, entry.keys)
 
     def load(self, source: Hashable) -> tuple[RankLoad, float]:
         """The rank's last load and the publisher's clock then (an empty load, -inf: none)."""
