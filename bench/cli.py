@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.client import RequestResult, run_load
 from bench.report import format_table, summarize, write_plots
-from bench.sessions import hit_counters, hit_rate, run_sessions, scrape_metrics
+from bench.sessions import hit_counters, hit_rate, run_sessions, scrape_metrics, scrape_settled
 from deployment.local import DEFAULT_CONFIG
 from gate import registry
 from sim.arrivals import Arrival
@@ -181,7 +181,7 @@ def _load(
     results, duration = asyncio.run(load)
     if bar:
         bar.close()
-    after = scrape_metrics(url, ns.api_key)
+    after = scrape_settled(url, ns.api_key)
     ns.hit_rates[label] = hit_rate(hit_counters(before), hit_counters(after))
     if ns.metrics_dir is not None:
         # Both scrapes: ``roundgate calibrate --metrics AFTER --metrics-baseline BEFORE`` prices

@@ -92,10 +92,34 @@ def hit_counters(scrape: str | None) -> HitCounters | None:
     return {key: (q, h) for key, (q, h) in out.items()}
 
 
-def read_hit_counters(url: str, api_key: str | None = None) -> tuple[float, float] | None:
-    """The deployment's prefix-cache (queries, hits) in tokens, summed over ranks (None when
-    its ``/metrics`` cannot be read)."""
-    return hit_counters(scrape_metrics(url, api_key))
+def scrape_settled(url: str, api_key: str | None = None, max_wait_s: float = 10.0) -> str | None:
+    """``/metrics`` once the load's last counts have reached it.
+
+    Each process pushes its series to the metrics hub once a second (``PUSH_INTERVAL_S``),
+    so a scrape right after the last response can miss that response's own counts (a served
+    test read a hit rate of 0.195 where the ranks had counted 0.6). Scrapes a push interval
+    apart until the hit counters stop moving, at most ``max_wait_s``."""
+    from actors.telemetry.metrics_hub import PUSH_INTERVAL_S
+
+    gap = 1.5 * PUSH_INTERVAL_S
+    text = scrape_metrics(url, api_key)
+    deadline = time.monotonic() + max_wait_s
+    while time.monotonic() + gap <= deadline:
+        time.sleep(gap)
+        later = scrape_metrics(url, api_key)
+        if hit_counters(later) == hit_counters(text):
+            return later
+        text = later
+    return text
+
+
+def read_hit_counters(
+    url: str, api_key: str | None = None, settle: bool = False
+) -> HitCounters | None:
+    """The deployment's prefix-cache (queries, hits) in tokens, per rank series (None when
+    its ``/metrics`` cannot be read); ``settle``: after a load, wait for its last counts."""
+    text = scrape_settled(url, api_key) if settle else scrape_metrics(url, api_key)
+    return hit_counters(text)
 
 
 def hit_rate(before: HitCounters | None, after: HitCounters | None) -> float | None:

@@ -28,11 +28,11 @@ PRESET = replace(
 
 def run(app: Any) -> float | None:
     sessions = make_sessions(SessionSpec(PRESET, num_sessions=4, rate=20.0, vocab_size=256))
-    before = read_hit_counters(app.url)
+    before = read_hit_counters(app.url, settle=True)
     model = app.args["model"]
     results, _ = asyncio.run(run_sessions(app.url, model, sessions, timeout_s=300))
     assert all(r.ok for r in results), [r.error for r in results]
-    return hit_rate(before, read_hit_counters(app.url))
+    return hit_rate(before, read_hit_counters(app.url, settle=True))
 
 
 def hub_call(method: str) -> Any:

@@ -28,11 +28,11 @@ PRESET = replace(
 
 def answers(app: Any) -> tuple[dict[tuple[int, int], list[int]], float | None]:
     sessions = make_sessions(SessionSpec(PRESET, num_sessions=3, rate=20.0, vocab_size=256))
-    before = read_hit_counters(app.url)
+    before = read_hit_counters(app.url, settle=True)
     results, _ = asyncio.run(run_sessions(app.url, MODEL, sessions, timeout_s=300))
     assert all(r.ok for r in results), [r.error for r in results]
     assert len(results) == 3 * PRESET.turns
-    rate = hit_rate(before, read_hit_counters(app.url))
+    rate = hit_rate(before, read_hit_counters(app.url, settle=True))
     return {(r.session, r.turn): r.output_token_ids for r in results}, rate
 
 
