@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=25
 SMOLLM2_VERSION := 0.1.2
 
 LMEVAL_VENV := .venv-lmeval
