@@ -12,7 +12,10 @@ times and reports the medians:
   events): prefix hit rate (the ranks' own counters) and TTFT p50;
 - a random-prompt open-loop load: ``round-robin`` vs ``gate-aware``: TTFT p50 and ITL.
 
-For the kv arms it also reads the hub's events/s and its send-to-hub lag.
+For the kv arms it also reads the hub's events/s and its send-to-hub lag. With a P/D
+``--config`` (a ``prefill:`` and a ``decode:`` section) the session arms compare the P/D
+routers instead (``cache-aware``: the ingress's guess; ``kv-aware``: the ranks' reports, both
+roles), the hit rate read from the prefill ranks; the random-prompt arms are fused-only.
 """
 
 from __future__ import annotations
@@ -62,22 +65,34 @@ def hub_stats() -> dict[str, float] | None:
     return ray.get(hub.stats_dict.remote(), timeout=30)
 
 
-def rank_counters(num_ranks: int = 2) -> tuple[int, int]:
+def counted_ranks(cfg: dict[str, Any]) -> tuple[str, int]:
+    """The deployment whose ranks take the prompts (so count prefix hits), and how many: a
+    P/D config's prefill role, else the fused groups' ranks."""
+    args = cfg["applications"][0]["args"]
+    if "prefill" in args:
+        return "PrefillRank", int(args["prefill"].get("dp_size", 1))
+    return "RankReplica", int(args.get("dp_size", 1)) * int(args.get("num_groups", 1))
+
+
+def rank_counters(ranks_of: tuple[str, int] = ("RankReplica", 2)) -> tuple[int, int]:
     """Prefix-cache (queries, hits) in tokens, summed over the ranks (their own counters:
     the metrics endpoint's series can outlive a redeploy)."""
     from ray import serve
 
     from actors.control.messages import RankTarget
 
-    ranks = serve.get_deployment_handle("RankReplica", app_name="roundgate")
+    deployment, num_ranks = ranks_of
+    ranks = serve.get_deployment_handle(deployment, app_name="roundgate")
     stats = [
         ranks.stats_snapshot.remote(RankTarget(r)).result(timeout_s=60) for r in range(num_ranks)
     ]
     return sum(s["prefix_queries"] for s in stats), sum(s["prefix_hits"] for s in stats)
 
 
-def one_run(url: str, model: str, kind: str, ns: argparse.Namespace, seed: int) -> dict[str, Any]:
-    before = rank_counters()
+def one_run(
+    url: str, model: str, kind: str, ns: argparse.Namespace, seed: int, ranks_of: tuple[str, int]
+) -> dict[str, Any]:
+    before = rank_counters(ranks_of)
     if kind == "sessions":
         spec = SessionSpec(SESSIONS, ns.num_sessions, ns.session_rate, vocab_size=256, seed=seed)
         load = run_sessions(url, model, make_sessions(spec), timeout_s=600)
@@ -100,7 +115,7 @@ def one_run(url: str, model: str, kind: str, ns: argparse.Namespace, seed: int) 
         "ttft_p99": summary["ttft_ms"]["p99"],
         "itl_p50": summary["itl_ms"]["p50"],
         "itl_p99": summary["itl_ms"]["p99"],
-        "hit_rate": hit_rate_between(before, rank_counters()),
+        "hit_rate": hit_rate_between(before, rank_counters(ranks_of)),
     }
 
 
@@ -131,11 +146,12 @@ def main() -> None:
     model = cfg["applications"][0]["args"]["model"]
     url = config_url(cfg)
     arms = {name: ARMS[name] for name in ns.arms.split(",")}
+    ranks_of = counted_ranks(cfg)
     report: dict[str, Any] = {}
 
     def run(label: str) -> None:
         kind = arms[label][0]
-        runs = [one_run(url, model, kind, ns, seed) for seed in range(ns.repeats)]
+        runs = [one_run(url, model, kind, ns, seed, ranks_of) for seed in range(ns.repeats)]
         report[label] = {
             "workload": kind,
             "runs": runs,

@@ -32,7 +32,7 @@ from deployment.openai.tokenization import (
 )
 from deployment.pd_app import build_roles
 from deployment.request_metrics import exposition
-from deployment.routing.routers import KV_ROUTERS, ROUTER_CLASSES
+from deployment.routing.routers import ROUTER_CLASSES
 
 
 @serve.ingress(api)
@@ -113,9 +113,6 @@ def build_app(args: dict[str, Any]) -> Application:
         return ingress.bind(prefill, cfg.model_dump(), decode)
     engine = cfg.server_args()
     router_kwargs = cfg.router_kwargs()
-    engine_flags = engine.to_dict()
-    if cfg.router in KV_ROUTERS:  # their ranks publish what their pools hold
-        engine_flags["publish_kv_events"] = True
     ranks = serve.deployment(
         RankReplica,
         name="RankReplica",
@@ -131,5 +128,5 @@ def build_app(args: dict[str, Any]) -> Application:
         health_check_period_s=2.0,
         health_check_timeout_s=max(10.0, engine.collective_timeout_s),
         graceful_shutdown_timeout_s=5.0,
-    ).bind(engine_flags)
+    ).bind(cfg.rank_flags())
     return ingress.bind(ranks, cfg.model_dump())

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from actors.server_args import ServerArgs, engine_arg_names
 from deployment.openai.grammar_limits import GrammarLimits
-from deployment.pd_config import ROLES, RoleArgs, role_server_args, split_role
+from deployment.pd_config import ROLES, RoleArgs, pd_role_routers, role_server_args, split_role
 from deployment.routing.kv_router import KvRouterConfig
 
 _GRAMMAR = GrammarLimits()  # the defaults live with the limits' checks
@@ -66,6 +66,7 @@ class AppArgs(BaseModel):
     decode: RoleArgs | None = None
     _server_args: ServerArgs | None = PrivateAttr(default=None)
     _role_args: dict[str, ServerArgs] = PrivateAttr(default_factory=dict)
+    _role_routers: dict[str, str] = PrivateAttr(default_factory=dict)  # P/D: role -> router
 
     @model_validator(mode="before")
     @classmethod
@@ -106,10 +107,12 @@ class AppArgs(BaseModel):
                 raise ValueError("route_weights must be >= 0 with a positive sum")
         elif self.route_weights is not None:
             raise ValueError(f"route_weights applies to router 'skewed' only, not {self.router}")
-        if self.session_affinity and self.router not in ("cache-aware", "kv-aware", "gate-aware"):
+        # Under P/D the prefill role's router takes the prompts (and their sessions).
+        router = self._role_routers["prefill"] if self.is_pd else self.router
+        if self.session_affinity and router not in ("cache-aware", "kv-aware", "gate-aware"):
             raise ValueError(
                 "session_affinity applies to routers cache-aware, kv-aware and gate-aware "
-                f"only, not {self.router}"
+                f"only, not {router}"
             )
         if self.router == "gate-aware" and args.prefill_policy_name not in _GATE_AWARE_POLICIES:
             raise ValueError(
@@ -123,13 +126,14 @@ class AppArgs(BaseModel):
         missing = [role for role in ROLES if getattr(self, role) is None]
         if missing:
             raise ValueError(f"a P/D deployment needs both role sections; {missing[0]} is missing")
-        fused_only = {"num_groups": 1, "router": "round-robin", "route_weights": None}
+        fused_only = {"num_groups": 1, "route_weights": None}
         for name in sorted(self.model_fields_set & set(fused_only)):
             if getattr(self, name) != fused_only[name]:
                 raise ValueError(
-                    f"{name} applies to a fused deployment only: P/D serves one group per role, "
-                    "prefill routed by cached prefix (cache-aware), decode by load"
+                    f"{name} applies to a fused deployment only: P/D serves one group per role"
                 )
+        given = self.router if "router" in self.model_fields_set else None
+        self._role_routers = pd_role_routers(given)
         roles = {role: getattr(self, role) for role in ROLES}
         self._role_args = role_server_args(self.engine, roles)
 
@@ -167,10 +171,13 @@ class AppArgs(BaseModel):
 
     def router_kwargs(self) -> dict[str, Any]:
         """The request router's own arguments (weights, or the cache-aware policy's)."""
-        engine = self.server_args()
-        if self.router == "skewed":
+        return self._router_kwargs(self.router, self.server_args())
+
+    def _router_kwargs(self, router: str, engine: ServerArgs) -> dict[str, Any]:
+        """``router``'s arguments for ranks running ``engine`` (their pool and page size)."""
+        if router == "skewed":
             return {"weights": self.route_weights, "seed": engine.seed}
-        if self.router == "cache-aware":
+        if router == "cache-aware":
             return {
                 "page_size": engine.page_size,
                 "max_pages_per_rank": engine.num_kv_pages,
@@ -178,27 +185,47 @@ class AppArgs(BaseModel):
                 "balance_rel_threshold": self.balance_rel_threshold,
                 "session_affinity": self.session_affinity,
             }
-        if self.router in ("kv-aware", "gate-aware"):
+        if router in ("kv-aware", "gate-aware"):
             return {
                 "page_size": engine.page_size,
                 "prefill_weight": self.prefill_weight,
                 "decode_weight": self.decode_weight,
-                "gate_aware": self.router == "gate-aware",
+                "gate_aware": router == "gate-aware",
                 "gate_weight": self.gate_weight,
                 "balance_abs_threshold": self.balance_abs_threshold,
                 "balance_rel_threshold": self.balance_rel_threshold,
                 "session_affinity": self.session_affinity,
             }
+        if router == "decode-load":  # P/D's decode role: the balance limits, no weights
+            return {
+                "page_size": engine.page_size,
+                "balance_abs_threshold": self.balance_abs_threshold,
+                "balance_rel_threshold": self.balance_rel_threshold,
+            }
         return {}
 
-    def pd_router_kwargs(self) -> dict[str, Any]:
-        """The prefill role's cache-aware router arguments (its pool, the shared thresholds):
-        a prompt goes to the prefill rank with the fewest uncached tokens, within load limits."""
-        prefill = self.role_args("prefill")
-        return {
-            "page_size": prefill.page_size,
-            "max_pages_per_rank": prefill.num_kv_pages,
-            "balance_abs_threshold": self.balance_abs_threshold,
-            "balance_rel_threshold": self.balance_rel_threshold,
-            "session_affinity": self.session_affinity,
-        }
+    def pd_router(self, role: str) -> str:
+        """A P/D role's Serve router (``deployment.pd_config.PD_ROUTERS``)."""
+        return self._role_routers[role]
+
+    def pd_router_kwargs(self, role: str) -> dict[str, Any]:
+        """A P/D role's router arguments, sized by that role's pool (the shared thresholds and
+        weights): the prefill rank with the fewest uncached tokens (cache-aware's guess or
+        kv-aware's reported pools), the decode rank with the least load."""
+        return self._router_kwargs(self.pd_router(role), self.role_args(role))
+
+    def rank_flags(self, role: str | None = None) -> dict[str, Any]:
+        """The engine flags a rank replica is bound with (fused: ``role`` None; P/D: its
+        role's), with ``publish_kv_events`` on when a kv router reads what the ranks hold."""
+        engine = self.server_args() if role is None else self.role_args(role)
+        flags = engine.to_dict()
+        if self.publishes_kv_events:
+            flags["publish_kv_events"] = True
+        return flags
+
+    @property
+    def publishes_kv_events(self) -> bool:
+        """Whether the ranks send their KV events and loads to the hub (a kv router reads
+        them: fused kv-aware or gate-aware, or P/D kv-aware's roles)."""
+        routers = self._role_routers.values() if self.is_pd else (self.router,)
+        return any(r in ("kv-aware", "gate-aware", "decode-load") for r in routers)

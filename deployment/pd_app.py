@@ -3,8 +3,9 @@
 Each role is a Serve gang of its ``dp_size`` ranks (its own DP group, restarted together);
 both join one P/D link (``actors/replica/kv_link.py``) under an id drawn here, so a redeployed
 app never meets the old one's ranks. The prefill role routes a prompt to the rank with the
-fewest uncached tokens (the cache-aware router on the prefill pool); the decode role to the
-least-loaded rank.
+fewest uncached tokens, the decode role to the least-loaded rank: by default on the ingress's
+guess (the cache-aware index of what it sent) and Serve's request counts; under ``router:
+kv-aware`` on what both roles' ranks publish to the KV-event hub (``deployment.pd_config``).
 """
 
 from __future__ import annotations
@@ -21,14 +22,11 @@ from actors.replica.prefill_replica import PrefillRankReplica
 from deployment.config import AppArgs
 from deployment.routing.routers import ROUTER_CLASSES
 
-ROLE_ROUTERS = {"prefill": "cache-aware", "decode": "least-loaded"}
-
 
 def build_roles(cfg: AppArgs) -> tuple[Any, Any]:
     """The bound prefill and decode deployments of a validated P/D ``cfg``."""
     prefill, decode = cfg.role_args("prefill"), cfg.role_args("decode")
     link = LinkSpec(uuid.uuid4().hex, prefill.dp_size, decode.dp_size)
-    router_kwargs = {"prefill": cfg.pd_router_kwargs(), "decode": {}}
 
     def options(role: str, dp_size: int, timeout_s: float) -> dict[str, Any]:
         cpus, gpus = cfg.role_resources(role)
@@ -39,8 +37,8 @@ def build_roles(cfg: AppArgs) -> tuple[Any, Any]:
             "ray_actor_options": {"num_cpus": cpus, "num_gpus": gpus},
             "gang_scheduling_config": GangSchedulingConfig(gang_size=dp_size),
             "request_router_config": RequestRouterConfig(
-                request_router_class=ROUTER_CLASSES[ROLE_ROUTERS[role]],
-                request_router_kwargs=router_kwargs[role],
+                request_router_class=ROUTER_CLASSES[cfg.pd_router(role)],
+                request_router_kwargs=cfg.pd_router_kwargs(role),
                 request_routing_stats_period_s=0.5,
             ),
             "health_check_period_s": 2.0,
@@ -50,8 +48,8 @@ def build_roles(cfg: AppArgs) -> tuple[Any, Any]:
 
     prefill_app = serve.deployment(
         PrefillRankReplica, **options("prefill", prefill.dp_size, prefill.collective_timeout_s)
-    ).bind(prefill.to_dict(), link)
+    ).bind(cfg.rank_flags("prefill"), link)
     decode_app = serve.deployment(
         DecodeRankReplica, **options("decode", decode.dp_size, decode.collective_timeout_s)
-    ).bind(decode.to_dict(), link, prefill_app)
+    ).bind(cfg.rank_flags("decode"), link, prefill_app)
     return prefill_app, decode_app

@@ -1,8 +1,9 @@
 """The ingress's P/D path for one rank request: a prefill rank, then a decode rank.
 
-The prefill role's router picks the rank with the fewest uncached prompt tokens (the
-cache-aware index, within its load limits); its ``Handoff`` goes to the decode role, whose
-router picks the least-loaded rank; the decode rank receives the KV and streams the tokens
+The prefill role's router picks the rank with the fewest uncached prompt tokens (within its
+load limits); its ``Handoff`` goes to the decode role, whose router picks the least-loaded
+rank (on the ingress's guess and Serve's counts, or under ``router: kv-aware`` on what the
+ranks report: ``deployment.pd_config``); the decode rank receives the KV and streams the tokens
 (its first item reports the transfer, recorded here). The result reads like a fused rank's
 ``generate`` stream, so the OpenAI surface above it is the same.
 """

@@ -12,6 +12,14 @@ seen no earlier than it was sent.
     transfer: starts when the decode plan reserved (both ends' links free), lasts
     RoundCosts.transfer_ms; at its end the prefill rank releases and the decode rank decodes.
 
+The prefill router is the fused runs' (``--router``) over the prefill ranks. Under the kv
+routers (``kv-aware``, ``oracle``) both choices read the ranks' own KV events, as the served
+P/D does under ``router: kv-aware``: each group's pools publish through a ``KvChannel`` (the
+run's lag and loss); the prefill rank is kv-aware's least cost (uncached prompt tokens, then
+backlog), the decode rank the least reported decode load (``deployment.routing.decode_load``).
+Under the other routers a handoff goes to the decode rank with the fewest requests (held,
+waiting or on their way). ``gate-aware`` is refused: neither group runs the gate.
+
 A request's first token reaches its client from the decode rank, in the round its KV arrived
 (as the served path streams it), so TTFT counts the transfer and the wait for decode capacity.
 """
@@ -21,6 +29,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import deque
+from collections.abc import Sequence
 
 from actors.control.handoff import Handoff
 from actors.control.rank_loop import RankLoop, RoundOutcome
@@ -28,9 +37,11 @@ from actors.control.request import Request, SamplingParams
 from actors.control.scheduler import Scheduler
 from actors.disaggregated import check_roles
 from actors.server_args import ServerArgs
+from deployment.routing.decode_load import DecodeLoadPolicy
 from gate import read_rows
 from sim.arrivals import Arrival
 from sim.cost_executor import CostExecutor
+from sim.kv_channel import KvChannel
 from sim.prompts import FillerPrompts
 from sim.records import RequestRecord, SimResult
 from sim.round_costs import RoundCosts
@@ -89,7 +100,8 @@ class PDSimulator:
     """A prefill group and a decode group, with KV transfers priced by ``costs``.
 
     ``router`` spreads arrivals over the prefill ranks (the matrix's routers); each handoff
-    goes to the decode rank with the fewest requests (held, waiting or on their way).
+    goes to the decode rank with the least reported decode load under the kv routers, else
+    with the fewest requests (held, waiting or on their way).
     """
 
     def __init__(
@@ -101,6 +113,7 @@ class PDSimulator:
         label: str = "pd",
     ) -> None:
         check_roles(prefill_args, decode_args)
+        check_pd_router(router.policy)
         self.costs = costs
         self.router = router
         self.label = label
@@ -113,6 +126,18 @@ class PDSimulator:
         self._prompts = FillerPrompts(prefill_args.model_config.vocab_size)
         self.num_transfers = self.num_pages_moved = self.num_pages_cached = 0
         self.transfer_ms: list[float] = []  # per transfer: reserved -> arrived
+        # The kv routers: each group's pools publish to its router's index (the decode
+        # role's on the same channel settings, with its own policy).
+        self.p_channel = self.d_channel = None
+        self.decode_policy: DecodeLoadPolicy | None = None
+        if router.kv is not None:
+            self.p_channel = KvChannel(router.channel, self.prefill.schedulers, router.kv.index)
+            self.decode_policy = DecodeLoadPolicy(router.kv.config)
+            self.d_channel = KvChannel(
+                router.channel, self.decode.schedulers, self.decode_policy.index
+            )
+        self._p_sources = [str(r) for r in range(prefill_args.dp_size)]
+        self._d_sources = [str(r) for r in range(decode_args.dp_size)]
 
     def run(self, arrivals: list[Arrival] | tuple[Arrival, ...], concurrency: int | None = None):
         """Simulate until every request finishes; a ``SimResult`` like a fused run's."""
@@ -139,7 +164,7 @@ class PDSimulator:
                 self.now[0] = p.clock
                 while source.next_send_s <= p.clock:
                     index, arrival = source.pop()
-                    rank = self._route(arrival, index, sent)
+                    rank = self._route(arrival, index, sent, p.clock)
                     sent.append((arrival.time_s + lag_s, rank, index, arrival))
                 while sent and sent[0][0] <= p.clock:
                     _, rank, index, arrival = sent.popleft()
@@ -152,10 +177,12 @@ class PDSimulator:
                 if not any(s.has_unfinished for s in p.schedulers):
                     continue
                 _, outcomes = p.step()
+                if self.p_channel is not None:
+                    self.p_channel.tick(p.rounds, p.clock)
                 for outcome in outcomes:
                     for handoff in outcome.handoffs:
                         loads = [len(s.requests) + d_routed[r] for r, s in enumerate(d.schedulers)]
-                        rank = min(range(len(loads)), key=lambda r: (loads[r], r))
+                        rank = self._route_decode(handoff, loads, p.clock)
                         d_routed[rank] += 1
                         handed.append((p.clock, rank, handoff))
                     finished += self._record(outcome, p.clock, records, itl, source)
@@ -174,6 +201,8 @@ class PDSimulator:
             if not any(s.has_unfinished for s in d.schedulers):
                 continue
             start, outcomes = d.step()
+            if self.d_channel is not None:
+                self.d_channel.tick(d.rounds, d.clock)
             for rank, outcome in enumerate(outcomes):
                 for reservation in outcome.plan.reservations:
                     source_rank = reservation.handoff.source_rank
@@ -205,19 +234,38 @@ class PDSimulator:
             prefix_hits=sum(s.prefix.num_hits for s in p.schedulers),
         )
 
-    def _route(self, arrival: Arrival, index: int, sent: deque) -> int:
+    def _route(self, arrival: Arrival, index: int, sent: deque, now_s: float) -> int:
         """The prefill rank a request goes to (the fused runs' router, over the P group)."""
         schedulers = self.prefill.schedulers
         loads = [len(s.requests) for s in schedulers]
         for _, rank, _, _ in sent:
             loads[rank] += 1
+        session = None if arrival.session is None else str(arrival.session.session_id)
+        if self.router.kv is not None:
+            match = None
+            if self.router.policy == "oracle":
+                pools = [s.pool for s in schedulers]
+
+                def match(source: object, keys: Sequence[bytes]) -> int:
+                    return pools[int(str(source))].num_cached_prefix(keys)
+
+            prompt = self._prompts.make(index, arrival)
+            choice = self.router.kv.choose(self._p_sources, loads, prompt, now_s, session, match)
+            return int(choice.rank)
         if self.router.policy == "cache-aware":
-            session = None if arrival.session is None else str(arrival.session.session_id)
             return self.router.route(loads, self._prompts.make(index, arrival), session)
         if self.router.policy == "vllm-lb":
             waiting = [len(s.waiting) for s in schedulers]
             return self.router.route_stale(self.prefill.clock, waiting, loads)
         return self.router.route(loads)
+
+    def _route_decode(self, handoff: Handoff, loads: list[int], now_s: float) -> int:
+        """The decode rank a handoff goes to: the least reported decode load (kv routers),
+        else the fewest requests (``loads``: held, waiting or on their way)."""
+        if self.decode_policy is None:
+            return min(range(len(loads)), key=lambda r: (loads[r], r))
+        choice = self.decode_policy.choose(self._d_sources, loads, handoff.prompt_token_ids, now_s)
+        return int(choice.rank)
 
     def _admit(
         self, arrival: Arrival, rank: int, index: int, records: dict[str, RequestRecord]
@@ -254,6 +302,15 @@ def _first(after: float, *queues) -> float:
     """The earliest of ``after`` and the queues' first times (a deque's head, a heap's top)."""
     times = [after] + [q[0][0] for q in queues if q]
     return min(times)
+
+
+def check_pd_router(router: str) -> None:
+    """``gate-aware`` reads the group gate, which neither P/D group runs: refused."""
+    if router == "gate-aware":
+        raise ValueError(
+            "--router gate-aware: P/D runs no prefill gate (the prefill group only prefills, "
+            "the decode group only decodes); use --router kv-aware with --disaggregate"
+        )
 
 
 def parse_split(text: str) -> tuple[int, int]:
@@ -294,7 +351,7 @@ def simulate_pd(spec, num_prefill: int, num_decode: int) -> tuple[SimResult, PDS
         prefill,
         decode,
         spec.costs,
-        spec.router.build(num_prefill, spec.seed),
+        spec.router.build(num_prefill, spec.seed, prefill.page_size),
         label=f"pd {num_prefill}:{num_decode}",
     )
     return sim.run(arrivals_of(spec), spec.concurrency), sim
@@ -307,6 +364,7 @@ def disaggregated_namespace(ns, split: tuple[int, int]):
 
     if getattr(ns, "plot", None) is not None:
         raise ValueError("--disaggregate does not draw plots (--plot): P/D has no timeline")
+    check_pd_router(ns.router)
     num_prefill, num_decode = split
     per_rank = ns.max_num_seqs // ns.dp_size
     if per_rank < 1:

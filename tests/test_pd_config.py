@@ -45,7 +45,7 @@ def test_each_role_gets_the_shared_flags_its_section_and_its_mode() -> None:
     assert prefill.model == decode.model == "tiny-llama" and prefill.max_model_len == 256
     assert cfg.role_resources("prefill") == (0.5, 0.0)
     assert cfg.role_resources("decode") == (cfg.num_cpus_per_rank, 0.0)  # the shared default
-    assert cfg.pd_router_kwargs()["max_pages_per_rank"] == 64
+    assert cfg.pd_router_kwargs("prefill")["max_pages_per_rank"] == 64
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_each_role_gets_the_shared_flags_its_section_and_its_mode() -> None:
         ({"prefill": {"dp_sise": 1}}, "prefill.dp_sise: not an engine flag or a role resource"),
         ({"decode": {"disaggregation_mode": "prefill"}}, "decode.disaggregation_mode"),
         ({"disaggregation_mode": "decode"}, "disaggregation_mode: a P/D deployment sets"),
-        ({"router": "least-loaded"}, "router applies to a fused deployment only"),
+        ({"router": "least-loaded"}, "router .least-loaded.: a P/D deployment routes with"),
         ({"num_groups": 2}, "num_groups applies to a fused deployment only"),
         ({"decode": {"dp_size": 9}}, "decode role: --max-num-seqs (8) must be >= --dp-size (9)"),
     ],

@@ -73,6 +73,7 @@ class HandoffIntake:
         self._copy_holds: list[str] = []
         self._planned_holds: list[str] = []
         self.num_reserved = 0
+        self.num_received = 0  # handoffs ever queued (the decode router settles sends on it)
         self.num_transferred_pages = 0
         self.num_cached_pages = 0
 
@@ -81,6 +82,7 @@ class HandoffIntake:
     def add(self, handoff: Handoff) -> Request:
         """Queue a handoff for reservation; returns its request (sequence 0)."""
         req = handoff.to_request()
+        self.num_received += 1
         self._handoffs[req.request_id] = handoff
         self.queues.requests[req.request_id] = req
         self.queues.waiting.append(req)

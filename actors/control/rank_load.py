@@ -11,6 +11,9 @@ def rank_load(scheduler: Scheduler, rounds_since_prefill: int | None = None) -> 
     """The rank's load as of now: queue lengths, backlog and active KV tokens, the gate probe."""
     probe = scheduler.probe()
     pool = scheduler.pool
+    # A decode rank's requests arrive as handoffs, through its intake, not as prompts.
+    intake = scheduler.intake
+    received = scheduler.num_received + (0 if intake is None else intake.num_received)
     return RankLoad(
         len(scheduler.running),
         len(scheduler.waiting),
@@ -19,5 +22,5 @@ def rank_load(scheduler: Scheduler, rounds_since_prefill: int | None = None) -> 
         probe.wants_prefill,
         probe.has_decode_work,
         rounds_since_prefill or 0,
-        scheduler.num_received,
+        received,
     )

@@ -8,8 +8,9 @@
     ingress ── ReleaseHandoff ───► prefill rank             (a handoff no decode rank took)
 
 Every message names the rank it must reach with ``dp_rank`` (the routers pin on it) or leaves
-it None for the role's router: the prefill role's routes a prompt to the rank with the longest
-cached prefix (cache-aware), the decode role's to the least-loaded rank.
+it None for the role's router: the prefill role's routes a prompt to the rank with the fewest
+uncached tokens, the decode role's to the least-loaded rank (``deployment.pd_config``: which
+index and which load each reads).
 """
 
 from __future__ import annotations
@@ -57,10 +58,15 @@ class PrefillResult:
 
 @dataclass(frozen=True, slots=True)
 class DecodeRequest:
-    """A handoff for a decode rank (``dp_rank`` None: the least-loaded one)."""
+    """A handoff for a decode rank (``dp_rank`` None: the decode role's router chooses)."""
 
     handoff: Handoff
     dp_rank: int | None = None
+
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...]:
+        """The handoff's prompt: what the decode router weighs (``pick_by_prompt`` reads it)."""
+        return self.handoff.prompt_token_ids
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from deployment.routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
+from deployment.routing.decode_load import DecodeLoadPolicy
 from deployment.routing.kv_hub import KvPoll, hub_actor
 from deployment.routing.kv_router import KvCostPolicy, KvRouterConfig
 
@@ -40,9 +41,9 @@ ROUTER_CLASSES = {
     "cache-aware": "deployment.routing.routers:CacheAwareRouter",
     "kv-aware": "deployment.routing.routers:KvAwareRouter",
     "gate-aware": "deployment.routing.routers:KvAwareRouter",
+    # P/D only (``deployment.pd_config``): the decode role's under ``router: kv-aware``.
+    "decode-load": "deployment.routing.routers:DecodeLoadRouter",
 }
-# The routers that read the ranks' KV events (their ranks publish them).
-KV_ROUTERS = ("kv-aware", "gate-aware")
 
 
 def pinned_rank(pending: PendingRequest | None) -> int | None:
@@ -198,12 +199,15 @@ class KvAwareRouter(_RankRouter):
     calls that carry no prompt go to the least-loaded replica."""
 
     def initialize_state(self, poll_interval_s: float = 0.02, **config: Any) -> None:
-        self.policy = KvCostPolicy(KvRouterConfig(**config))
+        self.policy: KvCostPolicy | DecodeLoadPolicy = self.make_policy(KvRouterConfig(**config))
         self.poll_interval_s = poll_interval_s
         self._hub: Any = None
         self._cursor = -1
         self._polling: asyncio.Future | None = None
         self._last_poll = float("-inf")
+
+    def make_policy(self, config: KvRouterConfig) -> KvCostPolicy | DecodeLoadPolicy:
+        return KvCostPolicy(config)
 
     async def choose_replicas(
         self,
@@ -257,3 +261,13 @@ class KvAwareRouter(_RankRouter):
             return self.policy.choose(ids, loads, prompt, time.time(), session)
 
         return pick_by_prompt(self, replicas, pending, choose)
+
+
+class DecodeLoadRouter(KvAwareRouter):
+    """P/D's decode role under ``router: kv-aware``: the decode rank with the least decode
+    load the ranks report through the same hub (``deployment.routing.decode_load``: active KV
+    tokens + waiting handoffs' tokens + this router's unsettled sends), Serve's request counts
+    while no candidate has reported."""
+
+    def make_policy(self, config: KvRouterConfig) -> DecodeLoadPolicy:
+        return DecodeLoadPolicy(config)
