@@ -2,10 +2,11 @@
 
 The deployment is ``deployment/configs/local.yaml`` (dp=2, gate on) with the tiny MoE preset in
 place of the real default model, on a test port, so a developer's own ``make serve`` on 8000 is
-left alone; ``test_served_default_model.py`` serves local.yaml's own model for its module.
+left alone; the ``test_served_*`` modules ask for local.yaml's own model (``real_model``).
 Integration tests run after every unit test, so the cluster (started by the first of them)
 never competes with unit tests. Tests that need other settings redeploy the same application
-name and restore the default afterwards (``redeploy``).
+name and restore the default afterwards (``redeploy``). The P/D modules come last: their
+deployment (``pd_app``) takes the shared app's place for the rest of the session.
 """
 
 from __future__ import annotations
@@ -25,10 +26,15 @@ TEST_PORT = int(os.environ.get("ROUNDGATE_TEST_PORT", "18765"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Integration tests after every unit test; among them, the modules that use ``pd_app``
+    last (each module kept whole and in order), since pd.yaml replaces the shared app for good.
+    """
     here = Path(__file__).parent
     integration = [item for item in items if here in Path(item.fspath).parents]
     for item in integration:
         item.add_marker(pytest.mark.integration)
+    pd_modules = {item.fspath for item in integration if "pd_app" in item.fixturenames}
+    integration.sort(key=lambda item: item.fspath in pd_modules)  # stable: order kept
     chosen = {id(item) for item in integration}
     items[:] = [item for item in items if id(item) not in chosen] + integration
 
@@ -98,13 +104,23 @@ REAL_MODEL = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="session")
-def real_model(app: Deployment) -> Iterator[Deployment]:
+def real_model(app: Deployment) -> Deployment:
     """The shared deployment with local.yaml's own model, deployed once for every module that
-    needs it (``test_served_*``, which sort after the tiny-preset modules); the tiny preset
-    comes back at the end of the session."""
+    needs it (``test_served_*``, which sort after the tiny-preset modules) and kept to the end
+    of the session: putting the tiny preset back then would serve nobody."""
     app.deploy(model=REAL_MODEL)
-    yield app
-    app.deploy()
+    return app
+
+
+@pytest.fixture(scope="session")
+def pd_app(real_model: Deployment) -> Any:
+    """pd.yaml as shipped (one prefill and one decode rank of the real default model), deployed
+    once for every P/D module in place of the shared app, after the fused deployment answered
+    the comparison's requests (``pd_deploy.replace_with_pd``). The modules using it run last
+    (``pytest_collection_modifyitems``), so the fused app is not put back."""
+    from tests.integration.pd_deploy import replace_with_pd
+
+    return replace_with_pd(real_model)
 
 
 @pytest.fixture

@@ -1,44 +1,35 @@
-"""P/D faults, live (pd.yaml on the tiny preset): a failed KV transfer fails its request alone
-(a 500), the stream beside it and later requests carry on, and no page leaks on either role;
-a role whose peer never comes is a startup error naming the peer."""
+"""P/D faults, live (conftest's ``pd_app``: pd.yaml as shipped, shared with test_served_pd.py,
+which runs after this module and so also shows the faults changed no later answer): a failed
+KV transfer fails its request alone (a 500), the stream beside it and later requests carry on,
+and no page leaks on either role; a role whose peer never comes is a startup error naming the
+peer."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.integration.helpers import BackgroundStream, complete
-from tests.integration.pd_deploy import URL, deploy_pd, pd_config, pools_settled, role_call
+from tests.integration.pd_deploy import PDApp, pd_config, pools_settled, role_call
 
-MODEL = "tiny-llama"
-
-
-@pytest.fixture(scope="module")
-def pd_tiny(app: Any) -> Iterator[str]:
-    """The shared deployment replaced by pd.yaml on the tiny preset; restored after."""
-    before = dict(app.overrides)
-    deploy_pd(model=MODEL)
-    yield URL
-    app.deploy(**before)
+# The app that cannot start: its own name and route, so the shared P/D app serves on beside it.
+PEER_APP, PEER_ROUTE = "roundgate-peer-test", "/peer-test"
 
 
-def test_a_failed_transfer_fails_that_request_alone(pd_tiny: str) -> None:
+def test_a_failed_transfer_fails_that_request_alone(pd_app: PDApp) -> None:
     prompt = list(range(3, 40))
-    beside = BackgroundStream(pd_tiny, prompt=[5, 6, 7], max_tokens=200, ignore_eos=True)
+    beside = BackgroundStream(pd_app.url, prompt=[5, 6, 7], max_tokens=120, ignore_eos=True)
     assert beside.started.wait(60)
     role_call("prefill", "inject_transfer_faults", 1)
     r = httpx.post(
-        f"{pd_tiny}/v1/completions",
+        f"{pd_app.url}/v1/completions",
         json={"prompt": prompt, "max_tokens": 8, "temperature": 0},
         timeout=60,
     )
     assert r.status_code == 500, r.text
     assert "KV transfer from prefill rank 0 failed" in r.json()["error"]["message"]
     # The same prompt again, now transferred: the failure left nothing behind on either side.
-    again = complete(pd_tiny, prompt=prompt, max_tokens=8, temperature=0)
+    again = complete(pd_app.url, prompt=prompt, max_tokens=8, temperature=0)
     assert again["choices"][0]["finish_reason"] == "length"
     assert beside.done.wait(120) and beside.error is None
     assert beside.events[-1] == "[DONE]"
@@ -46,23 +37,31 @@ def test_a_failed_transfer_fails_that_request_alone(pd_tiny: str) -> None:
     assert stats["decode"]["aborts"] == 0
 
 
-def test_a_client_gone_during_decode_leaks_no_page(pd_tiny: str) -> None:
-    gone = BackgroundStream(pd_tiny, prompt=list(range(50, 90)), max_tokens=400, ignore_eos=True)
+def test_a_client_gone_during_decode_leaks_no_page(pd_app: PDApp) -> None:
+    gone = BackgroundStream(pd_app.url, prompt=list(range(50, 90)), max_tokens=400, ignore_eos=True)
     assert gone.started.wait(60)
     gone.close()
     pools_settled()
 
 
-def test_a_peer_that_never_joins_is_a_startup_error_naming_it(pd_tiny: str) -> None:
+def test_a_peer_that_never_joins_is_a_startup_error_naming_it(pd_app: PDApp) -> None:
     """The decode role cannot be placed (more CPUs than the cluster has): the prefill rank's
-    link join times out, naming the decode rank, and the deploy fails with that message."""
+    link join times out, naming the decode rank, and the deploy fails with that message. A
+    tiny preset and a 1 s join keep Serve's three start attempts short."""
     from ray import serve
 
     from deployment.local import build
 
-    cfg = pd_config(model=MODEL, collective_timeout_s=3, decode={"num_cpus_per_rank": 64})
-    with pytest.raises(RuntimeError, match=r"Failed to update the deployments \['PrefillRank'\]"):
-        serve.run(build(cfg), name="roundgate", route_prefix="/")
-    # What `serve status` shows for the role that failed: the peer it waited for, by name.
-    status = serve.status().applications["roundgate"].deployments["PrefillRank"]
-    assert "P/D link: decode rank 0 did not join within 3 s" in status.message
+    cfg = pd_config(0, model="tiny-llama", collective_timeout_s=1, decode={"num_cpus_per_rank": 64})
+    try:
+        with pytest.raises(
+            RuntimeError, match=r"Failed to update the deployments \['PrefillRank'\]"
+        ):
+            serve.run(build(cfg), name=PEER_APP, route_prefix=PEER_ROUTE)
+        # What `serve status` shows for the role that failed: the peer it waited for, by name.
+        status = serve.status().applications[PEER_APP].deployments["PrefillRank"]
+        assert "P/D link: decode rank 0 did not join within 1 s" in status.message
+    finally:
+        # In the background: its never-placed decode rank waits out Serve's 5 s grace period.
+        serve.delete(PEER_APP, _blocking=False)
+    complete(pd_app.url, prompt=[5, 6, 7], max_tokens=2)  # the shared P/D app serves on
