@@ -110,7 +110,7 @@ def build_app(args: dict[str, Any]) -> Application:
     )
     if cfg.is_pd:
         prefill, decode = build_roles(cfg)
-        return ingress.bind(prefill, cfg.model_dump(), decode)
+        return ingress.bind(prefill, cfg.ingress_args(), decode)
     engine = cfg.server_args()
     router_kwargs = cfg.router_kwargs()
     ranks = serve.deployment(
@@ -129,4 +129,4 @@ def build_app(args: dict[str, Any]) -> Application:
         health_check_timeout_s=max(10.0, engine.collective_timeout_s),
         graceful_shutdown_timeout_s=5.0,
     ).bind(cfg.rank_flags())
-    return ingress.bind(ranks, cfg.model_dump())
+    return ingress.bind(ranks, cfg.ingress_args())

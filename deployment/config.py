@@ -169,6 +169,12 @@ class AppArgs(BaseModel):
     def served_model_name(self) -> str:
         return self.model_name or os.path.basename(str(self.engine.get("model", "tiny-moe")))
 
+    def ingress_args(self) -> dict[str, Any]:
+        """These args as the ingress replica validates them again: only what was given, so a
+        default is not read as a choice there (a P/D deployment refuses an explicit fused
+        router, and ``router``'s default is one)."""
+        return self.model_dump(exclude_unset=True)
+
     def router_kwargs(self) -> dict[str, Any]:
         """The request router's own arguments (weights, or the cache-aware policy's)."""
         return self._router_kwargs(self.router, self.server_args())

@@ -84,6 +84,17 @@ def test_refusals_name_the_culprit(changes: dict[str, Any], message: str) -> Non
         AppArgs.model_validate(pd_args(**changes))
 
 
+@pytest.mark.parametrize("name", ["pd.yaml", "local.yaml", "local-dp1.yaml"])
+def test_the_ingress_validates_the_shipped_configs_again_to_the_same_args(name: str) -> None:
+    """build_app hands the ingress replica its args to validate again; pd.yaml once failed
+    there (the fused ``router`` default read as a choice P/D refuses) and never deployed."""
+    config = yaml.safe_load((REPO / "deployment" / "configs" / name).read_text())
+    cfg = AppArgs.model_validate(config["applications"][0]["args"])
+    again = AppArgs.model_validate(cfg.ingress_args())
+    assert again.model_dump() == cfg.model_dump()
+    assert again.is_pd == cfg.is_pd == (name == "pd.yaml")
+
+
 def test_pd_yaml_is_one_prefill_and_one_decode_rank_of_the_default_model() -> None:
     config = yaml.safe_load((REPO / "deployment" / "configs" / "pd.yaml").read_text())
     (app,) = config["applications"]

@@ -7,12 +7,25 @@ metrics count what moved. The deployment and the fused answers come from conftes
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import httpx
 import pytest
 
-from tests.integration.pd_deploy import CASES, GREEDY, PDApp, answer, pools_settled, run_all, seeded
+from bench.sessions import hit_rate, read_hit_counters, run_sessions
+from sim.sessions import SESSION_WORKLOADS, SessionSpec, make_sessions
+from tests.integration.pd_deploy import (
+    CASES,
+    GREEDY,
+    PDApp,
+    answer,
+    pd_config,
+    pools_settled,
+    run_all,
+    seeded,
+)
 
 
 def test_pd_answers_equal_the_fused_deployment(pd_app: PDApp) -> None:
@@ -55,7 +68,7 @@ def test_pools_settle_empty_and_the_transfer_metrics_count_what_moved(pd_app: PD
 
 
 def test_seeded_n2_with_logprobs_equals_the_fused_deployment(pd_app: PDApp) -> None:
-    """Last in the module: the forks' first tokens come with the handoff, the seed's position
+    """The forks' first tokens come with the handoff, the seed's position
     carries over; sequence 0 ends at its first token here (EOS), so the forks' copy of the
     prompt's last page must outlive it."""
     for mine, theirs in zip(seeded(pd_app.url), pd_app.fused_seeded, strict=True):
@@ -64,3 +77,42 @@ def test_seeded_n2_with_logprobs_equals_the_fused_deployment(pd_app: PDApp) -> N
         assert got["tokens"] == want["tokens"]
         assert got["token_logprobs"] == pytest.approx(want["token_logprobs"], abs=1e-3)
     pools_settled()
+
+
+def test_kv_aware_routes_both_roles_on_what_they_report(pd_app: PDApp) -> None:
+    """Last in the session (it replaces pd.yaml): ``router: kv-aware`` under P/D, on the tiny
+    preset for time. Both roles publish to the KV-event hub: the prefill rank its page keys
+    (the prefill router's index), the decode rank its load with the handoffs it received (the
+    decode router's in-flight sends settle on that count). Multi-turn sessions complete and
+    reuse the prefill rank's cached prefixes."""
+    import ray
+
+    from actors.control.kv_events import HUB_NAME, HUB_NAMESPACE
+    from deployment.local import deploy, wait_ready
+
+    port = int(pd_app.url.rsplit(":", 1)[1])
+    deploy(pd_config(port, model="tiny-moe", router="kv-aware", enable_prefix_caching=True))
+    wait_ready(pd_app.url)
+    preset = replace(
+        SESSION_WORKLOADS["chat-sessions"],
+        system_len=48,
+        first_user_len=12,
+        user_len=10,
+        output_len=6,
+        turns=3,
+        think_s=0.05,
+    )
+    sessions = make_sessions(SessionSpec(preset, num_sessions=4, rate=20.0, vocab_size=256))
+    before = read_hit_counters(pd_app.url, settle=True)
+    results, _ = asyncio.run(run_sessions(pd_app.url, "tiny-moe", sessions, timeout_s=300))
+    assert len(results) == 4 * preset.turns and all(r.ok for r in results)
+    rate = hit_rate(before, read_hit_counters(pd_app.url, settle=True))
+    assert rate is not None and rate > 0.2
+    pools_settled()
+    hub = ray.get_actor(HUB_NAME, namespace=HUB_NAMESPACE)
+    snapshots = {s.source: s for s in ray.get(hub.snapshots.remote(), timeout=30)}
+    prefill = [s for src, s in snapshots.items() if "PrefillRank" in src]
+    decode = [s for src, s in snapshots.items() if "DecodeRank" in src]
+    assert len(prefill) == 1 and len(decode) == 1, list(snapshots)
+    assert prefill[0].keys  # the prompts' pages, as the prefill rank reported them
+    assert decode[0].load.num_received >= len(results)
