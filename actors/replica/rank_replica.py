@@ -4,6 +4,14 @@ One DP group is one Serve gang of ``dp_size`` replicas; each replica reads its r
 gang context, joins the group's process group, and runs ``EngineCore.step`` in a thread of
 its own so blocking collectives never stall the replica's asyncio loop. ``generate`` is a
 streaming method: tokens flow from the engine thread into a per-request asyncio queue.
+
+The engine thread also builds the engine (model load included): every torch kernel of the
+rank then runs on that one thread. libgomp keeps a pool of worker threads per thread that
+opens a parallel region, and once its pools hold more threads than the process has CPUs it
+stops letting idle workers spin between regions (its "throttled" spin: ~100 iterations
+instead of ~3 ms): each of the hundreds of parallel regions of a decode step then waits for
+a futex wake-up. A build in an executor thread that stays alive left a second pool, and a
+two-thread rank decoded at 60% of the speed of the same engine run on one thread.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ import logging
 import os
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from actors.control.engine_core import EngineCore
@@ -76,7 +84,13 @@ class RankReplica:
         self.stats = RankStats()
         self._error: BaseException | None = None
         self._stop = threading.Event()
-        self.core = await asyncio.to_thread(self._build_core, device)
+        self._serving = threading.Event()  # set when this replica is ready: rounds may start
+        built: Future[EngineCore] = Future()
+        self._thread = threading.Thread(
+            target=self._engine, args=(device, built), name=f"rank{self.rank}", daemon=True
+        )
+        self._thread.start()
+        self.core = await asyncio.wrap_future(built)
         # The kv routers' channel: this rank's pool changes and load (None: not asked for).
         self.kv_events = (
             KvEventSender(str(serve.get_replica_context().replica_id), self.core.scheduler)
@@ -94,13 +108,13 @@ class RankReplica:
             lambda: snapshot(self.metrics.set.registry),
             version=lambda: self.stats.rounds,
         )
-        self._thread = threading.Thread(target=self._run, name=f"rank{self.rank}", daemon=True)
-        self._thread.start()
+        self._serving.set()
         logger.info("rank %d/%d of gang %s ready", self.rank, self.world_size, self.gang_id)
 
     def _build_core(self, device: str) -> EngineCore:
         import torch.distributed as dist
 
+        from actors.control.gather import SingleRankGather
         from actors.model.runner import ModelRunner
         from actors.replica.torch_gather import TorchGather
 
@@ -109,11 +123,24 @@ class RankReplica:
             self.args,
             runner,
             rank=self.rank,
-            gather=TorchGather(device=device),
+            # A group of one gathers its own row: no collective per round.
+            gather=TorchGather(device=device) if self.world_size > 1 else SingleRankGather(),
             on_event=self._on_event,
         )
 
     # ---- engine thread -------------------------------------------------------------------
+
+    def _engine(self, device: str, built: Future[EngineCore]) -> None:
+        """Build the engine, hand it to ``__init__``, then run rounds once the replica is
+        ready: one thread for all of the rank's torch work (the module docstring says why)."""
+        try:
+            core = self._build_core(device)
+        except BaseException as exc:
+            built.set_exception(exc)
+            return
+        built.set_result(core)
+        self._serving.wait()
+        self._run()
 
     def _run(self) -> None:
         # Group-level: rank 0 speaks for the group (every rank saw the same window).
@@ -327,6 +354,7 @@ class RankReplica:
     def __del__(self) -> None:
         if hasattr(self, "_stop"):
             self._stop.set()
+            self._serving.set()  # a thread still waiting to start sees the stop and ends
         if hasattr(self, "_thread"):
             self._thread.join(timeout=2 * STOP_CHECK_S)
         if hasattr(self, "_wake"):
