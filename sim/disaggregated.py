@@ -29,7 +29,6 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import deque
-from collections.abc import Sequence
 
 from actors.control.handoff import Handoff
 from actors.control.rank_loop import RankLoop, RoundOutcome
@@ -242,13 +241,7 @@ class PDSimulator:
             loads[rank] += 1
         session = None if arrival.session is None else str(arrival.session.session_id)
         if self.router.kv is not None:
-            match = None
-            if self.router.policy == "oracle":
-                pools = [s.pool for s in schedulers]
-
-                def match(source: object, keys: Sequence[bytes]) -> int:
-                    return pools[int(str(source))].num_cached_prefix(keys)
-
+            match = self.router.matcher(schedulers)
             prompt = self._prompts.make(index, arrival)
             choice = self.router.kv.choose(self._p_sources, loads, prompt, now_s, session, match)
             return int(choice.rank)

@@ -10,11 +10,15 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from deployment.routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
-from deployment.routing.kv_router import KvCostPolicy, KvRouterConfig
+from deployment.routing.kv_router import KvCostPolicy, KvRouterConfig, Matcher
 from sim.kv_channel import ChannelSpec
 from sim.vllm_lb import VllmBalancer
+
+if TYPE_CHECKING:
+    from actors.control.scheduler import Scheduler
 
 # The routers that read the ranks' KV events (``deployment.routing.kv_router``); ``oracle`` is
 # the simulator's yardstick: kv-aware's cost on the pools themselves, loads without lag.
@@ -122,6 +126,18 @@ class Router:
             self.kv = KvCostPolicy(config)
             if policy == "oracle":
                 self.channel = ChannelSpec(lag_rounds=0, loss_rate=0.0)
+
+    def matcher(self, schedulers: Sequence[Scheduler]) -> Matcher | None:
+        """How the kv routers see what a rank holds: the index fed by the event channel
+        (None), or for the ``oracle`` the ranks' pools themselves (ranks named by position)."""
+        if self.policy != "oracle":
+            return None
+        pools = [s.pool for s in schedulers]
+
+        def match(source: object, keys: Sequence[bytes]) -> int:
+            return pools[int(str(source))].num_cached_prefix(keys)
+
+        return match
 
     def route(
         self, loads: Sequence[int], token_ids: Sequence[int] = (), session: str | None = None

@@ -318,13 +318,7 @@ class GroupSimulator:
         loads = [len(s.requests) + in_flight[r] for r, s in enumerate(schedulers)]
         session = None if arrival.session is None else str(arrival.session.session_id)
         if self.router.kv is not None:
-            match = None
-            if self.router.policy == "oracle":
-                pools = [s.pool for s in schedulers]
-
-                def match(source: object, keys: Sequence[bytes]) -> int:
-                    return pools[int(str(source))].num_cached_prefix(keys)
-
+            match = self.router.matcher(schedulers)
             choice = self.router.kv.choose(
                 self._sources, loads, self._prompt(index, arrival), now_s, session, match
             )

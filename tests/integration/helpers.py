@@ -6,9 +6,12 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
+
+from sim.sessions import SESSION_WORKLOADS
 
 MIB = 1 << 20
 COMPLETIONS = "/v1/completions"
@@ -166,3 +169,16 @@ def default_model_reference(model: str) -> Any:
     return AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
+
+
+# Short multi-turn chat sessions for the served routing tests: a shared 48-token system prompt
+# (three 16-token pages) and turns that resend the conversation, so later turns hit the cache.
+SMALL_CHAT_SESSIONS = replace(
+    SESSION_WORKLOADS["chat-sessions"],
+    system_len=48,
+    first_user_len=12,
+    user_len=10,
+    output_len=6,
+    turns=3,
+    think_s=0.05,
+)

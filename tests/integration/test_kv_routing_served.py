@@ -9,21 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import replace
 from typing import Any
 
 from bench.sessions import hit_rate, read_hit_counters, run_sessions
-from sim.sessions import SESSION_WORKLOADS, SessionSpec, make_sessions
+from sim.sessions import SessionSpec, make_sessions
+from tests.integration.helpers import SMALL_CHAT_SESSIONS
 
-PRESET = replace(
-    SESSION_WORKLOADS["chat-sessions"],
-    system_len=48,
-    first_user_len=12,
-    user_len=10,
-    output_len=6,
-    turns=3,
-    think_s=0.05,
-)
+PRESET = SMALL_CHAT_SESSIONS
 
 
 def run(app: Any) -> float | None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
 import httpx
 import pytest
 
 from bench.sessions import hit_rate, read_hit_counters, run_sessions
-from sim.sessions import SESSION_WORKLOADS, SessionSpec, make_sessions
+from sim.sessions import SessionSpec, make_sessions
+from tests.integration.helpers import SMALL_CHAT_SESSIONS
 from tests.integration.pd_deploy import (
     CASES,
     GREEDY,
@@ -93,15 +93,7 @@ def test_kv_aware_routes_both_roles_on_what_they_report(pd_app: PDApp) -> None:
     port = int(pd_app.url.rsplit(":", 1)[1])
     deploy(pd_config(port, model="tiny-moe", router="kv-aware", enable_prefix_caching=True))
     wait_ready(pd_app.url)
-    preset = replace(
-        SESSION_WORKLOADS["chat-sessions"],
-        system_len=48,
-        first_user_len=12,
-        user_len=10,
-        output_len=6,
-        turns=3,
-        think_s=0.05,
-    )
+    preset = SMALL_CHAT_SESSIONS
     sessions = make_sessions(SessionSpec(preset, num_sessions=4, rate=20.0, vocab_size=256))
     before = read_hit_counters(pd_app.url, settle=True)
     results, _ = asyncio.run(run_sessions(pd_app.url, "tiny-moe", sessions, timeout_s=300))
