@@ -97,7 +97,7 @@ def scrape_settled(url: str, api_key: str | None = None, max_wait_s: float = 10.
 
     Each process pushes its series to the metrics hub once a second (``PUSH_INTERVAL_S``),
     so a scrape right after the last response can miss that response's own counts (a served
-    test read a hit rate of 0.195 where the ranks had counted 0.6). Scrapes a push interval
+    test read the same too-low hit rate, 0.195, twice). Scrapes a push interval
     apart until the hit counters stop moving, at most ``max_wait_s``."""
     from actors.telemetry.metrics_hub import PUSH_INTERVAL_S
 
