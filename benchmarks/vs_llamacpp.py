@@ -82,22 +82,30 @@ def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 600) -> N
     raise RuntimeError(f"{url} not ready after {timeout_s:.0f} s")
 
 
-def start_llamacpp(threads: int, slots: int) -> subprocess.Popen:
-    if not LLAMACPP_PYTHON.exists():
-        raise SystemExit(f"{LLAMACPP_PYTHON} is missing: run `make llamacpp`")
+def llamacpp_command(
+    port: int, threads: int, slots: int | None = None, f32_cache: bool = False
+) -> list[str]:
+    """llama.cpp's server (``llamacpp_server.py`` in its own venv) on the default model's GGUF:
+    ``slots`` concurrent requests with 512 tokens of context each (None: the script's
+    defaults); ``f32_cache``: a float32 KV cache."""
     command = [
         str(LLAMACPP_PYTHON),
         str(REPO / "benchmarks" / "llamacpp_server.py"),
         str(packaged_path(MODEL)),
         "--port",
-        str(PORT),
+        str(port),
         "--threads",
         str(threads),
-        "--parallel",
-        str(slots),
-        "--ctx",
-        str(slots * 512),
     ]
+    if slots is not None:
+        command += ["--parallel", str(slots), "--ctx", str(slots * 512)]
+    return command + (["--f32-cache"] if f32_cache else [])
+
+
+def start_llamacpp(threads: int, slots: int) -> subprocess.Popen:
+    if not LLAMACPP_PYTHON.exists():
+        raise SystemExit(f"{LLAMACPP_PYTHON} is missing: run `make llamacpp`")
+    command = llamacpp_command(PORT, threads, slots=slots)
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from actors.control.rank_loop import RankLoop
 from actors.control.round import RoundPlan, RoundResult
+from actors.control.scheduler import Scheduler
+from actors.server_args import ServerArgs
 from gate import RankRow, RoundView
 from sim.round_costs import RoundCosts
 
@@ -36,3 +39,19 @@ class CostExecutor:
             kv_tokens = sum(c[1] for c in plan.chunks if not c[3])
         cost_ms = costs.rank_ms(size - extends, prefill_tokens, kv_tokens)
         return RoundResult(sampled, cost_ms / 1000.0)
+
+
+def cost_loops(args: ServerArgs, costs: RoundCosts, clock: Callable[[], float]) -> list[RankLoop]:
+    """A group's rank loops on the cost model: the real schedulers and gate policies, rounds
+    priced by ``costs`` and timed by ``clock``. No model behind them: only each rank's pool
+    bounds a sequence."""
+    return [
+        RankLoop(
+            Scheduler(args, max_model_len=None),
+            args.build_policy(rank),
+            CostExecutor(costs),
+            args.dp_size,
+            clock=clock,
+        )
+        for rank in range(args.dp_size)
+    ]

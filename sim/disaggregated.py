@@ -31,15 +31,14 @@ from array import array
 from collections import deque
 
 from actors.control.handoff import Handoff
-from actors.control.rank_loop import RankLoop, RoundOutcome
+from actors.control.rank_loop import RoundOutcome
 from actors.control.request import Request, SamplingParams
-from actors.control.scheduler import Scheduler
 from actors.disaggregated import check_roles
 from actors.server_args import ServerArgs
 from deployment.routing.decode_load import DecodeLoadPolicy
 from gate import read_rows
 from sim.arrivals import Arrival
-from sim.cost_executor import CostExecutor
+from sim.cost_executor import cost_loops
 from sim.kv_channel import KvChannel
 from sim.prompts import FillerPrompts
 from sim.records import RequestRecord, SimResult
@@ -57,16 +56,7 @@ class _Group:
     def __init__(self, args: ServerArgs, costs: RoundCosts, clock: list[float]) -> None:
         self.args = args
         self.costs = costs
-        self.loops = [
-            RankLoop(
-                Scheduler(args, max_model_len=None),
-                args.build_policy(rank),
-                CostExecutor(costs),
-                args.dp_size,
-                clock=lambda: clock[0],
-            )
-            for rank in range(args.dp_size)
-        ]
+        self.loops = cost_loops(args, costs, lambda: clock[0])
         self.schedulers = [loop.scheduler for loop in self.loops]
         self.clock = 0.0
         self.stalled = False  # its last round was idle: it waits for an event
@@ -76,6 +66,16 @@ class _Group:
     @property
     def has_work(self) -> bool:
         return not self.stalled and any(s.has_unfinished for s in self.schedulers)
+
+    def step_unfinished(self, channel: KvChannel | None) -> tuple[float, list[RoundOutcome]] | None:
+        """``step`` when a rank holds unfinished work (None, no round, otherwise); the round's
+        KV events then go out on ``channel``."""
+        if not any(s.has_unfinished for s in self.schedulers):
+            return None
+        stepped = self.step()
+        if channel is not None:
+            channel.tick(self.rounds, self.clock)
+        return stepped
 
     def step(self) -> tuple[float, list[RoundOutcome]]:
         """One group round; returns its start and every rank's outcome."""
@@ -173,12 +173,10 @@ class PDSimulator:
                     _, rank, rid = heapq.heappop(released)
                     p.schedulers[rank].handoffs.release(rid)
                     p.stalled = False
-                if not any(s.has_unfinished for s in p.schedulers):
+                stepped = p.step_unfinished(self.p_channel)
+                if stepped is None:
                     continue
-                _, outcomes = p.step()
-                if self.p_channel is not None:
-                    self.p_channel.tick(p.rounds, p.clock)
-                for outcome in outcomes:
+                for outcome in stepped[1]:
                     for handoff in outcome.handoffs:
                         loads = [len(s.requests) + d_routed[r] for r, s in enumerate(d.schedulers)]
                         rank = self._route_decode(handoff, loads, p.clock)
@@ -197,11 +195,10 @@ class PDSimulator:
                 _, rank, rid = heapq.heappop(arrived)
                 d.schedulers[rank].intake.arrived(rid)
                 d.stalled = False
-            if not any(s.has_unfinished for s in d.schedulers):
+            stepped = d.step_unfinished(self.d_channel)
+            if stepped is None:
                 continue
-            start, outcomes = d.step()
-            if self.d_channel is not None:
-                self.d_channel.tick(d.rounds, d.clock)
+            start, outcomes = stepped
             for rank, outcome in enumerate(outcomes):
                 for reservation in outcome.plan.reservations:
                     source_rank = reservation.handoff.source_rank

@@ -12,14 +12,12 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from actors.control.rank_loop import RankLoop
 from actors.control.request import Request, SamplingParams
-from actors.control.scheduler import Scheduler
 from actors.server_args import ServerArgs
 from gate import read_rows
 from sim import decode_ranks, fast_forward, steady_policies
 from sim.arrivals import Arrival, OpenLoop
-from sim.cost_executor import CostExecutor
+from sim.cost_executor import cost_loops
 from sim.kv_channel import KvChannel
 from sim.prompts import FillerPrompts
 from sim.records import (
@@ -62,17 +60,7 @@ class GroupSimulator:
         self.keep_timeline = keep_timeline
         self.fast_forward = fast_forward
         self.clock = 0.0
-        self.loops = [
-            RankLoop(
-                # No model behind the cost clock: only each rank's pool bounds a sequence.
-                Scheduler(args, max_model_len=None),
-                args.build_policy(rank),
-                CostExecutor(costs),
-                args.dp_size,
-                clock=self._now,
-            )
-            for rank in range(args.dp_size)
-        ]
+        self.loops = cost_loops(args, costs, self._now)
         self._prompts = FillerPrompts(args.model_config.vocab_size)
         self._in_flight = [0] * args.dp_size
         self._pending: deque[tuple[float, int, int, Arrival]] = deque()

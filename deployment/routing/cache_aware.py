@@ -21,10 +21,19 @@ prefixes stop attracting prompts to it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from actors.control.page_keys import PageKey, num_leading, page_keys
+
+
+def check_balance(abs_threshold: int, rel_threshold: float, spell: Callable[[str], str]) -> None:
+    """The load limits every router shares: ``spell`` names a field as its caller's users
+    know it (a config field, or a ``--flag``)."""
+    if abs_threshold < 0:
+        raise ValueError(f"{spell('balance_abs_threshold')} must be >= 0, got {abs_threshold}")
+    if not rel_threshold >= 1.0:  # also refuses NaN
+        raise ValueError(f"{spell('balance_rel_threshold')} must be >= 1.0, got {rel_threshold}")
 
 
 @dataclass(frozen=True)
@@ -41,14 +50,7 @@ class CacheAwareConfig:
         for name in ("page_size", "max_pages_per_rank"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.balance_abs_threshold < 0:
-            raise ValueError(
-                f"balance_abs_threshold must be >= 0, got {self.balance_abs_threshold}"
-            )
-        if not self.balance_rel_threshold >= 1.0:
-            raise ValueError(
-                f"balance_rel_threshold must be >= 1.0, got {self.balance_rel_threshold}"
-            )
+        check_balance(self.balance_abs_threshold, self.balance_rel_threshold, str)
 
 
 @dataclass(frozen=True, slots=True)

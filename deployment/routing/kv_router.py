@@ -33,12 +33,18 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from actors.control.page_keys import PageKey, page_keys
-from deployment.routing.cache_aware import RouteChoice
+from deployment.routing.cache_aware import RouteChoice, check_balance
 from deployment.routing.kv_index import KvIndex
 
 # A lookup of how many leading pages of ``keys`` a rank holds (the index, or the pools
 # themselves for the simulator's oracle).
 Matcher = Callable[[Hashable, Sequence[PageKey]], int]
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
 # Sessions remembered for affinity, least recently used dropped first.
 MAX_SESSIONS = 65536
 
@@ -65,15 +71,8 @@ class KvRouterConfig:
         for name in ("prefill_weight", "decode_weight", "gate_weight", "max_in_flight_s"):
             value = getattr(self, name)
             if not value >= 0:  # also refuses NaN
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
-        if self.balance_abs_threshold < 0:
-            raise ValueError(
-                f"--balance-abs-threshold must be >= 0, got {self.balance_abs_threshold}"
-            )
-        if not self.balance_rel_threshold >= 1.0:
-            raise ValueError(
-                f"--balance-rel-threshold must be >= 1.0, got {self.balance_rel_threshold}"
-            )
+                raise ValueError(f"{_flag(name)} must be >= 0, got {value}")
+        check_balance(self.balance_abs_threshold, self.balance_rel_threshold, _flag)
 
 
 class InFlight:

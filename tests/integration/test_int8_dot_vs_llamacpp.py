@@ -64,6 +64,7 @@ from actors.model.tokenizer import load_tokenizer, stop_token_ids
 from actors.server_args import ServerArgs
 from benchmarks import ggml_ops
 from benchmarks.int8_dot_sensitivity import NEW_TOKENS, PROMPTS
+from benchmarks.vs_llamacpp import llamacpp_command
 from kernels import quant
 from kernels.quant import FORMATS, BlockWeights, block_linear
 
@@ -133,16 +134,7 @@ def llamacpp_url() -> Iterator[str]:
         pytest.fail(f"{LLAMACPP_PYTHON} is missing: run `make llamacpp`")
     port = free_port()
     server = subprocess.Popen(
-        [
-            str(LLAMACPP_PYTHON),
-            str(REPO / "benchmarks" / "llamacpp_server.py"),
-            str(packaged_path(MODEL)),
-            "--port",
-            str(port),
-            "--threads",
-            "1",
-            "--f32-cache",
-        ],
+        llamacpp_command(port, threads=1, f32_cache=True),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
