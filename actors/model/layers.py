@@ -21,6 +21,7 @@ from actors.model.rope import RotaryTable, apply_rope
 from actors.model.weights import TensorSource
 from kernels.attention import AttentionBackend, AttentionBatch, PagedKVCache
 from kernels.moe import ExpertsKernel, MoEBackend, run_experts
+from kernels.quant import ggml_arith
 
 __all__ = ["Attention", "DenseMLP", "ForwardContext", "RMSNorm", "RotaryTable", "apply_rope"]
 
@@ -73,8 +74,12 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = param(size)
         self.eps = eps
+        # llama.cpp's arithmetic (``llamacpp_arith``: the int8-dot weight path).
+        self.llamacpp = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.llamacpp:
+            return ggml_arith.rms_norm(x, self.weight, self.eps)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
 
@@ -97,6 +102,8 @@ class Attention(nn.Module):
         self.o_proj = linear(config.q_size, config.hidden_size, config.attention_bias)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        # ggml's RoPE (the tables in ``ctx`` are then ggml's too; see ``llamacpp_arith``).
+        self.llamacpp = False
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         tokens = x.shape[0]
@@ -106,7 +113,10 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
         # RoPE once over q and k together; v passes through untouched.
-        qk = apply_rope(qk, ctx.cos, ctx.sin)
+        if self.llamacpp:
+            qk = ggml_arith.rope_(qk, ctx.cos, ctx.sin)
+        else:
+            qk = apply_rope(qk, ctx.cos, ctx.sin)
         q, k = qk[:, :heads], qk[:, heads:]
         out = ctx.attention.forward(
             self.layer, q, k, v, ctx.cache, ctx.batch, ctx.attention_state, self.scale
@@ -134,8 +144,11 @@ class DenseMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = linear(hidden, 2 * inter, bias)
         self.down_proj = linear(inter, hidden, bias)
+        self.llamacpp = False  # ggml's SwiGLU (``llamacpp_arith``)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext | None = None) -> torch.Tensor:
+        if self.llamacpp:
+            return self.down_proj(ggml_arith.swiglu(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 

@@ -30,12 +30,14 @@ from actors.model.gguf_blocks import pack_gguf, weight_path
 from actors.model.grammar import Grammars
 from actors.model.kv_cache import allocate_cache, select_backend, size_for_gpu
 from actors.model.layers import ForwardContext
+from actors.model.llamacpp_arith import use_llamacpp_arithmetic
 from actors.model.prompt_logprobs import prompt_rows, score_rows
 from actors.model.round_sampling import sample_round
 from actors.server_args import ServerArgs
 from gate import RankRow, RoundView, read_rows
 from kernels.attention import AttentionBatch, build_attention_batch
 from kernels.moe import ExpertPlacement, select_experts_kernel, select_moe_backend
+from kernels.quant.ggml_arith import GgmlAttention
 
 logger = logging.getLogger("roundgate.runner")
 
@@ -80,6 +82,13 @@ class ModelRunner:
         if args.gpu_memory_utilization is not None:  # sized now that the weights are in
             args = self.args = size_for_gpu(args, config, self.device)
         self.attention = select_backend(args, config, self.device, self.dtype)
+        # int8-dot takes llama.cpp as its reference: its float operations too, where covered.
+        if (
+            self.weight_path == "int8-dot"
+            and self.attention.name == "torch"
+            and use_llamacpp_arithmetic(self.model, config)
+        ):
+            self.attention = GgmlAttention()
         self.moe = (
             select_moe_backend(
                 args.moe_backend,

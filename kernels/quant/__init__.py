@@ -149,11 +149,16 @@ def kernel() -> Any:
 
 
 def _build() -> Path:
-    """Compile the kernel unless this source's library is cached (keyed by its hash)."""
-    source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(_CFLAGS).encode()).hexdigest()[:16]
+    return build_library(_SOURCE, _CFLAGS)
+
+
+def build_library(source_path: Path, cflags: tuple[str, ...]) -> Path:
+    """Compile ``source_path`` unless its library is cached (keyed by the source's and the
+    flags' hash) under the cache folder; raises with the compiler's message if it fails."""
+    source = source_path.read_bytes()
+    digest = hashlib.sha256(source + " ".join(cflags).encode()).hexdigest()[:16]
     root = Path(os.environ.get("ROUNDGATE_CACHE", Path.home() / ".cache" / "roundgate"))
-    library = root / "kernels" / f"block_gemm-{digest}.so"
+    library = root / "kernels" / f"{source_path.stem}-{digest}.so"
     if library.exists():
         return library
     library.parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +166,7 @@ def _build() -> Path:
     partial = library.with_suffix(f".{os.getpid()}.tmp")
     compiler = os.environ.get("CXX", "g++")
     done = subprocess.run(
-        [compiler, *_CFLAGS, "-o", str(partial), str(_SOURCE)], capture_output=True, text=True
+        [compiler, *cflags, "-o", str(partial), str(source_path)], capture_output=True, text=True
     )
     if done.returncode != 0:
         raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-500:]}")

@@ -1,0 +1,168 @@
+"""llama.cpp's float arithmetic for the operations between the int8-dot products.
+
+``--gguf-weights int8-dot`` promises llama.cpp's model: its integer products are ggml's bit
+for bit (``block_gemm.cpp``), but with 8-bit activations that is not enough. A last-bit
+difference in RMSNorm, RoPE, SwiGLU or attention can move an activation across a rounding
+boundary of the next product's 8-bit codes, and from there two runs drift apart
+(``benchmarks/int8_dot_sensitivity.py`` measured it: torch's operations put the greedy tokens
+of 4 in 10 prompts off llama.cpp's within 32 tokens). So the int8-dot path also runs these
+operations as ggml's CPU backend does (``ggml_arith.cpp``: double-summed RMSNorm, RoPE angles
+as a running float product, ggml's own vectorised exp in SwiGLU and softmax, its dot-product
+summation orders, K cached in the file's interleaved order), each checked against the
+tensors llama.cpp itself computes for the default model.
+
+Only the llama-style dense decoder is covered (RMSNorm, GQA with unscaled RoPE over the whole
+head, SwiGLU): ``eligible`` says whether a model is; others keep torch's operations.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernels.attention.batch import AttentionBatch, PagedKVCache
+from kernels.quant import build_library, cpu_supports_kernel
+
+_SOURCE = Path(__file__).with_name("ggml_arith.cpp")
+_CFLAGS = (
+    "-O3",
+    "-mavx2",
+    "-mfma",
+    "-mf16c",
+    "-fopenmp",
+    "-ffp-contract=off",
+    "-shared",
+    "-fPIC",
+    "-std=c++17",
+)
+_lock = threading.Lock()
+_lib: Any = None
+
+
+def library() -> Any:
+    """The compiled operations (ctypes); raises if this machine cannot build or run them
+    (the caller checks ``cpu_supports_kernel`` first and keeps torch's operations)."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            if not cpu_supports_kernel():
+                raise RuntimeError("llama.cpp's arithmetic needs AVX2/FMA/F16C")
+            lib = ctypes.CDLL(str(build_library(_SOURCE, _CFLAGS)))
+            p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+            lib.ga_rms_norm.argtypes = [p, i64, i64, p, f32, p]
+            lib.ga_rope_table.argtypes = [i64, i64, f32, p, p]
+            lib.ga_rope.argtypes = [p, i64, i64, i64, i64, p, p]
+            lib.ga_swiglu.argtypes = [p, i64, i64, p]
+            lib.ga_attention.argtypes = [p, i64, p, p, i64, i64, i64, i64, i64, p, p]
+            lib.ga_attention.argtypes += [p, p, p, i64, p, i64, i64, f32, p, i32]
+            for fn in (lib.ga_rms_norm, lib.ga_rope_table, lib.ga_rope, lib.ga_swiglu):
+                fn.restype = None
+            lib.ga_attention.restype = None
+            _lib = lib
+        return _lib
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``rms_norm(x) * weight`` over the last axis, as ggml rounds it."""
+    x = _f32(x)
+    n = x.shape[-1]
+    y = torch.empty_like(x)
+    library().ga_rms_norm(
+        x.data_ptr(), x.numel() // n, n, _f32(weight).data_ptr(), eps, y.data_ptr()
+    )
+    return y
+
+
+def rope_table(positions: int, dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """ggml's cos and sin ``[positions, dim / 2]`` for RoPE without scaling."""
+    cos = torch.empty(positions, dim // 2)
+    sin = torch.empty(positions, dim // 2)
+    library().ga_rope_table(positions, dim, base, cos.data_ptr(), sin.data_ptr())
+    return cos, sin
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [T, heads, dim]`` (halves order; rows may be strided, heads contiguous) in
+    place by ``cos``/``sin [T, dim / 2]``, with ggml's roundings."""
+    tokens, heads, dim = x.shape
+    if x.dtype != torch.float32 or x.stride(2) != 1 or x.stride(1) != dim:
+        raise ValueError("rope_: x must be float32 [T, heads, dim] with contiguous heads")
+    cos, sin = _f32(cos), _f32(sin)
+    library().ga_rope(x.data_ptr(), tokens, heads, dim, x.stride(0), cos.data_ptr(), sin.data_ptr())
+    return x
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for rows ``[gate | up]``, with ggml's exp."""
+    gate_up = _f32(gate_up)
+    n = gate_up.shape[-1] // 2
+    y = gate_up.new_empty(*gate_up.shape[:-1], n)
+    library().ga_swiglu(gate_up.data_ptr(), gate_up.numel() // (2 * n), n, y.data_ptr())
+    return y
+
+
+class GgmlAttention:
+    """Paged attention with llama.cpp's float32 arithmetic (an ``AttentionBackend``, CPU).
+
+    K is cached in the file's interleaved order (the order ggml's q.k sums in), so a cache
+    this backend wrote is read only by it: the runner uses it for every layer or none.
+    """
+
+    name = "ggml"
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = threads
+
+    def prepare(self, batch: AttentionBatch) -> None:
+        return None
+
+    def forward(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache: PagedKVCache,
+        batch: AttentionBatch,
+        state: None,
+        scale: float,
+    ) -> torch.Tensor:
+        """``q: [T, H, D]``, ``k, v: [T, H_kv, D]`` (rows may be strided) -> ``[T, H, D]``."""
+        tokens, heads, dim = q.shape
+        kv_heads = k.shape[1]
+        if k.stride(0) != v.stride(0) or any(t.stride(2) != 1 for t in (q, k, v)):
+            raise ValueError("GgmlAttention: q/k/v rows must have contiguous heads")
+        out = q.new_empty(tokens, heads, dim)
+        page_table = batch.page_table.contiguous()
+        library().ga_attention(
+            q.data_ptr(),
+            q.stride(0),
+            k.data_ptr(),
+            v.data_ptr(),
+            k.stride(0),
+            tokens,
+            heads,
+            kv_heads,
+            dim,
+            cache.k[layer].data_ptr(),
+            cache.v[layer].data_ptr(),
+            batch.slot_mapping.data_ptr(),
+            batch.positions.data_ptr(),
+            batch.cu_query_lens.data_ptr(),
+            batch.batch_size,
+            page_table.data_ptr(),
+            page_table.shape[1],
+            cache.page_size,
+            scale,
+            out.data_ptr(),
+            self.threads or torch.get_num_threads(),
+        )
+        return out
