@@ -1,6 +1,6 @@
 """``--gguf-weights int8-dot`` against its reference, llama.cpp itself, on the default model's
 GGUF, llama.cpp run from its own venv (``make llamacpp``: the xllamacpp package) with a float32
-KV cache and without flash attention.
+KV cache and without flash attention, one slot, one thread.
 
 What is asserted:
 
@@ -9,37 +9,23 @@ What is asserted:
   the file's Q4_1 and Q8_0 tensors and on random Q4_0 blocks, 1 to 33 rows (x quantized to
   Q8_0/Q8_1 with the same f16 scales and sums, the same maddubs integer dots, the same float
   accumulation);
-- with llama.cpp's own 32 greedy tokens fed back (teacher forcing), our int8-dot model's most
-  likely token equals llama.cpp's at >= 95% of the 320 positions (measured: 312; the end-of-
-  turn token, which llama.cpp's ``ignore_eos`` bans, is left out of ours as well).
+- the float operations between the products are ggml's too, bit for bit
+  (``kernels/quant/ggml_arith.cpp``): RMSNorm times its weight, SwiGLU and RoPE against the
+  same library's ops on random inputs of the model's shapes;
+- free running, one request at a time (as llama.cpp's one slot serves them), our 32 greedy
+  tokens equal llama.cpp's on at least 8 of the 10 prompts (the issue's bar; measured: 10 of
+  10);
+- teacher forcing, llama.cpp's own 32 tokens fed back one a round: our most likely token
+  equals llama.cpp's at all 320 positions, and its log-probability is within 1e-3 of the one
+  llama.cpp's server reports (measured: median 9.0e-5, max 2.9e-4: the logits are llama.cpp's
+  bit for bit, but the server computes its probabilities with its own float softmax).
 
-What is measured, not asserted: free-running greedy tokens equal llama.cpp's for all 32 tokens
-on 4 to 6 of the 10 prompts (6 in the last runs), where the issue asked for 8; the others part
-at near-ties (both models' top-two margins 0.02 to 0.24 nats there). Matching the matrix
-products cannot get further: every other operation would have to match ggml's to the last bit,
-and none does. ``benchmarks/int8_dot_sensitivity.py`` measures both halves of that:
-
-- quantizing activations to 8 bits makes the forward chaotic. Our own int8-dot model with
-  RMSNorm's mean of squares summed in float64 instead of float32 (activations at most an ulp or
-  so apart) gives the same 32 tokens as unperturbed on 3 of the 10 prompts and moves the
-  per-position log-probabilities by a median 2.0e-2 (p90 8.8e-2); the exact path under the same
-  nudge: 10 of 10, and 1e-6. The gap between our int8-dot model and llama.cpp's is that size
-  (median 2.3e-2, p90 9.4e-2; our exact path against llama.cpp's int8 tokens: 2.5e-2), so no
-  structural difference is left to find: a last-bit difference moves an activation across a
-  rounding boundary now and then, which changes the next layer's inputs by 1/127 of a block's
-  range and flips many more roundings, until the two runs' quantization noise is unrelated.
-  llama.cpp does not agree with itself under such a nudge either (f16 vs f32 KV cache: 6 of 10);
-- every operation between the products differs from ggml's in the last bits on a large share
-  of elements (through the same library, random inputs of the model's shapes): RMSNorm 13%
-  (ggml sums the squares in double), SwiGLU 25% (ggml's own exp approximation), softmax 64%
-  (the same exp, a double sum), RoPE 59% (ggml's angles are an iterated float product), the
-  float32 attention products 84% (another summation order). Following them would mean
-  reimplementing ggml's CPU graph, exp approximation and attention included, not the kernel.
-
-Teacher forcing compares one step at a time, so one flip cannot cascade; for the same reason it
-does not single out the int8 arithmetic (our exact path scores about the same against
-llama.cpp's int8 tokens): what it guards is that the int8-dot model as a whole, prefill and
-decode, stays llama.cpp's model.
+A batch of several sequences attends with ggml's batched summation order (as llama.cpp's
+batch does); fed one token a round, each sequence's logits are llama.cpp's to the bit. Before
+the float operations followed ggml's (torch's RMSNorm, RoPE, SwiGLU, attention), 4 to 6 of the
+10 prompts held for 32 tokens: with activations quantized to 8 bits, one last-bit difference
+can move a value across a rounding boundary of the next product's codes, and the runs drift
+apart from there (``benchmarks/int8_dot_sensitivity.py`` measures that sensitivity).
 """
 
 from __future__ import annotations
@@ -56,17 +42,19 @@ import numpy as np
 import pytest
 import torch
 
-from actors.control.request import Request, SamplingParams
+from actors.control.request import SamplingParams
 from actors.engine import Engine
 from actors.model.generation_config import read_generation_config
 from actors.model.gguf_file import packaged_path
+from actors.model.runner import ModelRunner
 from actors.model.tokenizer import load_tokenizer, stop_token_ids
 from actors.server_args import ServerArgs
 from benchmarks import ggml_ops
 from benchmarks.int8_dot_sensitivity import NEW_TOKENS, PROMPTS
 from benchmarks.vs_llamacpp import llamacpp_command
 from kernels import quant
-from kernels.quant import FORMATS, BlockWeights, block_linear
+from kernels.attention import build_attention_batch
+from kernels.quant import FORMATS, BlockWeights, block_linear, ggml_arith
 
 pytestmark = [
     pytest.mark.integration,
@@ -128,6 +116,53 @@ def test_the_int8_dot_product_is_ggmls_bit_for_bit() -> None:
         assert np.array_equal(ours, theirs[f"y_{c}"]), c
 
 
+def test_the_float_operations_are_ggmls_bit_for_bit() -> None:
+    """RMSNorm times its weight, SwiGLU and RoPE (ggml's mode 0 on the file's pairs; ours on
+    the halves our Q and K are kept in) against the xllamacpp library's own ops."""
+    library = ggml_ops.library_path(LLAMACPP_VENV)
+    if library is None:
+        pytest.fail(f"no xllamacpp library under {LLAMACPP_VENV}: run `make llamacpp`")
+    config = ServerArgs(model=MODEL, device="cpu").model_config
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((7, config.hidden_size)) * 3).astype(np.float32)
+    weight = rng.standard_normal(config.hidden_size).astype(np.float32)
+    gate, up = (rng.standard_normal((2, 5, config.intermediate_size)) * 4).astype(np.float32)
+    dim = config.head_dim
+    pairs = rng.standard_normal((6, config.num_heads, dim)).astype(np.float32)
+    positions = np.array([0, 1, 5, 77, 300, 2047], np.int32)
+    rope_params = np.array([dim, config.rope_theta, config.max_position], np.float64)
+    cases = {
+        "op_norm": np.array("rms_norm_mul"),
+        "a_norm": x,
+        "b_norm": weight,
+        "kind_norm": np.array("F32"),
+        "params_norm": np.array([config.rms_norm_eps]),
+        "op_glu": np.array("swiglu"),
+        "a_glu": gate,
+        "b_glu": up,
+        "kind_glu": np.array("F32"),
+        "params_glu": np.zeros(0),
+        "op_rope": np.array("rope"),
+        "a_rope": pairs,
+        "b_rope": positions,
+        "kind_rope": np.array("F32"),
+        "params_rope": rope_params,
+    }
+    theirs = ggml_ops.compute(library, cases)
+    eps = config.rms_norm_eps
+    ours = ggml_arith.rms_norm(torch.from_numpy(x), torch.from_numpy(weight), eps)
+    assert np.array_equal(ours.numpy(), theirs["y_norm"])
+    ours = ggml_arith.swiglu(torch.from_numpy(np.concatenate([gate, up], axis=-1)))
+    assert np.array_equal(ours.numpy(), theirs["y_glu"])
+    halves = torch.from_numpy(np.concatenate([pairs[..., 0::2], pairs[..., 1::2]], axis=-1))
+    cos, sin = ggml_arith.rope_table(config.max_position, dim, config.rope_theta)
+    index = torch.from_numpy(positions).long()
+    rotated = ggml_arith.rope_(halves.clone(), cos[index], sin[index]).numpy()
+    back = np.empty_like(pairs)
+    back[..., 0::2], back[..., 1::2] = rotated[..., : dim // 2], rotated[..., dim // 2 :]
+    assert np.array_equal(back, theirs["y_rope"])
+
+
 @pytest.fixture(scope="module")
 def llamacpp_url() -> Iterator[str]:
     if not LLAMACPP_PYTHON.exists():
@@ -166,39 +201,61 @@ def llamacpp_greedy(url: str, ids: list[int], ignore_eos: bool) -> tuple[list[in
     return list(answer["tokens"]), [p["logprob"] for p in answer["completion_probabilities"]]
 
 
+def decode_logits(runner: ModelRunner, ids: list[int], forced: list[int]) -> list[torch.Tensor]:
+    """Logits after ``ids`` and after each of ``forced`` fed one token a round (as
+    llama.cpp's one slot decodes them: one-token batches attend as it does then)."""
+    pages = list(range(-(-(len(ids) + len(forced)) // runner.args.page_size)))
+    out, cached = [], 0
+    with torch.inference_mode():
+        for chunk in [ids, *([t] for t in forced[:-1])]:
+            batch = build_attention_batch(
+                [len(chunk)], [cached], [pages], runner.args.page_size, runner.device
+            )
+            logits = runner.forward_batch(torch.tensor(chunk), batch).float()[0]
+            out.append(logits.clone())
+            cached += len(chunk)
+    return out
+
+
 def test_int8_dot_follows_llamacpps_greedy_tokens(llamacpp_url: str) -> None:
     torch.set_num_threads(1)
-    engine = Engine(
-        ServerArgs(
-            model=MODEL, device="cpu", num_kv_pages=64, max_num_seqs=4, gguf_weights="int8-dot"
-        )
+    args = ServerArgs(
+        model=MODEL, device="cpu", num_kv_pages=64, max_num_seqs=4, gguf_weights="int8-dot"
     )
+    engine = Engine(args)
     assert engine.runner.weight_path == "int8-dot"
+    assert engine.runner.attention.name == "ggml"  # llama.cpp's float arithmetic too
     tokenizer = load_tokenizer(MODEL)
     stops = stop_token_ids(engine.args.model_config, tokenizer, read_generation_config(MODEL))
     prompts = [tokenizer.encode(p) for p in PROMPTS]
+    # Free running, one request at a time as llama.cpp's one slot serves them: ours stops at
+    # the model's stop tokens, llama.cpp's ``tokens`` leaves its end-of-generation token out.
+    equal = 0
+    for ids in prompts:
+        got = engine.generate([ids], SamplingParams(max_tokens=NEW_TOKENS, stop_token_ids=stops))
+        want, _ = llamacpp_greedy(llamacpp_url, ids, ignore_eos=False)
+        equal += got[0][: len(want)] == want and len(got[0]) - len(want) in (0, 1)
     # Teacher forcing: llama.cpp's 32 tokens (end-of-turn banned: ignore_eos) after each
-    # prompt, and our likeliest token other than a stop token at each of those positions.
+    # prompt fed back one a round into a runner of our own (the engine's pages stay its own);
+    # our likeliest token other than a stop token, and its log-probability, at each.
+    runner = ModelRunner(args)
     agree, gaps = 0, []
-    for i, ids in enumerate(prompts):
+    for ids in prompts:
         theirs, logprobs = llamacpp_greedy(llamacpp_url, ids, ignore_eos=True)
         assert len(theirs) == NEW_TOKENS
-        request = Request(f"tf{i}", ids + theirs, SamplingParams(max_tokens=1, prompt_logprobs=2))
-        engine.run([request])
-        scored = request.prompt_logprobs[len(ids) - 1 :]
-        ours = [next(t for t in entry.top_ids if t not in stops) for entry in scored]
-        agree += sum(a == b for a, b in zip(ours, theirs, strict=True))
-        gaps += [abs(entry.logprob - lp) for entry, lp in zip(scored, logprobs, strict=True)]
-    # Free running, reported: ours stops at the model's stop tokens, llama.cpp's ``tokens``
-    # leaves its end-of-generation token out.
-    free = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, stop_token_ids=stops))
-    equal = 0
-    for ids, got in zip(prompts, free, strict=True):
-        want, _ = llamacpp_greedy(llamacpp_url, ids, ignore_eos=False)
-        equal += got[: len(want)] == want and len(got) - len(want) in (0, 1)
+        for logits, token, lp in zip(
+            decode_logits(runner, ids, theirs), theirs, logprobs, strict=True
+        ):
+            scores = torch.log_softmax(logits, dim=-1)
+            allowed = scores.clone()
+            allowed[list(stops)] = -torch.inf
+            agree += int(allowed.argmax()) == token
+            gaps.append(abs(float(scores[token]) - lp))
     print(
-        f"int8-dot vs llama.cpp: teacher-forced {agree}/{10 * NEW_TOKENS} top tokens equal "
-        f"(log-probability gap median {np.median(gaps):.1e}, max {max(gaps):.1e}), "
-        f"free-running 32-token greedy equal on {equal}/10 prompts"
+        f"int8-dot vs llama.cpp: free-running 32-token greedy equal on {equal}/10 prompts; "
+        f"teacher-forced {agree}/{10 * NEW_TOKENS} top tokens equal (log-probability gap "
+        f"median {np.median(gaps):.1e}, max {max(gaps):.1e})"
     )
-    assert agree >= 0.95 * len(prompts) * NEW_TOKENS, f"{agree} of {len(prompts) * NEW_TOKENS}"
+    assert equal >= 8, f"free-running greedy equal on {equal} of 10 prompts"
+    assert agree == len(prompts) * NEW_TOKENS, f"{agree} of {len(prompts) * NEW_TOKENS}"
+    assert max(gaps) < 1e-3, max(gaps)
