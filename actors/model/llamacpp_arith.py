@@ -30,6 +30,8 @@ def why_not(config: ModelConfig) -> str | None:
         return "per-head norms and projection biases are not covered"
     if config.rope_scaling.kind != "default" or config.rope_dim != config.head_dim:
         return "only unscaled RoPE over the whole head is covered"
+    if config.head_dim % 32:
+        return f"head size {config.head_dim}: ggml's dot products sum 32 at a time"
     return None
 
 

@@ -133,6 +133,8 @@ def kernel() -> Any:
     """The compiled kernel library (ctypes), built once per machine and source under the
     cache folder; None if it cannot be built here (the caller keeps float32 weights)."""
     global _module, _failure
+    if _module is not None:  # every product calls this: no lock once built
+        return _module
     with _lock:
         if _module is not None or _failure is not None:
             return _module

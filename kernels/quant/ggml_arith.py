@@ -47,6 +47,8 @@ def library() -> Any:
     """The compiled operations (ctypes); raises if this machine cannot build or run them
     (the caller checks ``cpu_supports_kernel`` first and keeps torch's operations)."""
     global _lib
+    if _lib is not None:  # every operation calls this: no lock once built
+        return _lib
     with _lock:
         if _lib is None:
             if not cpu_supports_kernel():
@@ -138,6 +140,8 @@ class GgmlAttention:
         """``q: [T, H, D]``, ``k, v: [T, H_kv, D]`` (rows may be strided) -> ``[T, H, D]``."""
         tokens, heads, dim = q.shape
         kv_heads = k.shape[1]
+        if dim % 32:
+            raise ValueError(f"GgmlAttention: head size {dim} is not a multiple of 32")
         if k.stride(0) != v.stride(0) or any(t.stride(2) != 1 for t in (q, k, v)):
             raise ValueError("GgmlAttention: q/k/v rows must have contiguous heads")
         out = q.new_empty(tokens, heads, dim)
