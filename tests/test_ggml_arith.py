@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from actors.model.config import PRESETS, with_overrides
-from actors.model.llamacpp_arith import use_llamacpp_arithmetic, why_not
+from actors.model.llamacpp_arith import fuse_layers, use_llamacpp_arithmetic, why_not
 from actors.model.rope import RotaryTable, apply_rope
 from actors.model.runner import ModelRunner
 from actors.server_args import ServerArgs
@@ -90,7 +90,7 @@ def test_attention_refuses_a_head_size_it_cannot_sum_like_ggml() -> None:
     batch = build_attention_batch([1], [0], [[0]], 4)
     cache = PagedKVCache.allocate(1, 2, 4, 1, 16, torch.float32, "cpu")
     q, kv = torch.randn(1, 1, 16), torch.randn(1, 1, 16)
-    with pytest.raises(ValueError, match="multiple of 32"):
+    with pytest.raises(ValueError, match="head size 16"):
         ggml_arith.GgmlAttention().forward(0, q, kv, kv, cache, batch, None, 0.25)
 
 
@@ -124,3 +124,32 @@ def test_only_the_llama_style_decoder_is_covered() -> None:
     assert "MoE" in why_not(PRESETS["tiny-moe"])
     assert "biases" in why_not(with_overrides(PRESETS["tiny-llama"], qkv_bias=True))
     assert "head" in why_not(with_overrides(PRESETS["tiny-llama"], head_dim=16))
+
+
+def test_the_fused_decoder_equals_the_layer_by_layer_path() -> None:
+    """The default model, int8-dot: all layers in one call give the same logits, to the bit,
+    as the flagged modules one operation at a time (a ragged prefill, then decode rounds)."""
+    torch.set_num_threads(1)
+    args = ServerArgs(
+        model="smollm2-135m-instruct", device="cpu", num_kv_pages=16, gguf_weights="int8-dot"
+    )
+    fused, stepwise = ModelRunner(args), ModelRunner(args)
+    assert fused.model.fused is not None and fused.attention.name == "ggml"
+    stepwise.model.fused = None
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (7, 20)]
+    tables = [[0, 1], [2, 3]]
+    rounds = [(prompts, [0, 0]), ([[42], [43]], [7, 20]), ([[44]], [8])]
+    for chunks, cached in rounds:
+        lens = [len(c) for c in chunks]
+        batch = build_attention_batch(lens, cached, tables[: len(chunks)], args.page_size)
+        ids = torch.tensor([t for c in chunks for t in c])
+        with torch.inference_mode():
+            assert torch.equal(fused.forward_batch(ids, batch), stepwise.forward_batch(ids, batch))
+
+
+def test_only_int8_dot_weights_are_fused() -> None:
+    args = ServerArgs(model="smollm2-135m-instruct", device="cpu", num_kv_pages=16)
+    runner = ModelRunner(args)  # the exact (packed) path: torch's arithmetic, layer by layer
+    assert runner.model.fused is None and runner.attention.name == "torch"
+    assert not fuse_layers(runner.model, args.model_config, runner.cache)

@@ -8,6 +8,8 @@ Each module loads its own HF-named tensors, so a family differs only in its conf
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -74,14 +76,19 @@ class CausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = rotary_table(config)
+        # Every layer in one call (``llamacpp_arith.fuse_layers``: the int8-dot path), or None.
+        self.fused: Callable[[torch.Tensor, ForwardContext], torch.Tensor] | None = None
 
     def forward(
         self, input_ids: torch.Tensor, ctx: ForwardContext, logit_rows: torch.Tensor
     ) -> torch.Tensor:
         """Hidden states for every token; logits only at ``logit_rows`` (``[B, vocab]``)."""
         h = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            h = layer(h, ctx)
+        if self.fused is not None:
+            h = self.fused(h, ctx)
+        else:
+            for layer in self.layers:
+                h = layer(h, ctx)
         return self.lm_head(self.norm(h.index_select(0, logit_rows)))
 
     def idle_forward(self, moe: MoEBackend | None, low_latency: bool) -> None:

@@ -10,14 +10,17 @@ arithmetic, with its products still int8-dot.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 
 import torch
 from torch import nn
 
 from actors.model.config import ModelConfig
-from actors.model.layers import Attention, DenseMLP, RMSNorm
-from kernels.quant import ggml_arith
+from actors.model.layers import Attention, DenseMLP, ForwardContext, RMSNorm
+from kernels import quant
+from kernels.attention import PagedKVCache
+from kernels.quant import BlockLinear, ggml_arith
 
 logger = logging.getLogger("roundgate.model")
 
@@ -30,8 +33,8 @@ def why_not(config: ModelConfig) -> str | None:
         return "per-head norms and projection biases are not covered"
     if config.rope_scaling.kind != "default" or config.rope_dim != config.head_dim:
         return "only unscaled RoPE over the whole head is covered"
-    if config.head_dim % 32:
-        return f"head size {config.head_dim}: ggml's dot products sum 32 at a time"
+    if config.head_dim not in ggml_arith.HEAD_SIZES:
+        return f"head size {config.head_dim} is not one of {ggml_arith.HEAD_SIZES}"
     return None
 
 
@@ -47,6 +50,70 @@ class GgmlRotaryTable(nn.Module):
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         return self.cos[positions], self.sin[positions]
+
+
+class FusedDecoder:
+    """Every decoder layer in one ``ggml_arith.decoder`` call (int8-dot weights only): what a
+    decode step spends between the products is then C++, not a dozen Python-level operations
+    per layer. Built by ``fuse_layers``; ``CausalLM.forward`` calls it instead of the layers."""
+
+    def __init__(self, model: nn.Module, config: ModelConfig, cache: PagedKVCache) -> None:
+        self.shape = ggml_arith.DecoderShape(
+            config.hidden_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            config.intermediate_size,
+            config.rms_norm_eps,
+        )
+        self.page_size = cache.page_size
+        self.int8_dot = ctypes.cast(quant.kernel().block_linear_q8, ctypes.c_void_p).value
+        rows = []
+        for i, layer in enumerate(model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            rows.append(
+                ggml_arith.LayerWeights(
+                    layer.input_layernorm.weight.data_ptr(),
+                    *_blocks(attn.qkv_proj),
+                    *_blocks(attn.o_proj),
+                    layer.post_attention_layernorm.weight.data_ptr(),
+                    *_blocks(mlp.gate_up_proj),
+                    *_blocks(mlp.down_proj),
+                    cache.k[i].data_ptr(),
+                    cache.v[i].data_ptr(),
+                )
+            )
+        self.layers = (ggml_arith.LayerWeights * len(rows))(*rows)
+        # The tensors behind those pointers stay alive with the model and the cache.
+        self._keep = (model, cache)
+
+    def __call__(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        h = h.contiguous() if h.dtype == torch.float32 else h.float().contiguous()
+        return ggml_arith.decoder(
+            h, self.layers, self.int8_dot, self.shape, ctx.cos, ctx.sin, ctx.batch, self.page_size
+        )
+
+
+def _blocks(linear: nn.Module) -> tuple[int, int]:
+    return linear.weights.data.data_ptr(), linear.weights.format.code
+
+
+def fuse_layers(model: nn.Module, config: ModelConfig, cache: PagedKVCache) -> bool:
+    """Run ``model``'s layers as one ``FusedDecoder`` call when every projection is int8-dot
+    blocks and the model already runs llama.cpp's arithmetic; False (unchanged) otherwise."""
+    for layer in model.layers:
+        projections = (
+            getattr(layer.self_attn, "qkv_proj", None),
+            getattr(layer.self_attn, "o_proj", None),
+            getattr(layer.mlp, "gate_up_proj", None),
+            getattr(layer.mlp, "down_proj", None),
+        )
+        if not all(isinstance(p, BlockLinear) and p.int8_dot for p in projections):
+            return False
+        if not getattr(layer.self_attn, "llamacpp", False):
+            return False
+    model.fused = FusedDecoder(model, config, cache)
+    return True
 
 
 def use_llamacpp_arithmetic(model: nn.Module, config: ModelConfig) -> bool:

@@ -30,7 +30,7 @@ from actors.model.gguf_blocks import pack_gguf, weight_path
 from actors.model.grammar import Grammars
 from actors.model.kv_cache import allocate_cache, select_backend, size_for_gpu
 from actors.model.layers import ForwardContext
-from actors.model.llamacpp_arith import use_llamacpp_arithmetic
+from actors.model.llamacpp_arith import fuse_layers, use_llamacpp_arithmetic
 from actors.model.prompt_logprobs import prompt_rows, score_rows
 from actors.model.round_sampling import sample_round
 from actors.server_args import ServerArgs
@@ -83,11 +83,12 @@ class ModelRunner:
             args = self.args = size_for_gpu(args, config, self.device)
         self.attention = select_backend(args, config, self.device, self.dtype)
         # int8-dot takes llama.cpp as its reference: its float operations too, where covered.
-        if (
+        llamacpp = (
             self.weight_path == "int8-dot"
             and self.attention.name == "torch"
             and use_llamacpp_arithmetic(self.model, config)
-        ):
+        )
+        if llamacpp:
             self.attention = GgmlAttention()
         self.moe = (
             select_moe_backend(
@@ -103,6 +104,8 @@ class ModelRunner:
         )
         self.experts = select_experts_kernel(args.moe_kernel, self.device)
         self.cache = allocate_cache(args, config, self.dtype, self.device)
+        if llamacpp:  # and every layer in one call
+            fuse_layers(self.model, config, self.cache)
         why_eager = ineligibility(
             self.device.type, args.enforce_eager, config.is_moe, self.attention.name
         )

@@ -159,6 +159,56 @@ extern "C" void ga_swiglu(const float* gate_up, int64_t rows, int64_t n, float* 
   }
 }
 
+namespace {
+
+// kqv for one (token, head): out[d] = sum_j p[j] * v_j[d] over the len positions at ``rows``
+// (float offsets into the V cache), summed as ggml does: position j goes to accumulator
+// j % NACC (NACC 32: ggml_vec_dot_f32's four by eight; 8: tinyBLAS's lanes), each
+// accumulator adds its positions in order, then the accumulators fold. DB: dim / 8 vectors,
+// kept in registers while one accumulator's positions stream past.
+template <int NACC, int DB>
+void weighted_sum(const float* p, const int64_t* rows, int64_t len, const float* v_cache,
+                  float* acc, float* out) {
+  constexpr int64_t dim = 8 * DB;
+  for (int64_t s = 0; s < NACC; ++s) {
+    __m256 a[DB];
+    for (int i = 0; i < DB; ++i) a[i] = _mm256_setzero_ps();
+    for (int64_t j = s; j < len; j += NACC) {
+      const float* vj = v_cache + rows[j];
+      const __m256 w = _mm256_set1_ps(p[j]);
+      for (int i = 0; i < DB; ++i) a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(vj + 8 * i), w, a[i]);
+    }
+    for (int i = 0; i < DB; ++i) _mm256_storeu_ps(acc + s * dim + 8 * i, a[i]);
+  }
+  for (int64_t d = 0; d < dim; ++d) {
+    float r[8];
+    if (NACC == 32) {
+      for (int l = 0; l < 8; ++l)
+        r[l] = (acc[l * dim + d] + acc[(16 + l) * dim + d]) +
+               (acc[(8 + l) * dim + d] + acc[(24 + l) * dim + d]);
+      out[d] = sum_hadd(r);
+    } else {
+      for (int l = 0; l < 8; ++l) r[l] = acc[l * dim + d];
+      out[d] = sum_movehl(r);
+    }
+  }
+}
+
+template <int NACC>
+bool weighted_sum_for(int64_t dim, const float* p, const int64_t* rows, int64_t len,
+                      const float* v_cache, float* acc, float* out) {
+  switch (dim) {
+    case 32: weighted_sum<NACC, 4>(p, rows, len, v_cache, acc, out); return true;
+    case 64: weighted_sum<NACC, 8>(p, rows, len, v_cache, acc, out); return true;
+    case 96: weighted_sum<NACC, 12>(p, rows, len, v_cache, acc, out); return true;
+    case 128: weighted_sum<NACC, 16>(p, rows, len, v_cache, acc, out); return true;
+    case 256: weighted_sum<NACC, 32>(p, rows, len, v_cache, acc, out); return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
 // ``kq-N``, ``kq_soft_max-N`` and ``kqv-N`` of a batch over the paged cache, after writing
 // the batch's own K (rotated, halves order; stored in file order) and V at ``slots``.
 //
@@ -169,12 +219,14 @@ extern "C" void ga_swiglu(const float* gate_up, int64_t rows, int64_t n, float* 
 // takes the max, exponentiates 8 at a time (the tail padded with -inf, whose exp is 0, as
 // llama.cpp's 256-padded KV is) summing each 8 in double; kqv is ggml_vec_dot_f32 over
 // positions when the batch is one token, else tinyBLAS's one accumulator per lane.
-extern "C" void ga_attention(const float* q, int64_t q_stride, const float* k, const float* v,
-                             int64_t kv_stride, int64_t tokens, int64_t heads, int64_t kv_heads,
-                             int64_t dim, float* k_cache, float* v_cache, const int64_t* slots,
-                             const int64_t* positions, const int64_t* cu_query_lens,
-                             int64_t batch, const int64_t* page_table, int64_t max_pages,
-                             int64_t page_size, float scale, float* out, int threads) {
+// Returns 0, or -1 for a head size the kqv sum has no instance for (32, 64, 96, 128, 256).
+extern "C" int ga_attention(const float* q, int64_t q_stride, const float* k, const float* v,
+                            int64_t kv_stride, int64_t tokens, int64_t heads, int64_t kv_heads,
+                            int64_t dim, float* k_cache, float* v_cache, const int64_t* slots,
+                            const int64_t* positions, const int64_t* cu_query_lens,
+                            int64_t batch, const int64_t* page_table, int64_t max_pages,
+                            int64_t page_size, float scale, float* out, int threads) {
+  if (dim != 32 && dim != 64 && dim != 96 && dim != 128 && dim != 256) return -1;
   const int64_t half = dim / 2, row = kv_heads * dim;
   for (int64_t t = 0; t < tokens; ++t) {
     float* kc = k_cache + slots[t] * row;
@@ -188,19 +240,33 @@ extern "C" void ga_attention(const float* q, int64_t q_stride, const float* k, c
       memcpy(vc + h * dim, v + t * kv_stride + h * dim, dim * sizeof(float));
     }
   }
+  // Each sequence's cache rows (in floats, head 0) by position, walked once: token t of it
+  // reads the first positions[t] + 1.
   std::vector<int64_t> seq_of(tokens);
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t t = cu_query_lens[b]; t < cu_query_lens[b + 1]; ++t) seq_of[t] = b;
+  std::vector<std::vector<int64_t>> rows(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t len = 0;
+    for (int64_t t = cu_query_lens[b]; t < cu_query_lens[b + 1]; ++t) {
+      seq_of[t] = b;
+      len = positions[t] + 1 > len ? positions[t] + 1 : len;
+    }
+    rows[b].resize(len);
+    const int64_t* pages = page_table + b * max_pages;
+    for (int64_t j = 0, page = 0, offset = 0; j < len; ++j) {
+      rows[b][j] = (pages[page] * page_size + offset) * row;
+      if (++offset == page_size) offset = 0, ++page;
+    }
+  }
   const bool one_token = tokens == 1;
   const int64_t group = heads / kv_heads;
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> qf(dim), p, acc;
+    std::vector<float> qf(dim), p, acc(32 * dim);
 #pragma omp for schedule(static)
     for (int64_t th = 0; th < tokens * heads; ++th) {
       const int64_t t = th / heads, h = th % heads, kvh = h / group;
       const int64_t len = positions[t] + 1, padded = (len + 31) / 32 * 32;
-      const int64_t* pages = page_table + seq_of[t] * max_pages;
+      const int64_t* at = rows[seq_of[t]].data();
       const float* qt = q + t * q_stride + h * dim;
       for (int64_t j = 0; j < half; ++j) {
         qf[2 * j] = qt[j];
@@ -208,9 +274,9 @@ extern "C" void ga_attention(const float* q, int64_t q_stride, const float* k, c
       }
       p.assign(padded, -INFINITY);
       float max = -INFINITY;
+      const float* kh = k_cache + kvh * dim;
       for (int64_t j = 0; j < len; ++j) {
-        const int64_t slot = pages[j / page_size] * page_size + j % page_size;
-        const float s = dot_f32(k_cache + slot * row + kvh * dim, qf.data(), dim) * scale;
+        const float s = dot_f32(kh + at[j], qf.data(), dim) * scale;
         p[j] = s;
         max = s > max ? s : max;
       }
@@ -224,31 +290,75 @@ extern "C" void ga_attention(const float* q, int64_t q_stride, const float* k, c
       }
       const float inv = static_cast<float>(1.0 / sum);
       for (int64_t j = 0; j < len; ++j) p[j] *= inv;
-      // acc[slot][d]: the accumulator position j lands in (j % 32 in ggml_vec_dot_f32's four
-      // by eight, j % 8 in tinyBLAS's eight lanes), for every output dimension at once.
-      const int64_t nacc = one_token ? 32 : 8;
-      acc.assign(nacc * dim, 0.0f);
-      for (int64_t j = 0; j < len; ++j) {
-        const int64_t slot = pages[j / page_size] * page_size + j % page_size;
-        const float* vj = v_cache + slot * row + kvh * dim;
-        float* a = acc.data() + (j % nacc) * dim;
-        const __m256 w = _mm256_set1_ps(p[j]);
-        for (int64_t d = 0; d < dim; d += 8)
-          _mm256_storeu_ps(a + d, _mm256_fmadd_ps(_mm256_loadu_ps(vj + d), w, _mm256_loadu_ps(a + d)));
-      }
       float* o = out + (t * heads + h) * dim;
-      for (int64_t d = 0; d < dim; ++d) {
-        float r[8];
-        if (one_token) {
-          for (int l = 0; l < 8; ++l)
-            r[l] = (acc[l * dim + d] + acc[(16 + l) * dim + d]) +
-                   (acc[(8 + l) * dim + d] + acc[(24 + l) * dim + d]);
-          o[d] = sum_hadd(r);
-        } else {
-          for (int l = 0; l < 8; ++l) r[l] = acc[l * dim + d];
-          o[d] = sum_movehl(r);
-        }
-      }
+      const float* vh = v_cache + kvh * dim;
+      if (one_token)
+        weighted_sum_for<32>(dim, p.data(), at, len, vh, acc.data(), o);
+      else
+        weighted_sum_for<8>(dim, p.data(), at, len, vh, acc.data(), o);
     }
   }
+  return 0;
+}
+
+// One layer's weights for ``ga_decoder``: norms as float32, projections as the file's blocks
+// (kind: block_gemm.cpp's code), and the layer's K/V cache.
+struct LayerWeights {
+  const float* attn_norm;
+  const uint8_t* qkv;
+  int64_t qkv_kind;
+  const uint8_t* o;
+  int64_t o_kind;
+  const float* ffn_norm;
+  const uint8_t* gate_up;
+  int64_t gate_up_kind;
+  const uint8_t* down;
+  int64_t down_kind;
+  float* k_cache;
+  float* v_cache;
+};
+
+// block_gemm.cpp's block_linear_q8: the int8-dot product, ggml's bit for bit.
+typedef void (*Int8Dot)(const float* x, int64_t rows, int64_t k, const uint8_t* data, int kind,
+                        int64_t n, float* y, int threads);
+
+// Every layer of a llama-style decoder on hidden states h [T, hidden] (in place), as
+// llama.cpp's graph computes them: attn_norm, Q/K/V, RoPE, attention, output projection plus
+// residual, ffn_norm, gate/up, SwiGLU, down projection plus residual. One call a forward
+// instead of a dozen Python-level operations per layer (at decode sizes, their dispatch
+// costs as much as the attention). cos/sin: [T, dim / 2] at each token's position.
+extern "C" int ga_decoder(float* h, int64_t tokens, int64_t num_layers, const LayerWeights* layers,
+                          Int8Dot matmul, int64_t hidden, int64_t heads, int64_t kv_heads,
+                          int64_t dim, int64_t inter, float eps, const float* cos_t,
+                          const float* sin_t, const int64_t* slots, const int64_t* positions,
+                          const int64_t* cu_query_lens, int64_t batch, const int64_t* page_table,
+                          int64_t max_pages, int64_t page_size, int threads) {
+  const int64_t width = (heads + 2 * kv_heads) * dim;
+  const float scale = 1.0f / sqrtf(static_cast<float>(dim));  // llama.cpp's kq_scale
+  std::vector<float> normed(tokens * hidden), qkv(tokens * width), attn(tokens * heads * dim);
+  std::vector<float> proj(tokens * hidden), gate_up(tokens * 2 * inter), act(tokens * inter);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const LayerWeights& w = layers[l];
+    ga_rms_norm(h, tokens, hidden, w.attn_norm, eps, normed.data());
+    matmul(normed.data(), tokens, hidden, w.qkv, static_cast<int>(w.qkv_kind), width, qkv.data(),
+           threads);
+    ga_rope(qkv.data(), tokens, heads + kv_heads, dim, width, cos_t, sin_t);
+    const int done = ga_attention(qkv.data(), width, qkv.data() + heads * dim,
+                                  qkv.data() + (heads + kv_heads) * dim, width, tokens, heads,
+                                  kv_heads, dim, w.k_cache, w.v_cache, slots, positions,
+                                  cu_query_lens, batch, page_table, max_pages, page_size, scale,
+                                  attn.data(), threads);
+    if (done != 0) return done;
+    matmul(attn.data(), tokens, heads * dim, w.o, static_cast<int>(w.o_kind), hidden, proj.data(),
+           threads);
+    for (int64_t i = 0; i < tokens * hidden; ++i) h[i] = proj[i] + h[i];
+    ga_rms_norm(h, tokens, hidden, w.ffn_norm, eps, normed.data());
+    matmul(normed.data(), tokens, hidden, w.gate_up, static_cast<int>(w.gate_up_kind), 2 * inter,
+           gate_up.data(), threads);
+    ga_swiglu(gate_up.data(), tokens, inter, act.data());
+    matmul(act.data(), tokens, inter, w.down, static_cast<int>(w.down_kind), hidden, proj.data(),
+           threads);
+    for (int64_t i = 0; i < tokens * hidden; ++i) h[i] = proj[i] + h[i];
+  }
+  return 0;
 }

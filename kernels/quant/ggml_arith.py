@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ _CFLAGS = (
     "-fPIC",
     "-std=c++17",
 )
+# Head sizes the attention has a kqv instance for (its dot products sum 32 at a time).
+HEAD_SIZES = (32, 64, 96, 128, 256)
 _lock = threading.Lock()
 _lib: Any = None
 
@@ -63,7 +66,10 @@ def library() -> Any:
             lib.ga_attention.argtypes += [p, p, p, i64, p, i64, i64, f32, p, i32]
             for fn in (lib.ga_rms_norm, lib.ga_rope_table, lib.ga_rope, lib.ga_swiglu):
                 fn.restype = None
-            lib.ga_attention.restype = None
+            lib.ga_attention.restype = ctypes.c_int
+            lib.ga_decoder.argtypes = [p, i64, i64, p, p, i64, i64, i64, i64, i64, f32, p, p]
+            lib.ga_decoder.argtypes += [p, p, p, i64, p, i64, i64, i32]
+            lib.ga_decoder.restype = ctypes.c_int
             _lib = lib
         return _lib
 
@@ -111,6 +117,12 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return y
 
 
+def kq_scale(head_dim: int) -> float:
+    """llama.cpp's attention scale, ``1.0f / sqrtf(head_dim)`` in float32 (the caller's
+    ``head_dim ** -0.5`` in double may round to a neighbouring float)."""
+    return float(1.0 / torch.tensor(float(head_dim)).sqrt())
+
+
 class GgmlAttention:
     """Paged attention with llama.cpp's float32 arithmetic (an ``AttentionBackend``, CPU).
 
@@ -137,16 +149,17 @@ class GgmlAttention:
         state: None,
         scale: float,
     ) -> torch.Tensor:
-        """``q: [T, H, D]``, ``k, v: [T, H_kv, D]`` (rows may be strided) -> ``[T, H, D]``."""
+        """``q: [T, H, D]``, ``k, v: [T, H_kv, D]`` (rows may be strided) -> ``[T, H, D]``;
+        ``scale`` is llama.cpp's for the head size (``kq_scale``), whatever is passed."""
         tokens, heads, dim = q.shape
         kv_heads = k.shape[1]
-        if dim % 32:
-            raise ValueError(f"GgmlAttention: head size {dim} is not a multiple of 32")
+        if dim not in HEAD_SIZES:
+            raise ValueError(f"GgmlAttention: head size {dim} is not one of {HEAD_SIZES}")
         if k.stride(0) != v.stride(0) or any(t.stride(2) != 1 for t in (q, k, v)):
             raise ValueError("GgmlAttention: q/k/v rows must have contiguous heads")
         out = q.new_empty(tokens, heads, dim)
         page_table = batch.page_table.contiguous()
-        library().ga_attention(
+        done = library().ga_attention(
             q.data_ptr(),
             q.stride(0),
             k.data_ptr(),
@@ -165,8 +178,85 @@ class GgmlAttention:
             page_table.data_ptr(),
             page_table.shape[1],
             cache.page_size,
-            scale,
+            kq_scale(dim),
             out.data_ptr(),
             self.threads or torch.get_num_threads(),
         )
+        if done != 0:
+            raise RuntimeError(f"ga_attention failed ({done})")
         return out
+
+
+class LayerWeights(ctypes.Structure):
+    """``ggml_arith.cpp``'s ``LayerWeights``: one layer's pointers for ``decoder``."""
+
+    _fields_ = [
+        ("attn_norm", ctypes.c_void_p),
+        ("qkv", ctypes.c_void_p),
+        ("qkv_kind", ctypes.c_int64),
+        ("o", ctypes.c_void_p),
+        ("o_kind", ctypes.c_int64),
+        ("ffn_norm", ctypes.c_void_p),
+        ("gate_up", ctypes.c_void_p),
+        ("gate_up_kind", ctypes.c_int64),
+        ("down", ctypes.c_void_p),
+        ("down_kind", ctypes.c_int64),
+        ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p),
+    ]
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """The sizes ``decoder`` needs besides the weights."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+
+
+def decoder(
+    h: torch.Tensor,
+    layers: ctypes.Array,
+    int8_dot: int,
+    shape: DecoderShape,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    batch: AttentionBatch,
+    page_size: int,
+) -> torch.Tensor:
+    """Every layer of a llama-style decoder on ``h [T, hidden]`` (in place) in one call,
+    with llama.cpp's arithmetic; ``int8_dot``: the address of the int8-dot product."""
+    if h.dtype != torch.float32 or not h.is_contiguous():
+        raise ValueError("decoder: h must be contiguous float32")
+    cos, sin = _f32(cos), _f32(sin)
+    page_table = batch.page_table.contiguous()
+    done = library().ga_decoder(
+        h.data_ptr(),
+        h.shape[0],
+        len(layers),
+        ctypes.addressof(layers),
+        int8_dot,
+        shape.hidden,
+        shape.heads,
+        shape.kv_heads,
+        shape.head_dim,
+        shape.intermediate,
+        shape.eps,
+        cos.data_ptr(),
+        sin.data_ptr(),
+        batch.slot_mapping.data_ptr(),
+        batch.positions.data_ptr(),
+        batch.cu_query_lens.data_ptr(),
+        batch.batch_size,
+        page_table.data_ptr(),
+        page_table.shape[1],
+        page_size,
+        torch.get_num_threads(),
+    )
+    if done != 0:
+        raise RuntimeError(f"ga_decoder failed ({done})")
+    return h
