@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from actors.model.config import PRESETS, with_overrides
-from actors.model.llamacpp_arith import fuse_layers, use_llamacpp_arithmetic, why_not
+from actors.model.llamacpp_arith import use_llamacpp_arithmetic, why_not
 from actors.model.rope import RotaryTable, apply_rope
 from actors.model.runner import ModelRunner
 from actors.server_args import ServerArgs
@@ -148,8 +148,26 @@ def test_the_fused_decoder_equals_the_layer_by_layer_path() -> None:
             assert torch.equal(fused.forward_batch(ids, batch), stepwise.forward_batch(ids, batch))
 
 
-def test_only_int8_dot_weights_are_fused() -> None:
+def test_the_exact_path_fuses_decode_rounds_only() -> None:
+    """Packed exact weights: decode-sized batches run fused (float32 throughout, torch's cache
+    layout) and score as the layer-by-layer path does, up to float rounding; a long prefill
+    runs the layers (where the dequantized GEMM is faster)."""
+    torch.set_num_threads(1)
     args = ServerArgs(model="smollm2-135m-instruct", device="cpu", num_kv_pages=16)
-    runner = ModelRunner(args)  # the exact (packed) path: torch's arithmetic, layer by layer
-    assert runner.model.fused is None and runner.attention.name == "torch"
-    assert not fuse_layers(runner.model, args.model_config, runner.cache)
+    fused, stepwise = ModelRunner(args), ModelRunner(args)
+    assert fused.model.fused is not None and fused.attention.name == "torch"
+    assert not fused.model.fused.takes(49) and fused.model.fused.takes(48)
+    stepwise.model.fused = None
+    gen = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (60, 9)]
+    tables = [[0, 1, 2, 3, 4], [5, 6]]
+    rounds = [(prompts, [0, 0]), ([[42], [43]], [60, 9]), ([[44]], [61])]
+    for chunks, cached in rounds:
+        lens = [len(c) for c in chunks]
+        batch = build_attention_batch(lens, cached, tables[: len(chunks)], args.page_size)
+        ids = torch.tensor([t for c in chunks for t in c])
+        with torch.inference_mode():
+            got, want = fused.forward_batch(ids, batch), stepwise.forward_batch(ids, batch)
+        torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-4)
+    args = ServerArgs(model="smollm2-135m-instruct", device="cpu", gguf_weights="float")
+    assert ModelRunner(args).model.fused is None  # no blocks: nothing to fuse

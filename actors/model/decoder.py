@@ -8,8 +8,6 @@ Each module loads its own HF-named tensors, so a family differs only in its conf
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
@@ -18,6 +16,7 @@ from actors.model.fp8 import BlockFP8Source
 from actors.model.gguf_file import find_gguf
 from actors.model.gguf_source import GGUFSource
 from actors.model.layers import Attention, DenseMLP, ForwardContext, RMSNorm, fill
+from actors.model.llamacpp_arith import FusedDecoder
 from actors.model.mla import MLAttention
 from actors.model.moe import Router, SparseMoE
 from actors.model.rope import RotaryTable
@@ -76,15 +75,15 @@ class CausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = rotary_table(config)
-        # Every layer in one call (``llamacpp_arith.fuse_layers``: the int8-dot path), or None.
-        self.fused: Callable[[torch.Tensor, ForwardContext], torch.Tensor] | None = None
+        # Every layer in one call (``llamacpp_arith.FusedDecoder``: packed CPU weights), or None.
+        self.fused: FusedDecoder | None = None
 
     def forward(
         self, input_ids: torch.Tensor, ctx: ForwardContext, logit_rows: torch.Tensor
     ) -> torch.Tensor:
         """Hidden states for every token; logits only at ``logit_rows`` (``[B, vocab]``)."""
         h = self.embed_tokens(input_ids)
-        if self.fused is not None:
+        if self.fused is not None and self.fused.takes(h.shape[0]):
             h = self.fused(h, ctx)
         else:
             for layer in self.layers:

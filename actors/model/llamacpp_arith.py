@@ -53,11 +53,24 @@ class GgmlRotaryTable(nn.Module):
 
 
 class FusedDecoder:
-    """Every decoder layer in one ``ggml_arith.decoder`` call (int8-dot weights only): what a
-    decode step spends between the products is then C++, not a dozen Python-level operations
-    per layer. Built by ``fuse_layers``; ``CausalLM.forward`` calls it instead of the layers."""
+    """Every decoder layer in one ``ggml_arith.decoder`` call: what a decode step spends between
+    the products is then C++, not a dozen Python-level operations per layer.
 
-    def __init__(self, model: nn.Module, config: ModelConfig, cache: PagedKVCache) -> None:
+    Two products, one per packed weight path:
+    - int8-dot: llama.cpp's model, every batch (its attention, ``GgmlAttention``, caches K in
+      the file's order);
+    - exact: the float32 products of the dequantized weights, for batches of at most
+      ``quant.GEMM_ROWS`` tokens (decode rounds); a longer prefill runs the layers one by one,
+      where the dequantized-weight GEMM is faster. Both share ``TorchAttention``'s cache
+      layout, and both are float32 throughout: only last bits differ between them (ggml's
+      double-summed RMSNorm and vectorised exp against torch's), as summation orders do.
+
+    Built by ``fuse_layers``; ``CausalLM.forward`` calls it for the batches it ``takes``.
+    """
+
+    def __init__(
+        self, model: nn.Module, config: ModelConfig, cache: PagedKVCache, int8_dot: bool
+    ) -> None:
         self.shape = ggml_arith.DecoderShape(
             config.hidden_size,
             config.num_heads,
@@ -67,7 +80,11 @@ class FusedDecoder:
             config.rms_norm_eps,
         )
         self.page_size = cache.page_size
-        self.int8_dot = ctypes.cast(quant.kernel().block_linear_q8, ctypes.c_void_p).value
+        self.int8_dot = int8_dot
+        self.max_tokens = None if int8_dot else quant.GEMM_ROWS
+        lib = quant.kernel()
+        product = lib.block_linear_q8 if int8_dot else lib.block_linear_f32
+        self.product = ctypes.cast(product, ctypes.c_void_p).value
         rows = []
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
@@ -87,10 +104,25 @@ class FusedDecoder:
         # The tensors behind those pointers stay alive with the model and the cache.
         self._keep = (model, cache)
 
+    def takes(self, tokens: int) -> bool:
+        return self.max_tokens is None or tokens <= self.max_tokens
+
     def __call__(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h = h.contiguous() if h.dtype == torch.float32 else h.float().contiguous()
+        cos, sin = ctx.cos, ctx.sin
+        if cos.dim() == 3:  # a RotaryTable's [T, 1, D] cat(cos, cos) and cat(-sin, sin)
+            half = cos.shape[-1] // 2
+            cos, sin = cos[:, 0, :half], sin[:, 0, half:]
         return ggml_arith.decoder(
-            h, self.layers, self.int8_dot, self.shape, ctx.cos, ctx.sin, ctx.batch, self.page_size
+            h,
+            self.layers,
+            self.product,
+            self.shape,
+            cos,
+            sin,
+            ctx.batch,
+            self.page_size,
+            file_order=self.int8_dot,
         )
 
 
@@ -99,20 +131,30 @@ def _blocks(linear: nn.Module) -> tuple[int, int]:
 
 
 def fuse_layers(model: nn.Module, config: ModelConfig, cache: PagedKVCache) -> bool:
-    """Run ``model``'s layers as one ``FusedDecoder`` call when every projection is int8-dot
-    blocks and the model already runs llama.cpp's arithmetic; False (unchanged) otherwise."""
-    for layer in model.layers:
-        projections = (
-            getattr(layer.self_attn, "qkv_proj", None),
-            getattr(layer.self_attn, "o_proj", None),
-            getattr(layer.mlp, "gate_up_proj", None),
-            getattr(layer.mlp, "down_proj", None),
+    """Run ``model``'s layers as one ``FusedDecoder`` call when the model is covered
+    (``why_not``) and every projection is packed blocks of one product (int8-dot layers must
+    also run llama.cpp's arithmetic: ``use_llamacpp_arithmetic``); False, unchanged, otherwise."""
+    if why_not(config) is not None:
+        return False
+    projections = [
+        getattr(part, name, None)
+        for layer in model.layers
+        for part, name in (
+            (layer.self_attn, "qkv_proj"),
+            (layer.self_attn, "o_proj"),
+            (layer.mlp, "gate_up_proj"),
+            (layer.mlp, "down_proj"),
         )
-        if not all(isinstance(p, BlockLinear) and p.int8_dot for p in projections):
-            return False
-        if not getattr(layer.self_attn, "llamacpp", False):
-            return False
-    model.fused = FusedDecoder(model, config, cache)
+    ]
+    if not all(isinstance(p, BlockLinear) for p in projections):
+        return False
+    products = {p.int8_dot for p in projections}
+    if len(products) != 1:
+        return False
+    int8_dot = products.pop()
+    if int8_dot and not all(getattr(layer.self_attn, "llamacpp", False) for layer in model.layers):
+        return False
+    model.fused = FusedDecoder(model, config, cache, int8_dot)
     return True
 
 

@@ -104,7 +104,7 @@ class ModelRunner:
         )
         self.experts = select_experts_kernel(args.moe_kernel, self.device)
         self.cache = allocate_cache(args, config, self.dtype, self.device)
-        if llamacpp:  # and every layer in one call
+        if self.attention.name in ("torch", "ggml"):  # packed CPU weights: layers in one call
             fuse_layers(self.model, config, self.cache)
         why_eager = ineligibility(
             self.device.type, args.enforce_eager, config.is_moe, self.attention.name

@@ -219,13 +219,16 @@ bool weighted_sum_for(int64_t dim, const float* p, const int64_t* rows, int64_t 
 // takes the max, exponentiates 8 at a time (the tail padded with -inf, whose exp is 0, as
 // llama.cpp's 256-padded KV is) summing each 8 in double; kqv is ggml_vec_dot_f32 over
 // positions when the batch is one token, else tinyBLAS's one accumulator per lane.
+// ``file_order`` 0 (the exact weight path, whose cache torch's attention shares): K cached and
+// q.k summed in halves order instead, the rest alike.
 // Returns 0, or -1 for a head size the kqv sum has no instance for (32, 64, 96, 128, 256).
 extern "C" int ga_attention(const float* q, int64_t q_stride, const float* k, const float* v,
                             int64_t kv_stride, int64_t tokens, int64_t heads, int64_t kv_heads,
                             int64_t dim, float* k_cache, float* v_cache, const int64_t* slots,
                             const int64_t* positions, const int64_t* cu_query_lens,
                             int64_t batch, const int64_t* page_table, int64_t max_pages,
-                            int64_t page_size, float scale, float* out, int threads) {
+                            int64_t page_size, float scale, float* out, int threads,
+                            int file_order) {
   if (dim != 32 && dim != 64 && dim != 96 && dim != 128 && dim != 256) return -1;
   const int64_t half = dim / 2, row = kv_heads * dim;
   for (int64_t t = 0; t < tokens; ++t) {
@@ -233,9 +236,13 @@ extern "C" int ga_attention(const float* q, int64_t q_stride, const float* k, co
     float* vc = v_cache + slots[t] * row;
     for (int64_t h = 0; h < kv_heads; ++h) {
       const float* kt = k + t * kv_stride + h * dim;
-      for (int64_t j = 0; j < half; ++j) {
-        kc[h * dim + 2 * j] = kt[j];
-        kc[h * dim + 2 * j + 1] = kt[j + half];
+      if (file_order) {
+        for (int64_t j = 0; j < half; ++j) {
+          kc[h * dim + 2 * j] = kt[j];
+          kc[h * dim + 2 * j + 1] = kt[j + half];
+        }
+      } else {
+        memcpy(kc + h * dim, kt, dim * sizeof(float));
       }
       memcpy(vc + h * dim, v + t * kv_stride + h * dim, dim * sizeof(float));
     }
@@ -268,9 +275,13 @@ extern "C" int ga_attention(const float* q, int64_t q_stride, const float* k, co
       const int64_t len = positions[t] + 1, padded = (len + 31) / 32 * 32;
       const int64_t* at = rows[seq_of[t]].data();
       const float* qt = q + t * q_stride + h * dim;
-      for (int64_t j = 0; j < half; ++j) {
-        qf[2 * j] = qt[j];
-        qf[2 * j + 1] = qt[j + half];
+      if (file_order) {
+        for (int64_t j = 0; j < half; ++j) {
+          qf[2 * j] = qt[j];
+          qf[2 * j + 1] = qt[j + half];
+        }
+      } else {
+        memcpy(qf.data(), qt, dim * sizeof(float));
       }
       p.assign(padded, -INFINITY);
       float max = -INFINITY;
@@ -318,8 +329,9 @@ struct LayerWeights {
   float* v_cache;
 };
 
-// block_gemm.cpp's block_linear_q8: the int8-dot product, ggml's bit for bit.
-typedef void (*Int8Dot)(const float* x, int64_t rows, int64_t k, const uint8_t* data, int kind,
+// block_gemm.cpp's block_linear_q8 (the int8-dot product, ggml's bit for bit) or
+// block_linear_f32 (the exact one).
+typedef void (*BlockProduct)(const float* x, int64_t rows, int64_t k, const uint8_t* data, int kind,
                         int64_t n, float* y, int threads);
 
 // Every layer of a llama-style decoder on hidden states h [T, hidden] (in place), as
@@ -327,12 +339,13 @@ typedef void (*Int8Dot)(const float* x, int64_t rows, int64_t k, const uint8_t* 
 // residual, ffn_norm, gate/up, SwiGLU, down projection plus residual. One call a forward
 // instead of a dozen Python-level operations per layer (at decode sizes, their dispatch
 // costs as much as the attention). cos/sin: [T, dim / 2] at each token's position.
+// ``file_order``: as ``ga_attention``'s (1 with the int8-dot product, 0 with the exact one).
 extern "C" int ga_decoder(float* h, int64_t tokens, int64_t num_layers, const LayerWeights* layers,
-                          Int8Dot matmul, int64_t hidden, int64_t heads, int64_t kv_heads,
+                          BlockProduct matmul, int64_t hidden, int64_t heads, int64_t kv_heads,
                           int64_t dim, int64_t inter, float eps, const float* cos_t,
                           const float* sin_t, const int64_t* slots, const int64_t* positions,
                           const int64_t* cu_query_lens, int64_t batch, const int64_t* page_table,
-                          int64_t max_pages, int64_t page_size, int threads) {
+                          int64_t max_pages, int64_t page_size, int threads, int file_order) {
   const int64_t width = (heads + 2 * kv_heads) * dim;
   const float scale = 1.0f / sqrtf(static_cast<float>(dim));  // llama.cpp's kq_scale
   std::vector<float> normed(tokens * hidden), qkv(tokens * width), attn(tokens * heads * dim);
@@ -347,7 +360,7 @@ extern "C" int ga_decoder(float* h, int64_t tokens, int64_t num_layers, const La
                                   qkv.data() + (heads + kv_heads) * dim, width, tokens, heads,
                                   kv_heads, dim, w.k_cache, w.v_cache, slots, positions,
                                   cu_query_lens, batch, page_table, max_pages, page_size, scale,
-                                  attn.data(), threads);
+                                  attn.data(), threads, file_order);
     if (done != 0) return done;
     matmul(attn.data(), tokens, heads * dim, w.o, static_cast<int>(w.o_kind), hidden, proj.data(),
            threads);

@@ -63,12 +63,12 @@ def library() -> Any:
             lib.ga_rope.argtypes = [p, i64, i64, i64, i64, p, p]
             lib.ga_swiglu.argtypes = [p, i64, i64, p]
             lib.ga_attention.argtypes = [p, i64, p, p, i64, i64, i64, i64, i64, p, p]
-            lib.ga_attention.argtypes += [p, p, p, i64, p, i64, i64, f32, p, i32]
+            lib.ga_attention.argtypes += [p, p, p, i64, p, i64, i64, f32, p, i32, i32]
             for fn in (lib.ga_rms_norm, lib.ga_rope_table, lib.ga_rope, lib.ga_swiglu):
                 fn.restype = None
             lib.ga_attention.restype = ctypes.c_int
             lib.ga_decoder.argtypes = [p, i64, i64, p, p, i64, i64, i64, i64, i64, f32, p, p]
-            lib.ga_decoder.argtypes += [p, p, p, i64, p, i64, i64, i32]
+            lib.ga_decoder.argtypes += [p, p, p, i64, p, i64, i64, i32, i32]
             lib.ga_decoder.restype = ctypes.c_int
             _lib = lib
         return _lib
@@ -181,6 +181,7 @@ class GgmlAttention:
             kq_scale(dim),
             out.data_ptr(),
             self.threads or torch.get_num_threads(),
+            1,
         )
         if done != 0:
             raise RuntimeError(f"ga_attention failed ({done})")
@@ -221,15 +222,18 @@ class DecoderShape:
 def decoder(
     h: torch.Tensor,
     layers: ctypes.Array,
-    int8_dot: int,
+    product: int,
     shape: DecoderShape,
     cos: torch.Tensor,
     sin: torch.Tensor,
     batch: AttentionBatch,
     page_size: int,
+    file_order: bool,
 ) -> torch.Tensor:
-    """Every layer of a llama-style decoder on ``h [T, hidden]`` (in place) in one call,
-    with llama.cpp's arithmetic; ``int8_dot``: the address of the int8-dot product."""
+    """Every layer of a llama-style decoder on ``h [T, hidden]`` (in place) in one call, with
+    llama.cpp's arithmetic; ``product``: the address of the block product (int8-dot or exact);
+    ``file_order``: K cached in the file's order (``GgmlAttention``'s) rather than halves
+    (``TorchAttention``'s)."""
     if h.dtype != torch.float32 or not h.is_contiguous():
         raise ValueError("decoder: h must be contiguous float32")
     cos, sin = _f32(cos), _f32(sin)
@@ -239,7 +243,7 @@ def decoder(
         h.shape[0],
         len(layers),
         ctypes.addressof(layers),
-        int8_dot,
+        product,
         shape.hidden,
         shape.heads,
         shape.kv_heads,
@@ -256,6 +260,7 @@ def decoder(
         page_table.shape[1],
         page_size,
         torch.get_num_threads(),
+        int(file_order),
     )
     if done != 0:
         raise RuntimeError(f"ga_decoder failed ({done})")
