@@ -1,19 +1,23 @@
-"""Why ``--gguf-weights int8-dot`` cannot follow llama.cpp's free-running greedy tokens on most
-prompts although its matrix products are ggml's bit for bit: the evidence, measured.
+"""Why ``--gguf-weights int8-dot`` runs llama.cpp's float operations too, not only its integer
+products: the evidence, measured. (With torch's RMSNorm, RoPE, SwiGLU and attention between
+ggml's products, the int8-dot model followed llama.cpp's free-running greedy tokens on 4 to 6
+of 10 prompts; with ggml's arithmetic, ``kernels/quant/ggml_arith.cpp``, on 10 of 10.)
 
     .venv/bin/python benchmarks/int8_dot_sensitivity.py [--model smollm2-135m-instruct]
 
-1. Sensitivity. Our own model, int8-dot and exact (``packed``), run twice on the ten prompts
-   of tests/integration/test_int8_dot_vs_llamacpp.py: as it is, and with RMSNorm's mean of
-   squares summed in float64 instead of float32 (the normed activations at most an ulp or so
+1. Sensitivity. Our own model, int8-dot and exact (``packed``), both with torch's float
+   operations layer by layer (``torch_arithmetic``: as before the change), run twice on the ten
+   prompts of tests/integration/test_int8_dot_vs_llamacpp.py: as it is, and with RMSNorm's mean
+   of squares summed in float64 instead of float32 (the normed activations at most an ulp or so
    apart). Printed: on how many prompts the 32 free-running greedy tokens stay the same, and how
    far the per-position log-probabilities move (teacher-forced on the first run's tokens). A
    forward whose activations are rounded to 8 bits amplifies such a nudge into differences of
-   the size that separate it from llama.cpp; the float32 one does not.
-2. The operations between the products (when ``make llamacpp`` has run): ggml's RMSNorm,
-   SwiGLU, softmax, RoPE and float32 product (``benchmarks/ggml_ops.py``) against the torch
-   operations our model runs, on random inputs of the model's shapes: the share of elements
-   that differ in any bit. Each differing element is a nudge like the one in part 1.
+   the size that separated it from llama.cpp; the float32 one does not.
+2. The operations between the products (when ``make llamacpp`` has run): ggml's RMSNorm, SwiGLU,
+   softmax, RoPE and float32 product (``benchmarks/ggml_ops.py``) against the torch operations
+   the model ran before (the other weight paths' layer-by-layer prefill still does), on random
+   inputs of the model's shapes: the share of elements that differ in any bit. Each differing
+   element is a nudge like the one in part 1.
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ import torch.nn.functional as F
 from actors.control.request import Request, SamplingParams
 from actors.engine import Engine
 from actors.model import layers
+from actors.model.decoder import rotary_table
 from actors.model.rope import RotaryTable, apply_rope
 from actors.model.tokenizer import load_tokenizer
 from actors.server_args import ServerArgs
 from benchmarks import ggml_ops
+from kernels.attention import TorchAttention
 
 REPO = Path(__file__).resolve().parents[1]
 NEW_TOKENS = 32
@@ -81,10 +87,23 @@ def token_logprobs(
     return np.array(found)
 
 
+def torch_arithmetic(engine: Engine) -> None:
+    """Back to torch's float operations, layer by layer (no fused decoder, no llama.cpp
+    arithmetic), the products unchanged: what the nudge below is applied to."""
+    runner = engine.runner
+    runner.model.fused = None
+    for module in runner.model.modules():
+        if hasattr(module, "llamacpp"):
+            module.llamacpp = False
+    runner.model.rotary = rotary_table(runner.config)
+    runner.attention = TorchAttention()
+
+
 def sensitivity(model: str, path: str) -> str:
     engine = Engine(
         ServerArgs(model=model, device="cpu", num_kv_pages=64, max_num_seqs=10, gguf_weights=path)
     )
+    torch_arithmetic(engine)
     tokenizer = load_tokenizer(model)
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     greedy = SamplingParams(max_tokens=NEW_TOKENS)
