@@ -171,3 +171,23 @@ def test_the_exact_path_fuses_decode_rounds_only() -> None:
         torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-4)
     args = ServerArgs(model="smollm2-135m-instruct", device="cpu", gguf_weights="float")
     assert ModelRunner(args).model.fused is None  # no blocks: nothing to fuse
+
+
+def test_without_a_compiler_int8_dot_keeps_torchs_operations_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(ggml_arith, "_lib", None)
+    monkeypatch.setattr(ggml_arith, "_failure", None)
+    monkeypatch.setenv("ROUNDGATE_CACHE", str(tmp_path))  # nothing cached: it must compile
+    monkeypatch.setenv("CXX", "false")
+    args = ServerArgs(
+        model="smollm2-135m-instruct", device="cpu", num_kv_pages=16, gguf_weights="int8-dot"
+    )
+    with caplog.at_level("WARNING", logger="roundgate.model"):
+        runner = ModelRunner(args)  # the block kernel was built before: its products still run
+    assert runner.weight_path == "int8-dot"
+    assert runner.attention.name == "torch" and runner.model.fused is None
+    assert "torch's float operations kept" in caplog.text and "false failed" in caplog.text
+    batch = build_attention_batch([3], [0], [[0]], args.page_size)
+    with torch.inference_mode():
+        assert runner.forward_batch(torch.tensor([1, 2, 3]), batch).isfinite().all()

@@ -136,6 +136,10 @@ def fuse_layers(model: nn.Module, config: ModelConfig, cache: PagedKVCache) -> b
     also run llama.cpp's arithmetic: ``use_llamacpp_arithmetic``); False, unchanged, otherwise."""
     if why_not(config) is not None:
         return False
+    reason = ggml_arith.unavailable()
+    if reason is not None:
+        logger.warning("decoder layers run one by one (%s)", reason)
+        return False
     projections = [
         getattr(part, name, None)
         for layer in model.layers
@@ -161,7 +165,7 @@ def fuse_layers(model: nn.Module, config: ModelConfig, cache: PagedKVCache) -> b
 def use_llamacpp_arithmetic(model: nn.Module, config: ModelConfig) -> bool:
     """Flag ``model``'s norms, attention and MLPs to run ggml's arithmetic; False (nothing
     changed, with a log line saying why) where the model is not covered."""
-    reason = why_not(config)
+    reason = why_not(config) or ggml_arith.unavailable()
     if reason is not None:
         logger.warning("int8-dot: torch's float operations kept (%s)", reason)
         return False

@@ -44,19 +44,26 @@ _CFLAGS = (
 HEAD_SIZES = (32, 64, 96, 128, 256)
 _lock = threading.Lock()
 _lib: Any = None
+_failure: str | None = None  # why the build failed: tried once per process
 
 
 def library() -> Any:
-    """The compiled operations (ctypes); raises if this machine cannot build or run them
-    (the caller checks ``cpu_supports_kernel`` first and keeps torch's operations)."""
-    global _lib
+    """The compiled operations (ctypes); raises RuntimeError, saying why, if this machine
+    cannot build or run them (``unavailable`` asks without raising)."""
+    global _lib, _failure
     if _lib is not None:  # every operation calls this: no lock once built
         return _lib
     with _lock:
+        if _failure is not None:
+            raise RuntimeError(_failure)
         if _lib is None:
-            if not cpu_supports_kernel():
-                raise RuntimeError("llama.cpp's arithmetic needs AVX2/FMA/F16C")
-            lib = ctypes.CDLL(str(build_library(_SOURCE, _CFLAGS)))
+            try:
+                if not cpu_supports_kernel():
+                    raise RuntimeError("llama.cpp's arithmetic needs AVX2/FMA/F16C")
+                lib = ctypes.CDLL(str(build_library(_SOURCE, _CFLAGS)))
+            except Exception as exc:
+                _failure = str(exc)
+                raise RuntimeError(_failure) from exc
             p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
             lib.ga_rms_norm.argtypes = [p, i64, i64, p, f32, p]
             lib.ga_rope_table.argtypes = [i64, i64, f32, p, p]
@@ -72,6 +79,16 @@ def library() -> Any:
             lib.ga_decoder.restype = ctypes.c_int
             _lib = lib
         return _lib
+
+
+def unavailable() -> str | None:
+    """Why the operations cannot run here (no AVX2, no compiler: the caller warns and keeps
+    torch's), or None once they are built."""
+    try:
+        library()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _f32(x: torch.Tensor) -> torch.Tensor:
