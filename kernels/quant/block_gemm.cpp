@@ -153,7 +153,7 @@ void dequantize_rows(const uint8_t* data, int64_t rows, int64_t K, float* out) {
 // 4 / G passes over a stretch find it in L1.
 template <int R, int T, int G>
 void panel_tile(const float* panel, const float* x, int64_t K, float* y, int64_t ldy) {
-  constexpr int64_t STRETCH = 16 * BLOCK;
+  constexpr int64_t STRETCH = 24 * BLOCK;
   __m256 part[R][T][4];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t)
