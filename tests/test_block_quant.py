@@ -85,20 +85,36 @@ def test_blocks_dequantize_as_the_gguf_package_does(kind: str) -> None:
     assert torch.equal(quant.dequantize_fast(weights), weights.dequantize())
 
 
-# Rows cover the per-row kernel (tiles of 4 and remainders 1-3), the panel kernel (6 and up,
-# odd counts) and the dequantize-then-GEMM path above GEMM_ROWS; 97 output rows by 160 inputs
-# (5 blocks) leave a panel remainder, one row of one block is the smallest weight there is.
+# Rows cover the one-row kernel, the panel kernel (2 and up: tiles of 3 and remainders 1-2)
+# and the dequantize-then-GEMM path above GEMM_ROWS; 97 output rows by 160 inputs (5 blocks)
+# leave a panel remainder, one row of one block is the smallest weight there is, 1536 inputs
+# are the default model's widest (down_proj).
 @pytest.mark.parametrize("kind", list(FORMATS))
-@pytest.mark.parametrize("rows", [1, 3, 5, 6, 7, 32, quant.GEMM_ROWS + 1])
-@pytest.mark.parametrize("shape", [(97, 160), (1, 32)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 32, quant.GEMM_ROWS + 1])
+@pytest.mark.parametrize("shape", [(97, 160), (1, 32), (5, 1536)])
 def test_the_exact_product_equals_the_dequantized_matmul(
     rows: int, kind: str, shape: tuple[int, int]
 ) -> None:
     assert quant.kernel() is not None, quant.kernel_failure()
     weights = random_blocks(kind, *shape, seed=rows)
     x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
-    expected = x @ weights.dequantize().T
-    torch.testing.assert_close(block_linear(x, weights), expected, rtol=1e-5, atol=1e-5)
+    w = weights.dequantize().double()
+    # Against the float64 product of the dequantized weights, to within float32 summation
+    # error (a millionth of sum |x w|; the kernel's is ~1e-8, torch's float32 GEMM's ~5e-8,
+    # one wrong weight's ~1e-3).
+    error = (block_linear(x, weights).double() - x.double() @ w.T).abs()
+    assert (error <= 1e-6 * (x.double().abs() @ w.abs().T)).all(), error.max()
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+def test_a_rows_exact_product_does_not_depend_on_the_rows_beside_it(kind: str) -> None:
+    # Every exact kernel (one row, panel tiles of 1-3 rows) sums in one order, so a request
+    # gets the same logits bit for bit alone or in any decode batch up to GEMM_ROWS.
+    weights = random_blocks(kind, 97, 1536, seed=3)
+    x = torch.randn(quant.GEMM_ROWS, 1536, generator=torch.Generator().manual_seed(3))
+    alone = torch.cat([block_linear(x[i : i + 1], weights) for i in range(len(x))])
+    for rows in (2, 3, 4, 5, 8, quant.GEMM_ROWS):
+        assert torch.equal(block_linear(x[:rows], weights), alone[:rows]), f"{rows} rows"
 
 
 @pytest.mark.parametrize("kind", list(FORMATS))
