@@ -204,7 +204,10 @@ class LocalRanks:
         return self
 
     def remote(self, message: Any) -> _Call:
+        from actors.replica.outbox import RoundOutbox
+
         self.replica._loop = asyncio.get_running_loop()
+        self.replica._outbox = RoundOutbox(self.replica._loop)
         return _Call(self.replica, message)
 
 
@@ -226,6 +229,7 @@ class _Call:
             while not stop.is_set():
                 if core.has_local_work:
                     core.step()
+                    self.replica._outbox.send()
                 await asyncio.sleep(0)
 
         stepper = asyncio.create_task(step())
