@@ -2,23 +2,26 @@
 
     .venv/bin/python benchmarks/bench_gather.py bare [--rounds 300] [--compute-ms 20]
         [--form list|tensor] [--nice 0] [--busy-python-ms 0]
-    .venv/bin/python benchmarks/bench_gather.py served [--repeats 3] [--runs dp2 dp1-1t]
+    .venv/bin/python benchmarks/bench_gather.py served [--repeats 5] [--runs dp2 dp1-1t]
+        [--env RAY_worker_niceness=0]
 
 ``bare``: two processes join a gloo group on 127.0.0.1 as two rank replicas do. The busy one
-computes ``--compute-ms`` (torch ops, as a decode forward) and then all-gathers one row; the idle
-one loops on the all-gather, as an idle rank of a group with one request does. Prints the busy
-side's all-gather median and p90. Knobs for the hypotheses: ``--form`` (``dist.all_gather`` into
-a list, or ``all_gather_into_tensor``), ``--nice`` (both processes; Ray runs workers at 15),
+computes ``--compute-ms`` (torch ops, as a decode forward) and then all-gathers one row; the
+idle one loops on the all-gather, as the idle rank of a group with one request does. Prints
+the busy side's all-gather median and p90. Knobs for the hypotheses: ``--form``
+(``dist.all_gather`` into a list, or into one tensor: ``all_gather_single``, formerly
+``all_gather_into_tensor``), ``--nice`` (both processes; Ray runs workers at 15),
 ``--busy-python-ms`` (a second thread of the busy process runs that much pure Python from the
-moment the gather starts: the replica's asyncio loop relaying a token holds the GIL the gathering
-thread needs to return).
+moment the gather starts, as the replica's event loop relaying a token does: it holds the GIL
+the gathering thread needs to return).
 
-``served``: starts ``roundgate serve`` on each config in turn (``dp2``: ``local.yaml``, two ranks
-of one thread; ``dp1-1t``: ``local-dp1.yaml`` with one thread, ``num_cpus_per_rank: 1.0``), runs
-``roundgate bench --concurrency 1`` (one request, 256-token prompt, 64 output tokens)
-``--repeats`` times and reports the median TPOT; for dp2 also the busy rank's ``gather`` round
-part (``roundgate_round_part_duration_seconds``: the increase of its histogram over the runs,
-median and share of rounds per bucket).
+``served``: starts ``roundgate serve`` on each config in turn (``dp2``: ``local.yaml``, two
+ranks of one thread, every request pinned to rank 0; ``dp1-1t``: ``local-dp1.yaml`` with one
+thread, ``num_cpus_per_rank: 1.0``), runs ``roundgate bench --concurrency 1`` (one request,
+256-token prompt, 64 output tokens) ``--repeats`` times after one warm-up request, and reports
+the median TPOT and ITL p50, and per rank the round parts' mean
+(``roundgate_round_part_duration_seconds``, the increase over the runs) with the ``gather``
+part's share of rounds per bucket: rank 0 is the busy rank, rank 1 the idle one.
 """
 
 from __future__ import annotations
@@ -74,8 +77,8 @@ def bare_worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
     rows = [torch.empty_like(row) for _ in range(2)]
 
     def gather() -> list[tuple[int, ...]]:
-        if ns.form == "tensor":
-            dist.all_gather_into_tensor(flat, row)
+        if ns.form == "tensor":  # all_gather_into_tensor, renamed in torch 2.13
+            getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(flat, row)
             return [tuple(r) for r in flat.view(2, ROW_COLUMNS).tolist()]
         dist.all_gather(rows, row)
         return [tuple(t.tolist()) for t in rows]
@@ -266,6 +269,9 @@ def served_run(name: str, ns: argparse.Namespace, folder: Path) -> dict[str, Any
         "tpot_ms": [r["tpot_ms"]["p50"] for r in runs],
         "tpot_median_ms": statistics.median(r["tpot_ms"]["p50"] for r in runs),
         "ttft_median_ms": statistics.median(r["ttft_ms"]["p50"] for r in runs),
+        # The median gap between tokens: steadier than TPOT (a mean) on a shared machine.
+        "itl_p50_ms": [r["itl_ms"]["p50"] for r in runs],
+        "itl_p50_median_ms": statistics.median(r["itl_ms"]["p50"] for r in runs),
     }
     for (rank, part), hist in sorted(after.items()):
         summary = histogram_summary(before.get((rank, part), {}), hist)
@@ -289,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--busy-python-ms", type=float, default=0.0)
     s = sub.add_parser("served", help="roundgate serve + roundgate bench, batch 1")
     s.add_argument("--runs", nargs="+", choices=tuple(SERVED), default=list(SERVED))
-    s.add_argument("--repeats", type=int, default=3)
+    s.add_argument("--repeats", type=int, default=5)
     s.add_argument("--seed", type=int, default=1)
     s.add_argument(
         "--env", nargs="*", default=[], help="KEY=VALUE for the server, e.g. RAY_worker_niceness=0"
