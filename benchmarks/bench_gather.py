@@ -197,11 +197,15 @@ def stop_server(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def bench_once(url: str, seed: int, folder: Path, pin: str | None) -> dict[str, Any]:
+def bench_once(
+    url: str, seed: int, folder: Path, pin: str | None, concurrency: int = 1
+) -> dict[str, Any]:
     out = folder / f"bench-{seed}.json"
+    num_requests = 1 if concurrency == 1 else 2 * concurrency
     command = [
-        sys.executable, "-m", "cli.main", "bench", "--url", url, "--concurrency", "1",
-        "--num-requests", "1", "--input-len", "256", "--output-len", "64",
+        sys.executable, "-m", "cli.main", "bench", "--url", url,
+        "--concurrency", str(concurrency), "--num-requests", str(num_requests),
+        "--input-len", "256", "--output-len", "64",
         "--seed", str(seed), "--json", str(out), "--no-progress",
     ]  # fmt: skip
     if pin is not None:
@@ -263,9 +267,22 @@ def served_run(name: str, ns: argparse.Namespace, folder: Path) -> dict[str, Any
         runs = [bench_once(url, ns.seed + i, folder, pin) for i in range(ns.repeats)]
         time.sleep(2)
         after = round_parts(url)
+        if ns.concurrency > 1:  # both ranks busy (the outbox sends at once); after the scrape
+            loaded = bench_once(url, ns.seed + 100, folder, None, ns.concurrency)
     finally:
         stop_server(process)
-    result: dict[str, Any] = {
+    result: dict[str, Any] = (
+        {}
+        if ns.concurrency == 1
+        else {
+            f"c{ns.concurrency}": {
+                "out_tok_s": loaded["output_tokens_per_s"],
+                "itl_p50_ms": loaded["itl_ms"]["p50"],
+                "itl_p99_ms": loaded["itl_ms"]["p99"],
+            }
+        }
+    )
+    result |= {
         "tpot_ms": [r["tpot_ms"]["p50"] for r in runs],
         "tpot_median_ms": statistics.median(r["tpot_ms"]["p50"] for r in runs),
         "ttft_median_ms": statistics.median(r["ttft_ms"]["p50"] for r in runs),
@@ -297,6 +314,9 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--runs", nargs="+", choices=tuple(SERVED), default=list(SERVED))
     s.add_argument("--repeats", type=int, default=5)
     s.add_argument("--seed", type=int, default=1)
+    s.add_argument(
+        "--concurrency", type=int, default=1, help="> 1: also one closed-loop run at this level"
+    )
     s.add_argument(
         "--env", nargs="*", default=[], help="KEY=VALUE for the server, e.g. RAY_worker_niceness=0"
     )
