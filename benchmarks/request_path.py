@@ -204,7 +204,13 @@ class LocalRanks:
         return self
 
     def remote(self, message: Any) -> _Call:
-        self.replica._loop = asyncio.get_running_loop()
+        from actors.replica.outbox import RoundOutbox
+
+        loop = self.replica._loop = asyncio.get_running_loop()
+        # A real rank builds its outbox at start, before any request: built here by hand, so
+        # the per-run event loop it needs is not counted as one of the request's shapes.
+        box = self.replica._outbox = object.__new__(RoundOutbox)
+        box._loop, box._items = loop, []
         return _Call(self.replica, message)
 
 
@@ -226,6 +232,7 @@ class _Call:
             while not stop.is_set():
                 if core.has_local_work:
                     core.step()
+                    self.replica._outbox.send()
                 await asyncio.sleep(0)
 
         stepper = asyncio.create_task(step())

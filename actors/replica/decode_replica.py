@@ -70,7 +70,7 @@ class DecodeRankReplica(RankReplica):
             if queue is None:  # its caller went away: free the pages nobody will fill
                 self.core.kv_failed(reservation.request_id, "the request's caller went away")
             else:
-                self._loop.call_soon_threadsafe(queue.put_nowait, reservation)
+                self._outbox.put(queue, reservation)
         intake = self.core.scheduler.intake
         if intake is not None:
             self.transfers.set_waiting(intake.num_waiting)

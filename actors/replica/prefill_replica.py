@@ -52,7 +52,7 @@ class PrefillRankReplica(RankReplica):
             if queue is None:  # its caller went away: nobody will send these pages
                 self.core.release_handoff(handoff.request_id)
             else:
-                self._loop.call_soon_threadsafe(queue.put_nowait, handoff)
+                self._outbox.put(queue, handoff)
         pinned = self.core.scheduler.handoffs
         if pinned is not None:
             self.transfers.set_waiting(len(pinned.pinned))

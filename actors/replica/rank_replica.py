@@ -32,6 +32,7 @@ from actors.control.round import TokenEvent
 from actors.replica.chunks import ChunkBuilder
 from actors.replica.group_wake import STOP_CHECK_S, open_group_wake
 from actors.replica.kv_sender import KvEventSender
+from actors.replica.outbox import RoundOutbox, SendAfterGather
 from actors.server_args import ServerArgs
 from actors.telemetry import gate_log
 from actors.telemetry.gate_log import log_gate_window
@@ -81,6 +82,8 @@ class RankReplica:
         self._woken = -1
         self._loop = asyncio.get_running_loop()
         self._streams: dict[str, asyncio.Queue] = {}
+        # The engine thread's deliveries to the streams, one hand-off a round (outbox.py).
+        self._outbox = RoundOutbox(self._loop)
         self.stats = RankStats()
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -119,14 +122,12 @@ class RankReplica:
         from actors.replica.torch_gather import TorchGather
 
         runner = self._runner = ModelRunner(self.args, rank=self.rank, group=dist.group.WORLD)
-        return EngineCore(
-            self.args,
-            runner,
-            rank=self.rank,
-            # A group of one gathers its own row: no collective per round.
-            gather=TorchGather(device=device) if self.world_size > 1 else SingleRankGather(),
-            on_event=self._on_event,
-        )
+        # A group of one gathers its own row: no collective per round.
+        if self.world_size > 1:
+            gather = SendAfterGather(TorchGather(device=device), self._outbox)
+        else:
+            gather = SingleRankGather()
+        return EngineCore(self.args, runner, rank=self.rank, gather=gather, on_event=self._on_event)
 
     # ---- engine thread -------------------------------------------------------------------
 
@@ -166,10 +167,15 @@ class RankReplica:
                         self.kv_events.flush(since)
                 self._after_round(outcome)
                 if outcome.view.all_idle:
+                    self._outbox.send()
                     self._pause()
+                else:  # alone with work: held for the next gather (outbox.py says why)
+                    self._outbox.end_round(outcome.rows, self.rank)
+            self._outbox.send()
         except BaseException as exc:  # a dead peer or a timed-out collective ends the group
             self._error = GroupFailure(f"rank {self.rank}: DP group failed: {exc}")
             logger.error("%s", self._error, exc_info=exc)
+            self._outbox.send()  # the tokens made before the failure, then the error
             self._loop.call_soon_threadsafe(self._fail_all, self._error)
 
     def _after_round(self, outcome: RoundOutcome) -> None:
@@ -205,7 +211,7 @@ class RankReplica:
         request = event.request
         queue = self._streams.get(request.stream_id or request.request_id)
         if queue is not None:
-            self._loop.call_soon_threadsafe(queue.put_nowait, event)
+            self._outbox.put(queue, event)
 
     def _fail_all(self, error: BaseException) -> None:
         for queue in self._streams.values():
