@@ -42,6 +42,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_round_breakdown import run_pair
+from benchmarks.vs_llamacpp import wait_ready
+
 REPO = Path(__file__).resolve().parents[1]
 PORT = 18773
 ROW_COLUMNS = 12  # a wide row: the five gate columns and a policy's extras
@@ -115,19 +118,7 @@ def bare_worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
 
 
 def bare(ns: argparse.Namespace) -> dict[str, Any]:
-    import torch.multiprocessing as mp
-
-    from actors.replica.rendezvous import free_port
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=bare_worker, args=(r, port, ns, out)) for r in (0, 1)]
-    for proc in procs:
-        proc.start()
-    results = dict(out.get(timeout=900) for _ in procs)
-    for proc in procs:
-        proc.join()
+    results = run_pair(bare_worker, ns, timeout_s=900)
     busy = sorted(t * 1e3 for t in results[0])
     return {
         "form": ns.form,
@@ -171,21 +162,6 @@ def start_server(name: str, folder: Path, env: dict[str, str]) -> subprocess.Pop
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its Ray processes go with it on stop
     )
-
-
-def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"{url} not ready in {timeout_s:.0f} s")
 
 
 def stop_server(process: subprocess.Popen) -> None:

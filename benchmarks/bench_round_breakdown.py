@@ -124,6 +124,24 @@ def worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
     dist.destroy_process_group()
 
 
+def run_pair(target: Callable, ns: argparse.Namespace, timeout_s: float) -> dict[int, Any]:
+    """``target(rank, port, ns, out)`` in two spawned processes (a gloo pair on a free
+    loopback port); what each put on ``out`` as ``(rank, result)``, by rank."""
+
+    from actors.replica.rendezvous import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, port, ns, out)) for r in (0, 1)]
+    for proc in procs:
+        proc.start()
+    results = dict(out.get(timeout=timeout_s) for _ in procs)
+    for proc in procs:
+        proc.join()
+    return results
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -137,17 +155,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=16, help="unfinished requests kept per rank")
     p.add_argument("--max-tokens", type=int, default=32)
     ns = p.parse_args()
-    from actors.replica.rendezvous import free_port
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, port, ns, out)) for r in (0, 1)]
-    for proc in procs:
-        proc.start()
-    results = dict(out.get(timeout=600) for _ in procs)
-    for proc in procs:
-        proc.join()
+    results = run_pair(worker, ns, timeout_s=600)
     for rank in (0, 1):
         t = results[rank]
         print(f"rank {rank} ({len(t['plan'])} rounds)   p50 us    p99 us")

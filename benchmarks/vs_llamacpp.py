@@ -167,7 +167,9 @@ def bench(url: str, concurrency: int, requests: int, seed: int, folder: Path) ->
 
 
 def measure(url: str, levels: list[int], folder: Path, seed: int) -> dict[str, Any]:
-    """Batch-1 prefill and decode (medians of three single requests), then each level."""
+    """Batch-1 prefill and decode (medians of three single requests, after two warm-up
+    requests: one to each rank of a dp=2 deployment), then each level."""
+    bench(url, 1, 2, seed + 50, folder)
     singles = [bench(url, 1, 1, seed + i, folder) for i in range(3)]
     ttft = statistics.median(s["ttft_ms"]["p50"] for s in singles)
     tpot = statistics.median(s["tpot_ms"]["p50"] for s in singles)

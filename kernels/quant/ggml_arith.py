@@ -134,6 +134,24 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return y
 
 
+def _batch_args(batch: AttentionBatch) -> tuple[int, ...]:
+    """The batch as ``ga_attention`` and ``ga_decoder`` read it: slots, positions, query
+    offsets, sequences, the page table and its width (``build_attention_batch`` makes every
+    one a contiguous int64 tensor, which the C side needs)."""
+    tables = (batch.slot_mapping, batch.positions, batch.cu_query_lens, batch.page_table)
+    if any(t.dtype != torch.int64 or not t.is_contiguous() for t in tables):
+        raise ValueError("attention batch: the C operations need contiguous int64 tensors")
+    page_table = batch.page_table
+    return (
+        batch.slot_mapping.data_ptr(),
+        batch.positions.data_ptr(),
+        batch.cu_query_lens.data_ptr(),
+        batch.batch_size,
+        page_table.data_ptr(),
+        page_table.shape[1],
+    )
+
+
 def kq_scale(head_dim: int) -> float:
     """llama.cpp's attention scale, ``1.0f / sqrtf(head_dim)`` in float32 (the caller's
     ``head_dim ** -0.5`` in double may round to a neighbouring float)."""
@@ -175,7 +193,6 @@ class GgmlAttention:
         if k.stride(0) != v.stride(0) or any(t.stride(2) != 1 for t in (q, k, v)):
             raise ValueError("GgmlAttention: q/k/v rows must have contiguous heads")
         out = q.new_empty(tokens, heads, dim)
-        page_table = batch.page_table.contiguous()
         done = library().ga_attention(
             q.data_ptr(),
             q.stride(0),
@@ -188,12 +205,7 @@ class GgmlAttention:
             dim,
             cache.k[layer].data_ptr(),
             cache.v[layer].data_ptr(),
-            batch.slot_mapping.data_ptr(),
-            batch.positions.data_ptr(),
-            batch.cu_query_lens.data_ptr(),
-            batch.batch_size,
-            page_table.data_ptr(),
-            page_table.shape[1],
+            *_batch_args(batch),
             cache.page_size,
             kq_scale(dim),
             out.data_ptr(),
@@ -254,7 +266,6 @@ def decoder(
     if h.dtype != torch.float32 or not h.is_contiguous():
         raise ValueError("decoder: h must be contiguous float32")
     cos, sin = _f32(cos), _f32(sin)
-    page_table = batch.page_table.contiguous()
     done = library().ga_decoder(
         h.data_ptr(),
         h.shape[0],
@@ -269,12 +280,7 @@ def decoder(
         shape.eps,
         cos.data_ptr(),
         sin.data_ptr(),
-        batch.slot_mapping.data_ptr(),
-        batch.positions.data_ptr(),
-        batch.cu_query_lens.data_ptr(),
-        batch.batch_size,
-        page_table.data_ptr(),
-        page_table.shape[1],
+        *_batch_args(batch),
         page_size,
         torch.get_num_threads(),
         int(file_order),
