@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,12 +37,11 @@ import tempfile
 import threading
 import time
 import urllib.request
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_round_breakdown import run_pair
-from benchmarks.vs_llamacpp import wait_ready
+from benchmarks.bench_round_breakdown import join_pair, run_pair
+from benchmarks.vs_llamacpp import serve_config, stop, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
 PORT = 18773
@@ -64,17 +62,9 @@ def bare_worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     if ns.nice:
         os.nice(ns.nice)
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=2,
-        timeout=timedelta(seconds=60),
-    )
+    join_pair(rank, port)
     row = torch.arange(ROW_COLUMNS, dtype=torch.int64)
     flat = torch.empty(2 * ROW_COLUMNS, dtype=torch.int64)
     rows = [torch.empty_like(row) for _ in range(2)]
@@ -152,25 +142,7 @@ def start_server(name: str, folder: Path, env: dict[str, str]) -> subprocess.Pop
     cfg = yaml.safe_load((REPO / "deployment" / "configs" / config).read_text())
     cfg["http_options"]["port"] = PORT
     cfg["applications"][0]["args"].update(overrides)
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "serve", "--config", str(path)],
-        cwd=REPO,
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its Ray processes go with it on stop
-    )
-
-
-def stop_server(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    return serve_config(cfg, folder / f"{name}.yaml", env)
 
 
 def bench_once(
@@ -246,7 +218,7 @@ def served_run(name: str, ns: argparse.Namespace, folder: Path) -> dict[str, Any
         if ns.concurrency > 1:  # both ranks busy (the outbox sends at once); after the scrape
             loaded = bench_once(url, ns.seed + 100, folder, None, ns.concurrency)
     finally:
-        stop_server(process)
+        stop(process)
     result: dict[str, Any] = (
         {}
         if ns.concurrency == 1

@@ -43,7 +43,8 @@ def timed(store: dict[str, list[float]], name: str, fn: Callable) -> Callable:
     return wrapper
 
 
-def worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
+def join_pair(rank: int, port: int) -> None:
+    """Join a two-rank gloo group on loopback ``port``, one torch thread (as a dp=2 rank)."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -53,6 +54,10 @@ def worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
         world_size=2,
         timeout=timedelta(seconds=60),
     )
+
+
+def worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
+    join_pair(rank, port)
     from actors.control.engine_core import EngineCore
     from actors.control.request import Request, SamplingParams
     from actors.model.runner import ModelRunner

@@ -23,6 +23,7 @@ Prints one table with the machine and thread counts; ``--json`` keeps every figu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -117,11 +118,18 @@ def start_ours(name: str, folder: Path) -> subprocess.Popen:
     if "prefill_policy" in overrides:  # the other policies' flags unset, as bench --compare
         overrides = {**policy_overrides(overrides["prefill_policy"], args), **overrides}
     args.update(overrides)
-    path = folder / f"{name}.yaml"
+    return serve_config(cfg, folder / f"{name}.yaml")
+
+
+def serve_config(
+    cfg: dict[str, Any], path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """``roundgate serve`` on ``cfg`` (written to ``path``), in its own session."""
     path.write_text(yaml.safe_dump(cfg))
     return subprocess.Popen(
         [sys.executable, "-m", "cli.main", "serve", "--config", str(path)],
         cwd=REPO,
+        env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its Ray processes go with it on stop
@@ -129,11 +137,13 @@ def start_ours(name: str, folder: Path) -> subprocess.Popen:
 
 
 def stop(process: subprocess.Popen) -> None:
+    """SIGINT, then after a minute the whole session (the server's Ray processes too)."""
     process.send_signal(signal.SIGINT)
     try:
         process.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
 
