@@ -17,21 +17,17 @@ from actors.control.engine_core import EngineCore
 from actors.control.handoff import KVReservation
 from actors.control.request import Request
 from actors.control.round import RoundPlan, TokenEvent
-from actors.server_args import ServerArgs
+from actors.server_args import DisaggregationRole, ServerArgs
 
 
 def check_roles(prefill: ServerArgs, decode: ServerArgs) -> None:
     """Refuse a pair of roles that cannot hand requests to each other, naming the field."""
-    if prefill.disaggregation_mode != "prefill":
-        raise ValueError(
-            "the prefill side needs --disaggregation-mode prefill, got "
-            f"{prefill.disaggregation_mode!r}"
-        )
-    if decode.disaggregation_mode != "decode":
-        raise ValueError(
-            "the decode side needs --disaggregation-mode decode, got "
-            f"{decode.disaggregation_mode!r}"
-        )
+    for side, args in ((DisaggregationRole.PREFILL, prefill), (DisaggregationRole.DECODE, decode)):
+        if args.disaggregation_mode is not side:
+            raise ValueError(
+                f"the {side} side needs --disaggregation-mode {side}, got "
+                f"{args.disaggregation_mode.value!r}"
+            )
     for name in ("model", "page_size"):
         if getattr(prefill, name) != getattr(decode, name):
             raise ValueError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +28,40 @@ from gate.policy import PrefillPolicy
 from gate.spec import PolicyContext, annotation_type
 from kernels.triton_env import check_triton_device
 
+
+class DisaggregationRole(enum.StrEnum):
+    """What one rank does with a request's KV (``--disaggregation-mode``).
+
+    ``FUSED`` prefills and decodes; ``PREFILL`` computes a prompt's KV and first token, then
+    hands the request to a decode rank; ``DECODE`` takes handoffs, receives their KV, and only
+    decodes. The KV crosses between the two through the scheduler's connector
+    (``actors.control.kv_connector``).
+    """
+
+    FUSED = "fused"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+    @classmethod
+    def parse(cls, value: object) -> DisaggregationRole:
+        """The role a flag value names. ``null`` (this flag's spelling of the fused role
+        before the enum) is ``FUSED``, and so is a YAML serve config's bare ``null`` (None);
+        anything else not a role is refused naming the flag."""
+        if value is None or value == _NULL:
+            return cls.FUSED
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(
+                f"--disaggregation-mode must be one of {', '.join(DISAGGREGATION_MODES)}, "
+                f"got {value!r}"
+            ) from None
+
+
+_NULL = "null"
 # The closed sets of values some flags take (``_validate`` checks them, argparse lists them).
-DISAGGREGATION_MODES = ("null", "prefill", "decode")
+# The role's: its values, and ``null`` for the fused role (command lines and serve configs).
+DISAGGREGATION_MODES = (*(role.value for role in DisaggregationRole), _NULL)
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 MOE_BACKENDS = ("auto", "local", "torch", "deepep")
@@ -88,8 +121,11 @@ class ServerArgs:
         "prefills in full, for comparisons)",
         True,
     )
-    disaggregation_mode: str = _flag(
-        "fused (null), prefill or decode role", "null", choices=DISAGGREGATION_MODES
+    # (RUF009 cannot tell that an enum member, like a str, is immutable.)
+    disaggregation_mode: DisaggregationRole = _flag(  # noqa: RUF009
+        "the rank's role: fused (also spelled null), prefill or decode",
+        DisaggregationRole.FUSED,
+        choices=DISAGGREGATION_MODES,
     )
     device: str = _flag("compute device", "auto", choices=DEVICES)
     attention_backend: str = _flag("paged attention backend", "auto", choices=ATTENTION_BACKENDS)
@@ -173,6 +209,9 @@ class ServerArgs:
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"{flag} must be a number > 0, got {value!r}")
+        # The role as its enum: ``null`` and ``fused`` name the same role.
+        role = DisaggregationRole.parse(self.disaggregation_mode)
+        object.__setattr__(self, "disaggregation_mode", role)
         for name, choices in _CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ValueError(
@@ -206,7 +245,7 @@ class ServerArgs:
                 raise ValueError(
                     f"{flag.cli} applies to --prefill-policy {owner} only (selected: {name})"
                 )
-        if name != "none" and self.disaggregation_mode != "null":
+        if name != "none" and self.disaggregation_mode is not DisaggregationRole.FUSED:
             raise ValueError(
                 f"--prefill-policy {name} applies to the fused role only; --disaggregation-mode "
                 f"{self.disaggregation_mode} runs no prefill gate"

@@ -21,6 +21,7 @@ from bench.report import format_table, summarize, write_plots
 from bench.sessions import hit_counters, hit_rate, run_sessions, scrape_metrics, scrape_settled
 from deployment.local import DEFAULT_CONFIG
 from gate import registry
+from routing import registry as routers
 from sim.arrivals import Arrival
 from sim.sessions import SESSION_WORKLOADS, Session, SessionSpec, make_sessions
 from sim.workload import ARRIVALS, LENGTH_DISTS, WorkloadSpec, generate
@@ -70,7 +71,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="restart the local deployment with prefix caching on, then off",
     )
-    p.add_argument("--deploy-router", default=None, help="router of the local deployment")
+    p.add_argument(
+        "--deploy-router",
+        default=None,
+        choices=routers.names("serve"),
+        help="router of the local deployment",
+    )
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     p.add_argument("--slo-itl-ms", type=float, default=200.0)
     p.add_argument("--seed", type=int, default=0)
@@ -229,7 +235,7 @@ def run(ns: argparse.Namespace) -> int:
     if ns.json:
         report = {
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": sys.argv,
+            "command": [recorded_path(Path(sys.argv[0])), *sys.argv[1:]],
             "workload": _args(ns),
             "configs": configs,
             "results": {n: s for n, s, _ in named},
@@ -271,7 +277,14 @@ def overrides_given(ns: argparse.Namespace) -> bool:
 
 def _args(ns: argparse.Namespace) -> dict[str, Any]:
     return {
-        k: str(v) if isinstance(v, Path) else v
+        k: recorded_path(v) if isinstance(v, Path) else v
         for k, v in vars(ns).items()
         if k not in ("func", "parser", "api_key", "hit_rates")
     }
+
+
+def recorded_path(path: Path) -> str:
+    """``path`` as a report records it: relative to the checkout when it lies inside it (the
+    default ``--config`` is absolute), so a committed report names no one machine's folders."""
+    repo, full = Path(__file__).resolve().parents[1], path.resolve()
+    return str(full.relative_to(repo)) if full.is_relative_to(repo) else str(path)

@@ -2,7 +2,7 @@
 ``xllamacpp`` package ships (``make llamacpp``: llama.cpp and ggml statically linked, their C
 API exported). The reference that the int8-dot weight path is checked against, op by op.
 
-    python benchmarks/ggml_ops.py LIBRARY INPUTS.npz OUTPUTS.npz
+    python bench/ggml_ops.py LIBRARY INPUTS.npz OUTPUTS.npz
 
 ``INPUTS.npz`` holds cases ``c``: ``op_c`` (one of ``OPS``), its inputs ``a_c`` and ``b_c``,
 ``kind_c`` (``a``'s ggml type: ``F32``, ``I32``, or for ``mul_mat`` the block type of its raw

@@ -75,7 +75,7 @@ def main() -> None:
         if i >= ns.warmup:
             wall.append(w / 1000)
             cpu.append(c / 1000)
-    running = len(loop.scheduler.running)
+    running = len(loop.scheduler.queues.running)
     assert running == ns.running, f"{running} running, expected {ns.running}"
     wall.sort()
     cpu.sort()

@@ -40,8 +40,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_round_breakdown import join_pair, run_pair
-from benchmarks.vs_llamacpp import serve_config, stop, wait_ready
+from benchmarks.common import join_pair, run_pair, serve_config, stop, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
 PORT = 18773

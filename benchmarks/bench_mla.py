@@ -12,14 +12,12 @@ ModelRunner (latent cache, absorbed decode) vs transformers' own class, per batc
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-import bench_model
 
 from actors.model.config import ModelConfig
 from actors.model.families import read_model_dir
@@ -85,7 +83,10 @@ def main(argv: list[str]) -> None:
         del model
         kv_report(read_model_dir(tmp))
         defaults = ["--batch-sizes", "8", "32", "--new-tokens", "32", "--prefill-len", "512"]
-        bench_model.main(["--model", tmp, *defaults, *argv])
+        # The model benchmark itself, as its own process, on the saved directory.
+        bench_model = Path(__file__).with_name("bench_model.py")
+        command = [sys.executable, str(bench_model), "--model", tmp, *defaults, *argv]
+        subprocess.run(command, check=True)
 
 
 if __name__ == "__main__":

@@ -24,14 +24,12 @@ from collections.abc import Callable
 
 import torch
 
-from actors.control.kv_pool import KVPool
-from actors.control.request import Request, SamplingParams
-from actors.control.round import RoundPlan, ScheduledChunk
 from actors.model.config import PRESETS
 from actors.model.gguf_file import find_gguf
 from actors.model.runner import ModelRunner
 from actors.model.weights import random_hf_state, save_hf_dir
 from actors.server_args import ServerArgs
+from benchmarks.common import ragged_prompts, runner_decode_steps, runner_prefill_seconds
 
 # Wall clock by default; --clock cpu switches to process CPU time, steadier on a shared
 # machine (with --threads 1 it is the compute actually spent).
@@ -45,39 +43,6 @@ def best_of_interleaved(repeats: int, *runs: Callable[[], float]) -> list[float]
         for i, run in enumerate(runs):
             best[i] = min(best[i], run())
     return best
-
-
-def ragged_prompts(batch: int, low: int, high: int, vocab: int, seed: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(low, high + 1, (batch,), generator=gen).tolist()
-    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
-
-
-def runner_decode_steps(
-    runner: ModelRunner, prompts: list[list[int]], new_tokens: int
-) -> list[float]:
-    """Seconds of each decode round after one prefill round (``new_tokens - 1`` rounds)."""
-    page_size = runner.args.page_size
-    pool = KVPool(runner.args.num_kv_pages, page_size)
-    requests = [
-        Request(f"r{i}", p, SamplingParams(max_tokens=new_tokens)) for i, p in enumerate(prompts)
-    ]
-    for r in requests:
-        r.page_ids = pool.allocate(r.request_id, r.num_prompt_tokens + new_tokens)
-    plan = RoundPlan(chunks=[ScheduledChunk(r, 0, r.num_tokens, True) for r in requests])
-    steps: list[float] = []
-    while True:
-        started = CLOCK()
-        result = runner.execute(plan)
-        if plan.num_extends == 0:
-            steps.append(CLOCK() - started)
-        for chunk in plan.chunks:
-            chunk.request.num_computed_tokens = chunk.end
-            chunk.request.append_token(result.sampled[chunk.request.request_id])
-        live = [r for r in requests if not r.is_finished]
-        if not live:
-            return steps
-        plan = RoundPlan(chunks=[ScheduledChunk(r, r.num_tokens - 1, 1, False) for r in live])
 
 
 class StepClock:
@@ -113,16 +78,6 @@ def hf_decode_steps(model, prompts: list[list[int]], new_tokens: int) -> list[fl
     if out.shape[1] != width + new_tokens:
         raise RuntimeError("transformers stopped early; the comparison needs full length")
     return [b - a for a, b in zip(clock.marks, clock.marks[1:], strict=False)]
-
-
-def runner_prefill_seconds(runner: ModelRunner, prompt: list[int]) -> float:
-    pool = KVPool(runner.args.num_kv_pages, runner.args.page_size)
-    request = Request("p", prompt, SamplingParams(max_tokens=1))
-    request.page_ids = pool.allocate("p", len(prompt))
-    plan = RoundPlan(chunks=[ScheduledChunk(request, 0, len(prompt), True)])
-    started = CLOCK()
-    runner.execute(plan)
-    return CLOCK() - started
 
 
 def hf_prefill_seconds(model, prompt: list[int]) -> float:
@@ -188,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         ours_steps: list[float] = []
         theirs_steps: list[float] = []
         for _ in range(args.repeats):  # alternate so load spikes hit both alike
-            ours_steps += runner_decode_steps(runner, prompts, args.new_tokens)
+            ours_steps += runner_decode_steps(runner, prompts, args.new_tokens, CLOCK)
             theirs_steps += hf_decode_steps(hf, prompts, args.new_tokens)
         ours, theirs = statistics.median(ours_steps), statistics.median(theirs_steps)
         print(f"{batch:>5} {batch / ours:>13.0f} {batch / theirs:>10.0f} {theirs / ours:>6.2f}")
@@ -196,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     prompt = ragged_prompts(1, args.prefill_len, args.prefill_len, vocab=vocab, seed=7)[0]
     ours, theirs = best_of_interleaved(
         args.repeats,
-        lambda: runner_prefill_seconds(runner, prompt),
+        lambda: runner_prefill_seconds(runner, prompt, CLOCK),
         lambda: hf_prefill_seconds(hf, prompt),
     )
     n = args.prefill_len

@@ -17,18 +17,24 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+# This checkout's timing code (benchmarks/common.py beside this file) whichever checkout's
+# engine is on PYTHONPATH, so a before/after comparison times both the same way.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_model  # the runner timings, shared with the model benchmark
+import common
 
 from actors.control.kv_pool import KVPool
 from actors.control.request import Request, SamplingParams
 from actors.control.round import RoundPlan, ScheduledChunk
 from actors.model.runner import ModelRunner
 from actors.server_args import ServerArgs
+
+# Process CPU time by default (--clock), steadier on a shared machine.
+CLOCK: Callable[[], float] = time.process_time
 
 
 def asking_prefill_seconds(runner: ModelRunner, prompt: list[int], k: int) -> float:
@@ -37,9 +43,9 @@ def asking_prefill_seconds(runner: ModelRunner, prompt: list[int], k: int) -> fl
     request = Request("p", prompt, SamplingParams(max_tokens=1, prompt_logprobs=k))
     request.page_ids = pool.allocate("p", len(prompt))
     plan = RoundPlan(chunks=[ScheduledChunk(request, 0, len(prompt), True)])
-    started = bench_model.CLOCK()
+    started = CLOCK()
     result = runner.execute(plan)
-    elapsed = bench_model.CLOCK() - started
+    elapsed = CLOCK() - started
     if len(result.prompt_logprobs["p"]) != len(prompt) - 1:
         raise RuntimeError("the runner scored the wrong number of prompt tokens")
     return elapsed
@@ -57,18 +63,19 @@ def main(argv: list[str] | None = None) -> None:
         "--asking", type=int, nargs="*", default=[], help="also time prefills asking for k"
     )
     args = parser.parse_args(argv)
-    bench_model.CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(1)
     runner = ModelRunner(
         ServerArgs(model=args.model, page_size=16, num_kv_pages=1024, device="cpu")
     )
     vocab = min(256, runner.config.vocab_size)
-    prompts = bench_model.ragged_prompts(args.batch, 16, 128, vocab=vocab, seed=args.batch)
+    prompts = common.ragged_prompts(args.batch, 16, 128, vocab=vocab, seed=args.batch)
     steps: list[float] = []
     for _ in range(args.repeats):
-        steps += bench_model.runner_decode_steps(runner, prompts, args.new_tokens)
-    prompt = bench_model.ragged_prompts(1, args.prefill_len, args.prefill_len, vocab, seed=7)[0]
-    prefill = min(bench_model.runner_prefill_seconds(runner, prompt) for _ in range(args.repeats))
+        steps += common.runner_decode_steps(runner, prompts, args.new_tokens, CLOCK)
+    prompt = common.ragged_prompts(1, args.prefill_len, args.prefill_len, vocab, seed=7)[0]
+    prefill = min(common.runner_prefill_seconds(runner, prompt, CLOCK) for _ in range(args.repeats))
     print(f"code {Path(sys.modules['actors'].__path__[0]).parent}, {args.clock} clock")
     print(f"decode  batch {args.batch}: {args.batch / statistics.median(steps):8.1f} tok/s")
     print(f"prefill {args.prefill_len} tokens: {args.prefill_len / prefill:8.1f} tok/s")

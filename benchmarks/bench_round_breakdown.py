@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from benchmarks.common import join_pair, run_pair
 
 CONTROL = ("vote", "plan", "probe", "observe", "update", "stream")
 
@@ -41,19 +40,6 @@ def timed(store: dict[str, list[float]], name: str, fn: Callable) -> Callable:
             store[name].append(time.perf_counter() - t)
 
     return wrapper
-
-
-def join_pair(rank: int, port: int) -> None:
-    """Join a two-rank gloo group on loopback ``port``, one torch thread (as a dp=2 rank)."""
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=2,
-        timeout=timedelta(seconds=60),
-    )
 
 
 def worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
@@ -127,24 +113,6 @@ def worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
         times["bare_all_gather"].append(time.perf_counter() - t)
     out.put((rank, dict(times)))
     dist.destroy_process_group()
-
-
-def run_pair(target: Callable, ns: argparse.Namespace, timeout_s: float) -> dict[int, Any]:
-    """``target(rank, port, ns, out)`` in two spawned processes (a gloo pair on a free
-    loopback port); what each put on ``out`` as ``(rank, result)``, by rank."""
-
-    from actors.replica.rendezvous import free_port
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=target, args=(r, port, ns, out)) for r in (0, 1)]
-    for proc in procs:
-        proc.start()
-    results = dict(out.get(timeout=timeout_s) for _ in procs)
-    for proc in procs:
-        proc.join()
-    return results
 
 
 def pct(values: list[float], q: float) -> float:

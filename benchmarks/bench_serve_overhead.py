@@ -66,7 +66,10 @@ async def direct_ttft(ranks: Any, prompt_ids: list[int]) -> float:
     from actors.control.request import SamplingParams
 
     message = GenerateRequest(
-        f"bench-{uuid.uuid4().hex}", tuple(prompt_ids), SamplingParams(max_tokens=1), dp_rank=0
+        request_id=f"bench-{uuid.uuid4().hex}",
+        prompt_token_ids=tuple(prompt_ids),
+        sampling=SamplingParams(max_tokens=1),
+        dp_rank=0,
     )
     first = None
     start = time.perf_counter()

@@ -23,7 +23,7 @@ import torch
 from actors.model.gguf_blocks import decode_weight_bytes
 from actors.model.runner import ModelRunner
 from actors.server_args import ServerArgs
-from benchmarks.bench_model import ragged_prompts, runner_decode_steps, runner_prefill_seconds
+from benchmarks.common import ragged_prompts, runner_decode_steps, runner_prefill_seconds
 from kernels.attention.batch import PagedKVCache, build_attention_batch
 from kernels.attention.torch_ref import TorchAttention
 from kernels.quant import BlockLinear

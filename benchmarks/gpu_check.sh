@@ -20,8 +20,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 if [ "${1:-}" = "--pack" ]; then
-  src="$(.venv/bin/python -c 'import gguf, os; print(os.path.dirname(gguf.__file__))' 2>/dev/null \
-    || /work/main/.venv/bin/python -c 'import gguf, os; print(os.path.dirname(gguf.__file__))')"
+  # This checkout's venv, else the main worktree's (a linked `git worktree` has no venv of its
+  # own): both found from where this script lies, never from a fixed path.
+  main_root="$(cd "$(git rev-parse --git-common-dir 2>/dev/null || echo .git)/.." 2>/dev/null && pwd)"
+  src=""
+  for py in .venv/bin/python "$main_root/.venv/bin/python"; do
+    src="$("$py" -c 'import gguf, os; print(os.path.dirname(gguf.__file__))' 2>/dev/null)" && break
+  done
+  [ -n "$src" ] || { echo "gpu_check --pack: no .venv with the gguf package here or in $main_root"; exit 2; }
   mkdir -p .gpu_deps && rm -rf .gpu_deps/gguf && cp -r "$src" .gpu_deps/gguf
   echo "packed $src -> .gpu_deps/gguf"
   exit 0

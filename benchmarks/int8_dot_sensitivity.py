@@ -14,7 +14,7 @@ of 10 prompts; with ggml's arithmetic, ``kernels/quant/ggml_arith.cpp``, on 10 o
    forward whose activations are rounded to 8 bits amplifies such a nudge into differences of
    the size that separated it from llama.cpp; the float32 one does not.
 2. The operations between the products (when ``make llamacpp`` has run): ggml's RMSNorm, SwiGLU,
-   softmax, RoPE and float32 product (``benchmarks/ggml_ops.py``) against the torch operations
+   softmax, RoPE and float32 product (``bench/ggml_ops.py``) against the torch operations
    the model ran before (the other weight paths' layer-by-layer prefill still does), on random
    inputs of the model's shapes: the share of elements that differ in any bit. Each differing
    element is a nudge like the one in part 1.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -38,23 +37,9 @@ from actors.model.decoder import rotary_table
 from actors.model.rope import RotaryTable, apply_rope
 from actors.model.tokenizer import load_tokenizer
 from actors.server_args import ServerArgs
-from benchmarks import ggml_ops
+from bench import ggml_ops
+from bench.llamacpp import LLAMACPP_VENV, NEW_TOKENS, PROMPTS
 from kernels.attention import TorchAttention
-
-REPO = Path(__file__).resolve().parents[1]
-NEW_TOKENS = 32
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, a robot",
-    "The three primary colors are",
-    "To make a cup of tea, first",
-    "In 1969, the first humans",
-    "The quick brown fox",
-    "Water boils at a temperature of",
-    "My favourite programming language is",
-    "The largest planet in the solar system",
-]
 
 
 def nudged_rms_norm(self: layers.RMSNorm, x: torch.Tensor) -> torch.Tensor:
@@ -178,7 +163,7 @@ def main() -> None:
     print("| weights | same tokens | median | p90 | max |\n|---|---|---|---|---|")
     for path in ("int8-dot", "packed"):
         print(sensitivity(args.model, path), flush=True)
-    library = ggml_ops.library_path(REPO / ".venv-llamacpp")
+    library = ggml_ops.library_path(LLAMACPP_VENV)
     if library is None:
         print("2. skipped: no xllamacpp library (run `make llamacpp`)")
         return

@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from bench.cli import recorded_path
 from bench.client import run_load
 from bench.report import summarize
 from bench.sessions import run_sessions
@@ -171,7 +172,9 @@ def main() -> None:
     if ns.json is not None:
         ns.json.parent.mkdir(parents=True, exist_ok=True)
         meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "args": vars(ns)}
-        meta["args"] = {k: str(v) for k, v in meta["args"].items()}
+        meta["args"] = {
+            k: recorded_path(v) if isinstance(v, Path) else str(v) for k, v in meta["args"].items()
+        }
         ns.json.write_text(json.dumps({**meta, "arms": report}, indent=2, sort_keys=True) + "\n")
 
 

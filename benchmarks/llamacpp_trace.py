@@ -28,9 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-LLAMACPP_PYTHON = REPO / ".venv-llamacpp" / "bin" / "python"
-MODEL = "smollm2-135m-instruct"
+from bench.llamacpp import LLAMACPP_PYTHON, LLAMACPP_VENV, MODEL
+
 # llama_context_params of this xllamacpp (byte offsets), with the defaults that identify them.
 N_CTX, N_BATCH, N_UBATCH, N_THREADS, N_THREADS_BATCH = 0, 4, 8, 28, 32
 FLASH_ATTN, CB_EVAL, TYPE_K, TYPE_V = 52, 88, 104, 108
@@ -126,9 +125,9 @@ with open(out_path, "wb") as f:
 def llamacpp_steps(steps: list[list[int]], vocab: int, dump: str) -> dict:
     """Run llama.cpp on ``steps`` (one ``llama_decode`` each) in its own venv's interpreter."""
     from actors.model.gguf_file import packaged_path
-    from benchmarks import ggml_ops
+    from bench import ggml_ops
 
-    library = ggml_ops.library_path(REPO / ".venv-llamacpp")
+    library = ggml_ops.library_path(LLAMACPP_VENV)
     if library is None or not LLAMACPP_PYTHON.exists():
         raise SystemExit("no xllamacpp library: run `make llamacpp`")
     offsets = {

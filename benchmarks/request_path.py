@@ -13,19 +13,11 @@ runs, ``sys.setprofile`` records
   rank's intake and chunking), except objects that existed before the request (the ingress,
   tokenizer, scheduler...), scalars (``int``, ``str``, ...), callables and coroutines.
 
-The counted shapes are what the request's data is carried as, by two rules:
-
-- A container is its elements: ``list[Choice]`` is ``Choice`` again and ``list[dict]`` is
-  ``dict``, because holding several of a type adds no type a reader must learn; only a
-  container of scalars is a shape of its own (``list[int]``: token ids), since scalars are not
-  shapes. A named tuple is a record, not a container: ``TokenEvent`` counts as itself.
-- Per-request telemetry (types of ``deployment.request_metrics``: ``RequestTimer``) is not the
-  request's data: it counts tokens and times about the request, and nothing of the response or
-  of the rank's work is built from it.
-
+The counted shapes are what the request's data is carried as, by the rules of
+``bench.request_shapes`` (a container is its elements; per-request telemetry is not data).
 Both lists are printed: the raw shapes (with what each counts as) and the counted ones.
 
-Run from the repository root (either layout, before or after the re-housing)::
+Run from the repository root::
 
     PYTHONPATH=$PWD python benchmarks/request_path.py [--where] [--json]
 """
@@ -44,52 +36,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from bench.request_shapes import SCALARS, counted, describe
+
 REPO = Path.cwd().resolve()
 # The request path's own modules (shapes are recorded in their frames): the HTTP surface and
 # ingress, the ingress <-> rank messages, the rank's intake and chunking. The scheduler's
 # internals (round plans, pages) are the scheduler's, not the request's.
 SHAPE_PARTS = ("deployment/", "actors/control/messages.py", "actors/replica/")
-SCALARS = (int, float, str, bool, bytes, type(None))
-# Per-request telemetry, not the request's data (see the module doc).
-TELEMETRY_MODULES = ("deployment.request_metrics",)
 APP_ARGS = {"model": "tiny-moe", "dp_size": 1, "max_num_seqs": 4, "device": "cpu"}
 BODY = {"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 4}
-
-
-def _is_container(value: Any) -> bool:
-    """A list, tuple, set or dict; a named tuple is a record, not a container."""
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return False
-    return isinstance(value, list | tuple | set | frozenset | dict)
-
-
-def describe(value: Any) -> str:
-    """A value's raw shape: its type, with a container's element types (``list[int]``)."""
-    kind = type(value)
-    name = kind.__qualname__
-    module = kind.__module__
-    if module not in ("builtins",) and not module.startswith(("deployment", "actors", "sim")):
-        name = f"{module.split('.')[0]}.{name}"
-    if not _is_container(value):
-        return name
-    if isinstance(value, dict):
-        keys = sorted({describe(k) for k in list(value)[:8]})
-        return f"{name}[{' | '.join(keys) or '?'}, ...]"
-    inner = sorted({describe(v) for v in list(value)[:8]})
-    return f"{name}[{' | '.join(inner)}]" if inner else f"{name}[]"
-
-
-def counted(value: Any) -> set[str]:
-    """The shapes a value counts as (the module doc's rules): a container counts as its
-    non-scalar elements, or as itself when it holds only scalars; telemetry counts as none."""
-    if type(value).__module__.startswith(TELEMETRY_MODULES):
-        return set()
-    if not _is_container(value) or isinstance(value, dict):
-        return {describe(value)}
-    items = list(value)[:8]
-    if all(isinstance(v, SCALARS) for v in items):
-        return {describe(value)}
-    return {s for v in items if not isinstance(v, SCALARS) for s in counted(v)}
 
 
 def _is_flow(value: Any) -> bool:
@@ -144,7 +99,7 @@ class Tracer:
         if not path.startswith(str(REPO)) or path == __file__:
             return
         rel = str(Path(path).relative_to(REPO))
-        if rel.startswith((".venv", "sim/", "deployment/sim/")) or rel == "gate/costmodel.py":
+        if rel.startswith((".venv", "sim/")) or rel == "gate/costmodel.py":
             # The venv; the simulator's cost executor (and the toy cost model that prices its
             # forward) stands in for the model runner.
             return
@@ -164,12 +119,9 @@ class Tracer:
 
 
 def _cost_executor() -> Any:
-    try:
-        from sim.cost_executor import CostExecutor
-        from sim.round_costs import TOY
-    except ImportError:  # the layout before the re-housing
-        from deployment.sim.cost_executor import CostExecutor  # type: ignore[no-redef]
-        from deployment.sim.round_costs import TOY  # type: ignore[no-redef]
+    from sim.cost_executor import CostExecutor
+    from sim.round_costs import TOY
+
     return CostExecutor(TOY)
 
 

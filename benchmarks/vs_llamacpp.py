@@ -23,28 +23,22 @@ Prints one table with the machine and thread counts; ``--json`` keeps every figu
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from actors.model.gguf_file import packaged_path
 from bench.cli import policy_overrides
+from bench.llamacpp import LLAMACPP_PYTHON, llamacpp_command
+from benchmarks.common import REPO, serve_config, stop, wait_ready
 
-REPO = Path(__file__).resolve().parents[1]
-LLAMACPP_PYTHON = REPO / ".venv-llamacpp" / "bin" / "python"
-MODEL = "smollm2-135m-instruct"
 PORT = 18771
 # run name -> (config file, overrides of its args); llamacpp is not one of ours.
 OURS = {
@@ -69,40 +63,6 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise RuntimeError(f"{url} not ready after {timeout_s:.0f} s")
-
-
-def llamacpp_command(
-    port: int, threads: int, slots: int | None = None, f32_cache: bool = False
-) -> list[str]:
-    """llama.cpp's server (``llamacpp_server.py`` in its own venv) on the default model's GGUF:
-    ``slots`` concurrent requests with 512 tokens of context each (None: the script's
-    defaults); ``f32_cache``: a float32 KV cache."""
-    command = [
-        str(LLAMACPP_PYTHON),
-        str(REPO / "benchmarks" / "llamacpp_server.py"),
-        str(packaged_path(MODEL)),
-        "--port",
-        str(port),
-        "--threads",
-        str(threads),
-    ]
-    if slots is not None:
-        command += ["--parallel", str(slots), "--ctx", str(slots * 512)]
-    return command + (["--f32-cache"] if f32_cache else [])
-
-
 def start_llamacpp(threads: int, slots: int) -> subprocess.Popen:
     if not LLAMACPP_PYTHON.exists():
         raise SystemExit(f"{LLAMACPP_PYTHON} is missing: run `make llamacpp`")
@@ -119,32 +79,6 @@ def start_ours(name: str, folder: Path) -> subprocess.Popen:
         overrides = {**policy_overrides(overrides["prefill_policy"], args), **overrides}
     args.update(overrides)
     return serve_config(cfg, folder / f"{name}.yaml")
-
-
-def serve_config(
-    cfg: dict[str, Any], path: Path, env: dict[str, str] | None = None
-) -> subprocess.Popen:
-    """``roundgate serve`` on ``cfg`` (written to ``path``), in its own session."""
-    path.write_text(yaml.safe_dump(cfg))
-    return subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "serve", "--config", str(path)],
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its Ray processes go with it on stop
-    )
-
-
-def stop(process: subprocess.Popen) -> None:
-    """SIGINT, then after a minute the whole session (the server's Ray processes too)."""
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def bench(url: str, concurrency: int, requests: int, seed: int, folder: Path) -> dict[str, Any]:

@@ -5,42 +5,53 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, create_model, model_validator
 
 from actors.server_args import ServerArgs, engine_arg_names
 from deployment.openai.grammar_limits import GrammarLimits
 from deployment.pd_config import ROLES, RoleArgs, pd_role_routers, role_server_args, split_role
-from deployment.routing.kv_router import KvRouterConfig
+from routing import registry
+from routing.spec import Option, key
 
 _GRAMMAR = GrammarLimits()  # the defaults live with the limits' checks
-_KV = KvRouterConfig()  # the cost routers' defaults
-_GATE_AWARE_POLICIES = ("roundgate", "roundgate-auto")
 
 
-class AppArgs(BaseModel):
+def _annotation(option: Option) -> Any:
+    """A router setting's type in the serve config (a weight list is a YAML list)."""
+    kind: Any = list[int] if option.kind is tuple else option.kind
+    return kind | None if option.default is None else kind
+
+
+def _router_fields() -> dict[str, Any]:
+    """``router`` (the serve choices) and every setting of a router Serve runs, each with its
+    default, bound and help as the router module declares them (``routing.registry``)."""
+    fields: dict[str, Any] = {"router": (Literal[registry.names("serve")], registry.DEFAULT)}
+    for option in registry.options("serve"):
+        field = Field(option.default, ge=option.minimum, description=option.help)
+        fields[option.name] = (_annotation(option), field)
+    return fields
+
+
+# The serve config's router keys, derived from the routers' declarations: a new router's
+# settings become keys here without an edit. ``AppArgs`` adds the rest.
+RouterArgs = create_model("RouterArgs", __config__=ConfigDict(extra="forbid"), **_router_fields())
+
+
+class AppArgs(RouterArgs):
     """``build_app`` arguments: every engine flag plus how the groups are served.
 
     Unknown keys are refused (a typo in a config must not be silently ignored). The engine
     flags become one ``ServerArgs`` at validation (``server_args()`` returns it), so a process
-    that validates its ``AppArgs`` validates its ``ServerArgs`` exactly once.
+    that validates its ``AppArgs`` validates its ``ServerArgs`` exactly once. The router keys
+    (``router`` and the routers' settings) are ``RouterArgs``', checked against the routers'
+    declarations (``routing.registry.check``: a setting no router of the deployment reads is
+    refused by name).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     engine: dict[str, Any] = Field(default_factory=dict, description="ServerArgs fields")
     num_groups: int = Field(1, ge=1, description="DP groups; replicas = num_groups * dp_size")
-    router: Literal[
-        "round-robin", "least-loaded", "skewed", "cache-aware", "kv-aware", "gate-aware"
-    ] = "round-robin"
-    route_weights: list[int] | None = None
-    # The kv-aware/gate-aware cost (deployment/routing/kv_router.py: KvRouterConfig defaults).
-    prefill_weight: float = Field(_KV.prefill_weight, ge=0, description="per uncached token")
-    decode_weight: float = Field(_KV.decode_weight, ge=0, description="per active KV token")
-    gate_weight: float = Field(_KV.gate_weight, ge=0, description="gate-aware: ALL blocked")
-    # The cache-aware router's load limits (SGLang's defaults) and session affinity.
-    balance_abs_threshold: int = Field(32, ge=0)
-    balance_rel_threshold: float = Field(1.0001, ge=1.0)
-    session_affinity: bool = Field(False, description="cache-aware: a user's turns stick")
     model_name: str | None = Field(None, description="name served in /v1/models")
     api_key: str | None = Field(None, description="bearer key; default $ROUNDGATE_API_KEY")
     max_request_bytes: int = Field(1 << 20, ge=1024)
@@ -97,28 +108,12 @@ class AppArgs(BaseModel):
         self._server_args = args
         if self.prefill is not None or self.decode is not None:
             self._check_pd()
-        if self.router == "skewed":
-            if not self.route_weights or len(self.route_weights) != args.dp_size:
-                raise ValueError(
-                    f"route_weights needs {args.dp_size} weights (one per dp rank) for the "
-                    f"skewed router, got {self.route_weights}"
-                )
-            if any(w < 0 for w in self.route_weights) or sum(self.route_weights) == 0:
-                raise ValueError("route_weights must be >= 0 with a positive sum")
-        elif self.route_weights is not None:
-            raise ValueError(f"route_weights applies to router 'skewed' only, not {self.router}")
-        # Under P/D the prefill role's router takes the prompts (and their sessions).
-        router = self._role_routers["prefill"] if self.is_pd else self.router
-        if self.session_affinity and router not in ("cache-aware", "kv-aware", "gate-aware"):
-            raise ValueError(
-                "session_affinity applies to routers cache-aware, kv-aware and gate-aware "
-                f"only, not {router}"
-            )
-        if self.router == "gate-aware" and args.prefill_policy_name not in _GATE_AWARE_POLICIES:
-            raise ValueError(
-                f"router gate-aware needs prefill_policy {' or '.join(_GATE_AWARE_POLICIES)}, "
-                f"got {args.prefill_policy_name!r}"
-            )
+        # Under P/D each role's router reads its settings (the prefill one takes the prompts
+        # and their sessions); a setting no router reads is refused by name.
+        routers = tuple(self._role_routers.values()) if self.is_pd else (self.router,)
+        registry.check(routers, self.router_values(), args.dp_size, "serve", key)
+        if not self.is_pd:
+            registry.check_prefill_policy(self.router, args.prefill_policy_name, key)
         return self
 
     def _check_pd(self) -> None:
@@ -175,40 +170,17 @@ class AppArgs(BaseModel):
         router, and ``router``'s default is one)."""
         return self.model_dump(exclude_unset=True)
 
+    def router_values(self) -> dict[str, Any]:
+        """Every router setting's value, by name (the serve config's router keys)."""
+        return {option.name: getattr(self, option.name) for option in registry.options("serve")}
+
     def router_kwargs(self) -> dict[str, Any]:
-        """The request router's own arguments (weights, or the cache-aware policy's)."""
+        """The request router's own arguments (weights, or its policy's config)."""
         return self._router_kwargs(self.router, self.server_args())
 
     def _router_kwargs(self, router: str, engine: ServerArgs) -> dict[str, Any]:
         """``router``'s arguments for ranks running ``engine`` (their pool and page size)."""
-        if router == "skewed":
-            return {"weights": self.route_weights, "seed": engine.seed}
-        if router == "cache-aware":
-            return {
-                "page_size": engine.page_size,
-                "max_pages_per_rank": engine.num_kv_pages,
-                "balance_abs_threshold": self.balance_abs_threshold,
-                "balance_rel_threshold": self.balance_rel_threshold,
-                "session_affinity": self.session_affinity,
-            }
-        if router in ("kv-aware", "gate-aware"):
-            return {
-                "page_size": engine.page_size,
-                "prefill_weight": self.prefill_weight,
-                "decode_weight": self.decode_weight,
-                "gate_aware": router == "gate-aware",
-                "gate_weight": self.gate_weight,
-                "balance_abs_threshold": self.balance_abs_threshold,
-                "balance_rel_threshold": self.balance_rel_threshold,
-                "session_affinity": self.session_affinity,
-            }
-        if router == "decode-load":  # P/D's decode role: the balance limits, no weights
-            return {
-                "page_size": engine.page_size,
-                "balance_abs_threshold": self.balance_abs_threshold,
-                "balance_rel_threshold": self.balance_rel_threshold,
-            }
-        return {}
+        return registry.arguments(router, self.router_values(), engine)
 
     def pd_router(self, role: str) -> str:
         """A P/D role's Serve router (``deployment.pd_config.PD_ROUTERS``)."""
@@ -234,4 +206,4 @@ class AppArgs(BaseModel):
         """Whether the ranks send their KV events and loads to the hub (a kv router reads
         them: fused kv-aware or gate-aware, or P/D kv-aware's roles)."""
         routers = self._role_routers.values() if self.is_pd else (self.router,)
-        return any(r in ("kv-aware", "gate-aware", "decode-load") for r in routers)
+        return any(registry.entry(r).reads_kv_events for r in routers)

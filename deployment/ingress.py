@@ -278,11 +278,11 @@ class Ingress:
             for j in range(n)
         ]
         message = GenerateRequest(
-            rank_id,
-            tuple(prompt_ids),
-            replace(sampling, n=n) if n > 1 else sampling,
-            req.dp_rank,
-            req.user,
+            request_id=rank_id,
+            prompt_token_ids=tuple(prompt_ids),
+            sampling=replace(sampling, n=n) if n > 1 else sampling,
+            dp_rank=req.dp_rank,
+            session_id=req.user,
         )
         return choices, message
 

@@ -19,16 +19,20 @@ from ray.serve.config import GangSchedulingConfig, RequestRouterConfig
 from actors.replica.decode_replica import DecodeRankReplica
 from actors.replica.pd_messages import LinkSpec
 from actors.replica.prefill_replica import PrefillRankReplica
+from actors.server_args import DisaggregationRole
 from deployment.config import AppArgs
 from deployment.routing.routers import ROUTER_CLASSES
 
 
 def build_roles(cfg: AppArgs) -> tuple[Any, Any]:
     """The bound prefill and decode deployments of a validated P/D ``cfg``."""
-    prefill, decode = cfg.role_args("prefill"), cfg.role_args("decode")
-    link = LinkSpec(uuid.uuid4().hex, prefill.dp_size, decode.dp_size)
+    prefill = cfg.role_args(DisaggregationRole.PREFILL)
+    decode = cfg.role_args(DisaggregationRole.DECODE)
+    link = LinkSpec(
+        link_id=uuid.uuid4().hex, num_prefill=prefill.dp_size, num_decode=decode.dp_size
+    )
 
-    def options(role: str, dp_size: int, timeout_s: float) -> dict[str, Any]:
+    def options(role: DisaggregationRole, dp_size: int, timeout_s: float) -> dict[str, Any]:
         cpus, gpus = cfg.role_resources(role)
         return {
             "name": f"{role.capitalize()}Rank",
@@ -47,9 +51,11 @@ def build_roles(cfg: AppArgs) -> tuple[Any, Any]:
         }
 
     prefill_app = serve.deployment(
-        PrefillRankReplica, **options("prefill", prefill.dp_size, prefill.collective_timeout_s)
-    ).bind(cfg.rank_flags("prefill"), link)
+        PrefillRankReplica,
+        **options(DisaggregationRole.PREFILL, prefill.dp_size, prefill.collective_timeout_s),
+    ).bind(cfg.rank_flags(DisaggregationRole.PREFILL), link)
     decode_app = serve.deployment(
-        DecodeRankReplica, **options("decode", decode.dp_size, decode.collective_timeout_s)
-    ).bind(cfg.rank_flags("decode"), link, prefill_app)
+        DecodeRankReplica,
+        **options(DisaggregationRole.DECODE, decode.dp_size, decode.collective_timeout_s),
+    ).bind(cfg.rank_flags(DisaggregationRole.DECODE), link, prefill_app)
     return prefill_app, decode_app

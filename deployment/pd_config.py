@@ -20,15 +20,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from actors.server_args import ServerArgs, engine_arg_names
+from actors.server_args import DisaggregationRole, ServerArgs, engine_arg_names
 from gate import registry
 
-ROLES = ("prefill", "decode")
+# A P/D deployment's sections, one per disaggregated role (each also its role's value).
+ROLES = (DisaggregationRole.PREFILL, DisaggregationRole.DECODE)
 # ``router`` of a P/D deployment -> each role's Serve router (``ROUTER_CLASSES`` names).
 # cache-aware (the default): the prefill rank by the ingress's index of what it sent, the decode
 # rank by Serve's request counts. kv-aware: both on what the ranks report through the KV-event
 # hub (their own pool events and loads): the prefill rank by kv-aware's cost (uncached prompt
-# tokens, then backlog), the decode rank by decode load (``deployment.routing.decode_load``).
+# tokens, then backlog), the decode rank by decode load (``routing.decode_load``).
 PD_ROUTERS = {
     "cache-aware": {"prefill": "cache-aware", "decode": "least-loaded"},
     "kv-aware": {"prefill": "kv-aware", "decode": "decode-load"},

@@ -44,7 +44,7 @@ class PDStream:
         if result.handoff is None:
             return
         self.handoff = result.handoff
-        self._decode = route.decode.decode.remote(DecodeRequest(result.handoff))
+        self._decode = route.decode.decode.remote(DecodeRequest(handoff=result.handoff))
         async for item in self._decode:
             if isinstance(item, TransferReport):
                 self.report = item
@@ -58,7 +58,7 @@ class PDStream:
         handoff = self.handoff
         if handoff is not None and self.report is None:
             # No decode rank asked for its pages (refused, or the client left first).
-            release = ReleaseHandoff(handoff.request_id, handoff.source_rank)
+            release = ReleaseHandoff(request_id=handoff.request_id, dp_rank=handoff.source_rank)
             self.route.prefill.release_handoff.remote(release)
 
 

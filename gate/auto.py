@@ -30,6 +30,7 @@ from typing import Any
 
 from gate.delay import PrefillDelay
 from gate.group_gate import GroupGate
+from gate.policy import RoundByRound
 from gate.rows import RankRow, RoundView
 from gate.spec import PolicyContext, PolicySpec
 from gate.vote import GateVote
@@ -89,7 +90,7 @@ _OPEN = {reason: GateVote(True, "any", reason=reason) for reason in ("budget", "
 _SATURATED = GateVote(True, "any", reason="saturated")
 
 
-class AutoGate:
+class AutoGate(RoundByRound):
     """The group gate plus the three early openings above (see the module docstring)."""
 
     extra_columns: tuple[str, ...] = COLUMNS

@@ -22,6 +22,7 @@ class GroupGate:
     """
 
     extra_columns: tuple[str, ...] = ()
+    steady = True  # the vote reads the counter and the five columns, and changes nothing
 
     def __init__(self, delay: PrefillDelay) -> None:
         self.delay = delay
@@ -44,6 +45,20 @@ class GroupGate:
             self.rounds_since_prefill = 0
         else:
             self.rounds_since_prefill += 1
+
+    def quiet_rounds_until_open(self, rows: Sequence[RankRow]) -> int:
+        """The next ANY point (this rank wants prefill, so it opens), or an earlier ALL point
+        if no rank of ``rows`` blocks it: this round observes a quiet round, so round j
+        votes with the counter at ``rounds_since_prefill + j``."""
+        r = self.rounds_since_prefill
+        delay = self.delay
+        j = delay.any_interval - r % delay.any_interval
+        if not any(row.has_decode_work and not row.wants_prefill for row in rows):
+            j = min(j, delay.attempt_interval - r % delay.attempt_interval)
+        return j
+
+    def advance_quiet(self, k: int) -> None:
+        self.rounds_since_prefill += k  # k busy rounds without an extend
 
 
 def _build(delay: PrefillDelay, ctx: PolicyContext) -> GroupGate:

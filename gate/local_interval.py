@@ -38,6 +38,8 @@ class LocalIntervalPolicy:
     """
 
     extra_columns: tuple[str, ...] = ()
+    steady = True  # the vote reads only the hold window, and changes nothing
+    rounds_since_prefill: int | None = None  # its window is the rank's own, not the group's
 
     def __init__(self, interval: int, rank: int = 0) -> None:
         if interval < 0:
@@ -56,6 +58,13 @@ class LocalIntervalPolicy:
             self.remaining = self.interval
         elif self.remaining > 0:
             self.remaining -= 1
+
+    def quiet_rounds_until_open(self, rows: Sequence[RankRow]) -> int:
+        """The end of the hold window: no quiet round extends, so it only counts down."""
+        return self.remaining
+
+    def advance_quiet(self, k: int) -> None:
+        self.remaining = max(0, self.remaining - k)
 
 
 def _build(config: LocalIntervalConfig, ctx: PolicyContext) -> LocalIntervalPolicy:

@@ -20,11 +20,19 @@ class NoGate:
     """Admit prefill whenever a rank has it."""
 
     extra_columns: tuple[str, ...] = ()
+    steady = True  # no state at all
+    rounds_since_prefill: int | None = None  # it keeps no count
 
     def vote(self, rows: Sequence[RankRow], local: Any = None) -> GateVote:
         return OPEN
 
     def observe(self, rows: Sequence[RankRow], view: RoundView) -> None:
+        return None
+
+    def quiet_rounds_until_open(self, rows: Sequence[RankRow]) -> int:
+        return 0  # always open
+
+    def advance_quiet(self, k: int) -> None:
         return None
 
 

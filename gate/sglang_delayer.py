@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gate.policy import RoundByRound
 from gate.rows import RankRow, RoundView
 from gate.spec import PolicyContext, PolicySpec
 from gate.vote import GateVote
@@ -95,7 +96,7 @@ _ALLOW = {reason: GateVote(True, None, reason=reason) for reason in REASONS}
 _UNPUBLISHED = {reason: GateVote(False, None, chunks=True, reason=reason) for reason in REASONS}
 
 
-class SGLangDelayer:
+class SGLangDelayer(RoundByRound):
     """ALLOW or DELAY each round from every rank's prefillable flag, KV usage and queues.
 
     DELAY holds new requests on every rank but lets a rank in the middle of a chunk run it

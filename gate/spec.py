@@ -1,8 +1,10 @@
 """What a prefill policy declares about itself, so nothing else needs a branch per policy.
 
 A policy module defines a frozen config dataclass (its flags: defaults, help, and validation in
-``__post_init__`` that names the flag), the policy class (whose ``extra_columns`` name the gather
-columns it reads) and one ``PolicySpec`` tying them to the policy's name. The registry
+``__post_init__`` that names the flag), the policy class (``gate.policy.PrefillPolicy``: its
+``extra_columns`` name the gather columns it reads; ``RoundByRound`` gives the quiet-round
+answers of a policy without a closed form for them) and one ``PolicySpec`` tying them to the
+policy's name. The registry
 (``gate.registry``) derives the CLI flags, the ``ServerArgs`` / serve-config keys and the
 ``--prefill-policy`` choices from these declarations.
 """

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gate.policy import RoundByRound
 from gate.rows import RankRow, RoundView
 from gate.spec import PolicyContext, PolicySpec
 from gate.vote import GateVote
@@ -46,7 +47,7 @@ class TrtllmBalanceConfig:
             )
 
 
-class TrtllmBalance:
+class TrtllmBalance(RoundByRound):
     """Hold context requests until every rank has some (or a timeout), then batch them."""
 
     extra_columns: tuple[str, ...] = COLUMNS

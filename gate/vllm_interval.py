@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gate.policy import RoundByRound
 from gate.rows import RankRow, RoundView
 from gate.spec import PolicyContext, PolicySpec
 from gate.vote import GateVote
@@ -46,7 +47,7 @@ _ADMIT = GateVote(True, None, reason="admit")
 _DEFER = GateVote(False, None, reason="defer")
 
 
-class VllmInterval:
+class VllmInterval(RoundByRound):
     """Throttle fresh prefill to every N-th step on ranks that have decodes running."""
 
     extra_columns: tuple[str, ...] = COLUMNS

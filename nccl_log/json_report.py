@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from k8s.tools.nccl_tests.result import (
+from nccl_log.result import (
     Measurement,
     NcclTestsResult,
     RankInfo,

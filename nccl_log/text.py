@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from k8s.tools.nccl_tests.result import (
+from nccl_log.result import (
     Measurement,
     NcclTestsResult,
     RankInfo,

@@ -1,6 +1,7 @@
 """Cache-aware routing over the ranks of DP groups: send a prompt where its prefix is cached.
 
-Pure policy (no Ray), shared by the Serve router (``deployment.routing.routers``) and the simulator.
+Pure policy (no Ray), shared by the Serve router (``deployment.routing.routers``) and the
+simulator.
 The router cannot see the ranks' pools, so it keeps an *approximate* index per rank of the
 page keys (``actors.control.page_keys``, the same chain the pools use) of the prompts it sent
 there, forgetting the least recently routed beyond the rank's pool size, as the pool evicts.
@@ -21,19 +22,22 @@ prefixes stop attracting prompts to it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from actors.control.page_keys import PageKey, num_leading, page_keys
+from routing.options import (
+    BALANCE,
+    BALANCE_ABS_THRESHOLD,
+    BALANCE_REL_THRESHOLD,
+    SESSION_AFFINITY,
+    check_balance,
+)
+from routing.spec import RouterEntry
 
-
-def check_balance(abs_threshold: int, rel_threshold: float, spell: Callable[[str], str]) -> None:
-    """The load limits every router shares: ``spell`` names a field as its caller's users
-    know it (a config field, or a ``--flag``)."""
-    if abs_threshold < 0:
-        raise ValueError(f"{spell('balance_abs_threshold')} must be >= 0, got {abs_threshold}")
-    if not rel_threshold >= 1.0:  # also refuses NaN
-        raise ValueError(f"{spell('balance_rel_threshold')} must be >= 1.0, got {rel_threshold}")
+if TYPE_CHECKING:
+    from actors.server_args import ServerArgs
 
 
 @dataclass(frozen=True)
@@ -42,9 +46,9 @@ class CacheAwareConfig:
 
     page_size: int = 16
     max_pages_per_rank: int = 1024  # the rank's KV pool: the index forgets beyond it
-    balance_abs_threshold: int = 32  # SGLang's default
-    balance_rel_threshold: float = 1.0001  # SGLang's default
-    session_affinity: bool = False
+    balance_abs_threshold: int = BALANCE_ABS_THRESHOLD.default
+    balance_rel_threshold: float = BALANCE_REL_THRESHOLD.default
+    session_affinity: bool = SESSION_AFFINITY.default
 
     def __post_init__(self) -> None:
         for name in ("page_size", "max_pages_per_rank"):
@@ -143,3 +147,22 @@ class CacheAwarePolicy:
             load - least_load > cfg.balance_abs_threshold
             and load > least_load * cfg.balance_rel_threshold
         )
+
+
+def _arguments(values: Mapping[str, Any], engine: ServerArgs) -> dict[str, Any]:
+    """``CacheAwareConfig``'s fields: the index sized like the ranks' pools."""
+    return {
+        "page_size": engine.page_size,
+        "max_pages_per_rank": engine.num_kv_pages,
+        **ROUTER.own(values),
+    }
+
+
+ROUTER = RouterEntry(
+    name="cache-aware",
+    summary="the rank holding the prompt's longest prefix, by the router's own index of what it "
+    "sent where, within the load limits",
+    options=(*BALANCE, SESSION_AFFINITY),
+    serve_class="deployment.routing.routers:CacheAwareRouter",
+    arguments=_arguments,
+)

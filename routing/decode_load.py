@@ -7,7 +7,7 @@ and the simulator's P/D (``sim.disaggregated``) run this same code; only where t
 A decode rank's load is what its pool will have to hold: its active KV tokens, the prompt
 tokens of the handoffs waiting there for pages (its ``backlog_tokens``: a waiting handoff has
 no KV yet), and the prompt tokens of the handoffs this router sent it that it has not
-reported receiving yet. That is the kv-aware cost (``deployment.routing.kv_router``) with no
+reported receiving yet. That is the kv-aware cost (``routing.kv_router``) with no
 prefill term and the decode term at weight 1, so ``KvCostPolicy`` computes it, in-flight
 settlement and balance thresholds included. What it cannot do is compare a rank that has
 reported with one that has not (tokens against nothing): while *no* candidate has a report
@@ -17,13 +17,19 @@ queue lengths, the simulator's), the least-loaded rule the P/D ingress used befo
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from actors.control.page_keys import PageKey
-from deployment.routing.cache_aware import RouteChoice
-from deployment.routing.kv_index import KvIndex
-from deployment.routing.kv_router import KvCostPolicy, KvRouterConfig
+from routing.cache_aware import RouteChoice
+from routing.kv_index import KvIndex
+from routing.kv_router import KvCostPolicy, KvRouterConfig
+from routing.options import BALANCE
+from routing.spec import RouterEntry
+
+if TYPE_CHECKING:
+    from actors.server_args import ServerArgs
 
 
 class DecodeLoadPolicy:
@@ -82,3 +88,21 @@ class DecodeLoadPolicy:
 def _no_match(source: Hashable, keys: Sequence[PageKey]) -> int:
     """Decode load ignores what a rank caches (the prefill term is off): skip the lookup."""
     return 0
+
+
+def _arguments(values: Mapping[str, Any], engine: ServerArgs) -> dict[str, Any]:
+    """The decode ranks' page size and the load limits: no weights (decode load only)."""
+    return {"page_size": engine.page_size, **ROUTER.own(values)}
+
+
+ROUTER = RouterEntry(
+    name="decode-load",
+    summary="P/D's decode role under router kv-aware: the decode rank with the least reported "
+    "decode load",
+    options=BALANCE,
+    serve_class="deployment.routing.routers:DecodeLoadRouter",
+    serve=False,  # not a choice of its own: P/D's kv-aware runs it for the decode role
+    simulate=False,  # the simulator's P/D builds the policy itself (sim.disaggregated)
+    reads_kv_events=True,
+    arguments=_arguments,
+)

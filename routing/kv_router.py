@@ -1,7 +1,9 @@
 """Cost-based rank routing on what the ranks hold (``kv-aware``), and on the gate (``gate-aware``).
 
 Pure policy (no Ray): the Serve router (``deployment.routing.routers``) and the simulator
-(``sim.router``) run this same code; only where the ``KvIndex`` is fed from differs.
+(``sim.router``) run this same code; only where the ``KvIndex`` is fed from differs. The
+``gate-aware`` router (``routing.gate_aware``), the simulator's ``oracle`` and P/D's
+``decode-load`` are this policy under other settings.
 
 A choice, in order:
 
@@ -29,21 +31,47 @@ A choice, in order:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from actors.control.page_keys import PageKey, page_keys
-from deployment.routing.cache_aware import RouteChoice, check_balance
-from deployment.routing.kv_index import KvIndex
+from routing.cache_aware import RouteChoice
+from routing.kv_index import KvIndex
+from routing.options import (
+    BALANCE,
+    BALANCE_ABS_THRESHOLD,
+    BALANCE_REL_THRESHOLD,
+    SESSION_AFFINITY,
+    check_balance,
+)
+from routing.spec import Option, RouterEntry, flag
+
+if TYPE_CHECKING:
+    from actors.server_args import ServerArgs
 
 # A lookup of how many leading pages of ``keys`` a rank holds (the index, or the pools
 # themselves for the simulator's oracle).
 Matcher = Callable[[Hashable, Sequence[PageKey]], int]
 
-
-def _flag(name: str) -> str:
-    return f"--{name.replace('_', '-')}"
-
+PREFILL_WEIGHT = Option(
+    # Dynamo's overlap weight: 1.
+    "prefill_weight",
+    float,
+    1.0,
+    "cost per uncached prompt token",
+    minimum=0,
+)
+DECODE_WEIGHT = Option(
+    "decode_weight", float, 0.05, "cost per active KV token on the rank", minimum=0
+)
+GATE_WEIGHT = Option(
+    "gate_weight",
+    float,
+    4096.0,
+    "cost, in tokens, of leaving the gate's ALL point blocked",
+    minimum=0,
+)
 
 # Sessions remembered for affinity, least recently used dropped first.
 MAX_SESSIONS = 65536
@@ -54,25 +82,25 @@ class KvRouterConfig:
     """The cost's weights and the load limits (validated: errors name the flag)."""
 
     page_size: int = 16
-    prefill_weight: float = 1.0  # per uncached prompt token (Dynamo's overlap weight: 1)
-    decode_weight: float = 0.05  # per active KV token
+    prefill_weight: float = PREFILL_WEIGHT.default
+    decode_weight: float = DECODE_WEIGHT.default
     gate_aware: bool = False
-    gate_weight: float = 4096.0  # tokens: the price of leaving the ALL point blocked
+    gate_weight: float = GATE_WEIGHT.default
     # A prompt this router sent counts on its rank (as load, and as backlog for the gate)
     # until the rank reports having received it, or this long (a rank that restarted).
     max_in_flight_s: float = 5.0
-    balance_abs_threshold: int = 32
-    balance_rel_threshold: float = 1.0001
-    session_affinity: bool = False
+    balance_abs_threshold: int = BALANCE_ABS_THRESHOLD.default
+    balance_rel_threshold: float = BALANCE_REL_THRESHOLD.default
+    session_affinity: bool = SESSION_AFFINITY.default
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError(f"--page-size must be >= 1, got {self.page_size}")
-        for name in ("prefill_weight", "decode_weight", "gate_weight", "max_in_flight_s"):
-            value = getattr(self, name)
-            if not value >= 0:  # also refuses NaN
-                raise ValueError(f"{_flag(name)} must be >= 0, got {value}")
-        check_balance(self.balance_abs_threshold, self.balance_rel_threshold, _flag)
+        for option in (PREFILL_WEIGHT, DECODE_WEIGHT, GATE_WEIGHT):
+            option.check(getattr(self, option.name), flag)
+        if not self.max_in_flight_s >= 0:  # also refuses NaN
+            raise ValueError(f"--max-in-flight-s must be >= 0, got {self.max_in_flight_s}")
+        check_balance(self.balance_abs_threshold, self.balance_rel_threshold, flag)
 
 
 class InFlight:
@@ -196,3 +224,23 @@ class KvCostPolicy:
         self.index.forget(ranks)
         for rank in ranks:
             self._sent.pop(rank, None)
+
+
+def cost_arguments(
+    entry: RouterEntry, values: Mapping[str, Any], engine: ServerArgs
+) -> dict[str, Any]:
+    """``KvRouterConfig``'s fields for a cost router: the ranks' page size (the keys must be
+    their pools'), the gate term for the router that reads the gate, its own settings."""
+    gate_aware = GATE_WEIGHT in entry.options
+    return {"page_size": engine.page_size, "gate_aware": gate_aware, **entry.own(values)}
+
+
+ROUTER = RouterEntry(
+    name="kv-aware",
+    summary="the least-cost rank on what the ranks report holding (their own KV events): "
+    "uncached prompt tokens and active KV, within the load limits",
+    options=(PREFILL_WEIGHT, DECODE_WEIGHT, *BALANCE, SESSION_AFFINITY),
+    serve_class="deployment.routing.routers:KvAwareRouter",
+    reads_kv_events=True,
+    arguments=lambda values, engine: cost_arguments(ROUTER, values, engine),
+)

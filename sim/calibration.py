@@ -25,8 +25,9 @@ from typing import Any
 from gate import registry
 from gate.rows import NUM_COLUMNS
 from gate.spec import PolicyContext
-from k8s.tools.nccl_tests import calibrate_metadata_gather, parse
+from nccl_log import parse
 from sim.cost_fit import fit_round_costs, kind_totals
+from sim.gather_fit import calibrate_metadata_gather
 from sim.round_costs import PRESETS, load_costs
 
 

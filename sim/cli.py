@@ -8,8 +8,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from deployment.routing.kv_router import KvRouterConfig
 from gate import registry
+from routing import registry as routers
+from routing.spec import Option
 from sim.disaggregated import (
     describe_transfers,
     disaggregated_namespace,
@@ -18,8 +19,6 @@ from sim.disaggregated import (
 )
 from sim.kv_channel import ChannelSpec
 from sim.options import (
-    BALANCE_ABS_THRESHOLD,
-    BALANCE_REL_THRESHOLD,
     BASE_LENGTHS,
     COST_FLAGS,
     GROUP_DEFAULTS,
@@ -32,7 +31,6 @@ from sim.plots import steady_state
 from sim.records import SimResult
 from sim.report import format_table, ratios_to, summarize, write_plots
 from sim.round_costs import PRESETS, RoundCosts
-from sim.router import ROUTERS
 from sim.scenarios import SCENARIOS, format_rows, replay
 from sim.sessions import SESSION_WORKLOADS
 from sim.spec import SimSpec, simulate
@@ -104,55 +102,48 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
         "--length-dist", default=None, choices=LENGTH_DISTS, help=f"({lengths['length_dist']})"
     )
     g.add_argument("--trace", default=None, help="JSONL arrivals (with --arrival trace)")
-    g.add_argument("--router", default="round-robin", choices=ROUTERS)
-    g.add_argument("--route-weights", default=None, help="e.g. 8,1,1,1 (skewed router)")
-    g.add_argument(
-        "--lb-api-servers",
-        type=int,
-        default=None,
-        help="vllm-lb: API servers, each balancing on its own view (default 1; vLLM starts "
-        "--dp-size of them under internal load balancing)",
-    )
-    g.add_argument(
-        "--balance-abs-threshold",
-        type=int,
-        default=BALANCE_ABS_THRESHOLD,
-        help="cache-aware router",
-    )
-    g.add_argument(
-        "--balance-rel-threshold", type=float, default=BALANCE_REL_THRESHOLD, help="cache-aware"
-    )
-    g.add_argument(
-        "--session-affinity", action="store_true", help="cache-aware: a session's turns stick"
-    )
-    kv = KvRouterConfig()
-    for flag, default, what in (
-        ("--prefill-weight", kv.prefill_weight, "per uncached prompt token"),
-        ("--decode-weight", kv.decode_weight, "per active KV token"),
-        ("--gate-weight", kv.gate_weight, "gate-aware: tokens, for leaving ALL blocked"),
-    ):
-        g.add_argument(flag, type=float, default=None, help=f"kv-aware cost: {what} ({default})")
+    add_router_args(g)
+    g.add_argument("--seed", type=int, default=workload["seed"])
+
+
+def add_router_args(g: argparse._ArgumentGroup) -> None:
+    """``--router`` and every simulated router's settings, as the router modules declare
+    them (``routing.registry``), then the simulated KV-event channel's flags."""
+    names = routers.names("simulate")
+    summaries = "; ".join(f"{n}: {routers.entry(n).summary}" for n in names)
+    g.add_argument("--router", default=routers.DEFAULT, choices=names, help=summaries)
+    for option in routers.options("simulate"):
+        g.add_argument(option.cli, **_flag_kwargs(option))
+    kv_routers = ", ".join(routers.kv_event_routers("simulate"))
     channel = ChannelSpec()
     g.add_argument(
         "--kv-event-lag-rounds",
         type=int,
         default=None,
-        help=f"kv routers: rounds a rank's KV events take to reach the router "
+        help=f"{kv_routers}: rounds a rank's KV events take to reach the router "
         f"({channel.lag_rounds})",
     )
     g.add_argument(
         "--kv-event-loss",
         type=float,
         default=None,
-        help=f"kv routers: fraction of event batches lost ({channel.loss_rate})",
+        help=f"{kv_routers}: fraction of event batches lost ({channel.loss_rate})",
     )
     g.add_argument(
         "--kv-snapshot-rounds",
         type=int,
         default=None,
-        help=f"kv routers: rounds between snapshots ({channel.snapshot_rounds})",
+        help=f"{kv_routers}: rounds between snapshots ({channel.snapshot_rounds})",
     )
-    g.add_argument("--seed", type=int, default=workload["seed"])
+
+
+def _flag_kwargs(option: Option) -> dict:
+    """One router setting as an ``add_argument``'s keywords; its help names its routers."""
+    help = f"{', '.join(routers.readers(option.name, 'simulate'))}: {option.help}"
+    if option.kind is bool:
+        return {"action": "store_true", "help": help}
+    kind = str if option.kind is tuple else option.kind  # a list is parsed with the others
+    return {"type": kind, "default": option.default, "help": help}
 
 
 def add_policy_args(p: argparse.ArgumentParser) -> None:

@@ -25,7 +25,7 @@ class CostExecutor:
         if not plan.chunks:
             return RoundResult()  # an idle forward: no samples, and it costs nothing of its own
         # ``chunk.samples`` inlined (a chunk samples iff it reaches the request's last token):
-        # bench_simulator, ~0.15 us saved per scheduled request of every rank-round.
+        # asked of every scheduled request of every rank-round.
         sampled = {
             req.request_id: SIM_TOKEN
             for req, start, num_tokens, _ in plan.chunks

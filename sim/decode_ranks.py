@@ -5,12 +5,12 @@ runs the real ``RankLoop`` on the ranks that have prefill work. A rank with none
 waiting, no resident chunk, nothing retracted or aborting) can only decode every running
 request, whatever the vote, so its round is known without building a plan: the same pool
 steps in the same order (key a filled page, take the next), the same row, the same price and
-the same token events (``Scheduler.plan_decode_round`` and ``update_decode_round``). ``step``
+the same token events (``steady_rank.plan_decode_round`` and ``update_decode_round``). ``step``
 does that for those ranks and calls ``begin``/``finish`` for the others;
 ``tests/test_fast_forward.py`` compares whole runs with the full rounds.
 
-Only for the steady policies (``steady_policies.STEADY_POLICIES``): their votes change no
-state, so skipping a decode rank's vote is exact, and they read no extra column.
+Only for steady policies (``PrefillPolicy.steady``, ``fast_forward.supported``): their votes
+change no state, so skipping a decode rank's vote is exact, and they read no extra column.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from actors.control.rank_loop import RankLoop
 from actors.control.round import TokenEvent
 from gate import RankRow, RoundView, read_rows
+from sim import steady_rank
 from sim.cost_executor import SIM_TOKEN
 from sim.round_costs import RoundCosts
 
@@ -41,7 +42,7 @@ def step(
     plans = []
     rows = []
     for loop in loops:
-        decodes = loop.scheduler.plan_decode_round()
+        decodes = steady_rank.plan_decode_round(loop.scheduler)
         plans.append(decodes)
         rows.append(loop.begin() if decodes is None else _row(len(decodes)))
     view = read_rows(rows)
@@ -63,5 +64,5 @@ def step(
         # ``CostExecutor``'s price: a decode at position ``start`` attends over ``start``.
         kv = sum(start for _, start in decodes) if per_kv else 0
         costs_s.append(costs.rank_ms(len(decodes), 0, kv) / 1000.0)
-        events.append(loop.scheduler.update_decode_round(decodes, SIM_TOKEN))
+        events.append(steady_rank.update_decode_round(loop.scheduler, decodes, SIM_TOKEN))
     return view, costs_s, events

@@ -3,9 +3,10 @@
 Each group is a ``RankLoop`` per rank over the role's scheduler (``--disaggregation-mode
 prefill`` / ``decode``, ``actors.control.prefill_role`` and ``decode_role``), with its own
 round clock: a group round costs its slowest rank (``RoundCosts.group_ms``; the decode group
-never extends, so it never pays ``extend_overhead_ms``). The two groups run side by side; the
-simulator always steps the one whose clock is behind, so what one group hands the other is
-seen no earlier than it was sent.
+never extends, so it never pays ``extend_overhead_ms``). The two groups run side by side in
+the fused runs' event loop (``sim.loop``), which always steps the one whose clock is behind,
+so what one group hands the other is seen no earlier than it was sent; each group is a
+``GroupStep`` that acts at its clock while it has work, else at its next inbound event.
 
     arrival ─► router ─► prefill rank ── Handoff at its round's end ──► least-loaded decode rank
                                         (pages pinned)                  waits, then reserves
@@ -16,7 +17,7 @@ The prefill router is the fused runs' (``--router``) over the prefill ranks. Und
 routers (``kv-aware``, ``oracle``) both choices read the ranks' own KV events, as the served
 P/D does under ``router: kv-aware``: each group's pools publish through a ``KvChannel`` (the
 run's lag and loss); the prefill rank is kv-aware's least cost (uncached prompt tokens, then
-backlog), the decode rank the least reported decode load (``deployment.routing.decode_load``).
+backlog), the decode rank the least reported decode load (``routing.decode_load``).
 Under the other routers a handoff goes to the decode rank with the fewest requests (held,
 waiting or on their way). ``gate-aware`` is refused: neither group runs the gate.
 
@@ -27,58 +28,57 @@ A request's first token reaches its client from the decode rank, in the round it
 from __future__ import annotations
 
 import heapq
-from array import array
 from collections import deque
 
-from actors.control.handoff import Handoff
+from actors.control.handoff import Handoff, HandoffReleased, KVArrived
 from actors.control.rank_loop import RoundOutcome
-from actors.control.request import Request, SamplingParams
+from actors.control.request import Request
 from actors.disaggregated import check_roles
 from actors.server_args import ServerArgs
-from deployment.routing.decode_load import DecodeLoadPolicy
 from gate import read_rows
-from sim.arrivals import Arrival
+from routing.decode_load import DecodeLoadPolicy
+from sim.arrivals import INF, Arrival
 from sim.cost_executor import cost_loops
 from sim.kv_channel import KvChannel
+from sim.loop import IDLE_ROUND_MS, SimLoop
 from sim.prompts import FillerPrompts
-from sim.records import RequestRecord, SimResult
+from sim.records import SimResult
 from sim.round_costs import RoundCosts
 from sim.router import Router
 from sim.sessions import arrival_source
 
-IDLE_ROUND_MS = 0.01
-INF = float("inf")
-
 
 class _Group:
-    """One role's ranks and their clock."""
+    """One role's ranks and their clock: a ``sim.loop.GroupStep`` that acts at its clock
+    while it has work, else at its next inbound event."""
 
-    def __init__(self, args: ServerArgs, costs: RoundCosts, clock: list[float]) -> None:
+    def __init__(self, args: ServerArgs, costs: RoundCosts, now: list[float]) -> None:
         self.args = args
         self.costs = costs
-        self.loops = cost_loops(args, costs, lambda: clock[0])
+        self.now = now  # the clock the policies' ``now_ms`` column reads (both groups')
+        self.loops = cost_loops(args, costs, lambda: now[0])
         self.schedulers = [loop.scheduler for loop in self.loops]
         self.clock = 0.0
         self.stalled = False  # its last round was idle: it waits for an event
         self.rounds = self.busy_rounds = 0
         self.num_extends = 0  # prefill chunks run (a decode group's stays 0)
+        self.channel: KvChannel | None = None  # where its pools' KV events go (kv routers)
 
     @property
     def has_work(self) -> bool:
         return not self.stalled and any(s.has_unfinished for s in self.schedulers)
 
-    def step_unfinished(self, channel: KvChannel | None) -> tuple[float, list[RoundOutcome]] | None:
-        """``step`` when a rank holds unfinished work (None, no round, otherwise); the round's
-        KV events then go out on ``channel``."""
-        if not any(s.has_unfinished for s in self.schedulers):
-            return None
-        stepped = self.step()
-        if channel is not None:
-            channel.tick(self.rounds, self.clock)
-        return stepped
+    def _move_to(self, at: float) -> None:
+        self.clock = max(self.clock, at)
+        self.now[0] = self.clock
 
-    def step(self) -> tuple[float, list[RoundOutcome]]:
-        """One group round; returns its start and every rank's outcome."""
+    def idle(self, loop: SimLoop) -> bool:
+        """No unfinished work: the group waits for its next event (``next_time``)."""
+        return True
+
+    def _round(self) -> tuple[float, list[RoundOutcome]]:
+        """One group round; returns its start and every rank's outcome (the round's KV
+        events then go out on the group's channel)."""
         rows = [loop.begin() for loop in self.loops]
         view = read_rows(rows)
         outcomes = [loop.finish(rows, view) for loop in self.loops]
@@ -92,7 +92,153 @@ class _Group:
             self.busy_rounds += 1
             ms = self.costs.group_ms([o.result.cost_s * 1000 for o in outcomes], view.any_extend)
             self.clock += ms / 1000.0
+        if self.channel is not None:
+            self.channel.tick(self.rounds, self.clock)
         return start, outcomes
+
+
+class _Transfers:
+    """What crosses between the groups: handoffs on their way to a decode rank, KV transfers
+    on both ends' links, and the releases of the prefill ranks' pinned pages."""
+
+    def __init__(self, prefill: ServerArgs, decode: ServerArgs, costs: RoundCosts) -> None:
+        self.costs = costs
+        self.page_size = decode.page_size
+        self.handed: deque[tuple[float, int, Handoff]] = deque()  # (visible, decode rank, handoff)
+        self.arrived: list[tuple[float, int, str]] = []  # heap: (time, decode rank, id)
+        self.released: list[tuple[float, int, str]] = []  # heap: (time, prefill rank, id)
+        self.p_link = [0.0] * prefill.dp_size  # when each rank's link is free
+        self.d_link = [0.0] * decode.dp_size
+        self.num_transfers = self.num_pages_moved = self.num_pages_cached = 0
+        self.transfer_ms: list[float] = []  # per transfer: reserved -> arrived
+
+    def start(self, outcome: RoundOutcome, rank: int, start: float) -> None:
+        """The transfers decode rank ``rank`` reserved pages for in the round from ``start``:
+        each begins when both ends' links are free and lasts ``RoundCosts.transfer_ms``."""
+        for reservation in outcome.plan.reservations:
+            source_rank = reservation.handoff.source_rank
+            pages = len(reservation.page_indices)
+            busy_ms, done_ms = self.costs.transfer_ms(pages, self.page_size)
+            begin = max(start, self.p_link[source_rank], self.d_link[rank])
+            self.p_link[source_rank] = self.d_link[rank] = begin + busy_ms / 1000.0
+            done = begin + done_ms / 1000.0
+            heapq.heappush(self.arrived, (done, rank, reservation.request_id))
+            heapq.heappush(self.released, (done, source_rank, reservation.request_id))
+            self.num_transfers += 1
+            self.num_pages_moved += pages
+            self.num_pages_cached += reservation.num_cached_pages
+            self.transfer_ms.append((done - start) * 1000.0)
+
+
+class _DecodeGroup(_Group):
+    """The group handoffs enter: it reserves pages, waits for their KV, then decodes."""
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        costs: RoundCosts,
+        now: list[float],
+        transfers: _Transfers,
+        policy: DecodeLoadPolicy | None,
+    ) -> None:
+        super().__init__(args, costs, now)
+        self.transfers = transfers
+        self.policy = policy  # the kv routers' decode load (None: the fewest requests)
+        self.routed = [0] * args.dp_size  # handoffs on their way to each rank
+        self._sources = [str(r) for r in range(args.dp_size)]
+
+    def hand_over(self, handoff: Handoff, now_s: float) -> None:
+        """A prefill rank's handoff leaves for the decode rank chosen now: the least reported
+        decode load (kv routers), else the fewest requests (held, waiting or on their way)."""
+        loads = [len(s.queues.requests) + self.routed[r] for r, s in enumerate(self.schedulers)]
+        if self.policy is None:
+            rank = min(range(len(loads)), key=lambda r: (loads[r], r))
+        else:
+            choice = self.policy.choose(self._sources, loads, handoff.prompt_token_ids, now_s)
+            rank = int(choice.rank)
+        self.routed[rank] += 1
+        self.transfers.handed.append((now_s, rank, handoff))
+
+    def next_time(self, loop: SimLoop) -> float:
+        if self.has_work:
+            return self.clock
+        return _first(INF, self.transfers.handed, self.transfers.arrived)
+
+    def begin(self, loop: SimLoop, at: float) -> None:
+        self._move_to(at)
+        handed, arrived = self.transfers.handed, self.transfers.arrived
+        while handed and handed[0][0] <= self.clock:
+            _, rank, handoff = handed.popleft()
+            self.routed[rank] -= 1
+            self.schedulers[rank].connector.add_handoff(handoff)
+            self.stalled = False
+        while arrived and arrived[0][0] <= self.clock:
+            _, rank, rid = heapq.heappop(arrived)
+            self.schedulers[rank].connector.end_transfer(KVArrived(rid))
+            self.stalled = False
+
+    def step(self, loop: SimLoop) -> int:
+        start, outcomes = self._round()
+        for rank, outcome in enumerate(outcomes):
+            self.transfers.start(outcome, rank, start)
+        loop.record([o.events for o in outcomes], self.clock)
+        return 1
+
+
+class _PrefillGroup(_Group):
+    """The group requests enter: routed by the run's router, prefilled, handed over."""
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        costs: RoundCosts,
+        now: list[float],
+        router: Router,
+        decode: _DecodeGroup,
+    ) -> None:
+        super().__init__(args, costs, now)
+        self.router = router
+        self.decode = decode
+        self.transfers = decode.transfers
+        self._sources = [str(r) for r in range(args.dp_size)]
+        for rank, scheduler in enumerate(self.schedulers):
+            scheduler.connector.rank = rank
+
+    def next_time(self, loop: SimLoop) -> float:
+        if self.has_work:
+            return self.clock
+        return _first(loop.next_send, loop.sent, self.transfers.released)
+
+    def begin(self, loop: SimLoop, at: float) -> None:
+        """Sends first, then admissions (its router reads the queues as its last round left
+        them), then the pages whose transfer ended."""
+        self._move_to(at)
+        loop.send_due(self.clock)
+        loop.admit_due(self.clock)
+        released = self.transfers.released
+        while released and released[0][0] <= self.clock:
+            _, rank, rid = heapq.heappop(released)
+            self.schedulers[rank].connector.end_transfer(HandoffReleased(rid))
+            self.stalled = False
+
+    def step(self, loop: SimLoop) -> int:
+        _, outcomes = self._round()
+        for outcome in outcomes:
+            for handoff in outcome.handoffs:
+                self.decode.hand_over(handoff, self.clock)
+        loop.record([o.events for o in outcomes], self.clock)
+        return 1
+
+    def route(self, loop: SimLoop, arrival: Arrival, index: int) -> int:
+        """The prefill rank a request goes to (the fused runs' router, over the P group)."""
+        if self.router.policy == "vllm-lb":
+            waiting = [len(s.queues.waiting) for s in self.schedulers]
+            return self.router.route_stale(self.clock, waiting, loop.loads(self.schedulers))
+        return loop.choose(self.router, self.schedulers, self._sources, arrival, index, self.clock)
+
+    def admit(self, rank: int, request: Request) -> None:
+        self.schedulers[rank].add_request(request)
+        self.stalled = False
 
 
 class PDSimulator:
@@ -117,175 +263,59 @@ class PDSimulator:
         self.router = router
         self.label = label
         self.now = [0.0]  # the clock the policies' ``now_ms`` column reads
-        self.prefill = _Group(prefill_args, costs, self.now)
-        self.decode = _Group(decode_args, costs, self.now)
-        for rank, scheduler in enumerate(self.prefill.schedulers):
-            scheduler.handoffs.rank = rank
-        self.page_size = decode_args.page_size
-        self._prompts = FillerPrompts(prefill_args.model_config.vocab_size)
-        self.num_transfers = self.num_pages_moved = self.num_pages_cached = 0
-        self.transfer_ms: list[float] = []  # per transfer: reserved -> arrived
         # The kv routers: each group's pools publish to its router's index (the decode
         # role's on the same channel settings, with its own policy).
-        self.p_channel = self.d_channel = None
-        self.decode_policy: DecodeLoadPolicy | None = None
-        if router.kv is not None:
-            self.p_channel = KvChannel(router.channel, self.prefill.schedulers, router.kv.index)
-            self.decode_policy = DecodeLoadPolicy(router.kv.config)
-            self.d_channel = KvChannel(
+        kv = router.kv
+        self.decode_policy = None if kv is None else DecodeLoadPolicy(kv.config)
+        self.transfers = _Transfers(prefill_args, decode_args, costs)
+        self.decode = _DecodeGroup(decode_args, costs, self.now, self.transfers, self.decode_policy)
+        self.prefill = _PrefillGroup(prefill_args, costs, self.now, router, self.decode)
+        self._prompts = FillerPrompts(prefill_args.model_config.vocab_size)
+        if kv is not None:
+            self.prefill.channel = KvChannel(router.channel, self.prefill.schedulers, kv.index)
+            self.decode.channel = KvChannel(
                 router.channel, self.decode.schedulers, self.decode_policy.index
             )
-        self._p_sources = [str(r) for r in range(prefill_args.dp_size)]
-        self._d_sources = [str(r) for r in range(decode_args.dp_size)]
+
+    @property
+    def num_transfers(self) -> int:
+        return self.transfers.num_transfers
+
+    @property
+    def num_pages_moved(self) -> int:
+        return self.transfers.num_pages_moved
+
+    @property
+    def num_pages_cached(self) -> int:
+        """Pages a decode rank already held (its prefix cache): reserved, not moved."""
+        return self.transfers.num_pages_cached
+
+    @property
+    def transfer_ms(self) -> list[float]:
+        """Per transfer: reserved -> arrived."""
+        return self.transfers.transfer_ms
 
     def run(self, arrivals: list[Arrival] | tuple[Arrival, ...], concurrency: int | None = None):
         """Simulate until every request finishes; a ``SimResult`` like a fused run's."""
         p, d = self.prefill, self.decode
-        source = arrival_source(arrivals, concurrency)
-        lag_s = self.costs.schedule_lag_ms / 1000.0
-        records: dict[str, RequestRecord] = {}
-        itl = array("d")
-        sent: deque[tuple[float, int, int, Arrival]] = deque()  # routed, reaching its rank
-        handed: deque[tuple[float, int, Handoff]] = deque()  # (visible, decode rank, handoff)
-        arrived: list[tuple[float, int, str]] = []  # heap: (time, decode rank, id)
-        released: list[tuple[float, int, str]] = []  # heap: (time, prefill rank, id)
-        p_link = [0.0] * p.args.dp_size
-        d_link = [0.0] * d.args.dp_size
-        d_routed = [0] * d.args.dp_size  # handoffs on their way to each decode rank
-        finished = 0
-        while True:
-            p_next = p.clock if p.has_work else _first(source.next_send_s, sent, released)
-            d_next = d.clock if d.has_work else _first(INF, handed, arrived)
-            if p_next == INF and d_next == INF:
-                break
-            if p_next <= d_next:
-                p.clock = max(p.clock, p_next)
-                self.now[0] = p.clock
-                while source.next_send_s <= p.clock:
-                    index, arrival = source.pop()
-                    rank = self._route(arrival, index, sent, p.clock)
-                    sent.append((arrival.time_s + lag_s, rank, index, arrival))
-                while sent and sent[0][0] <= p.clock:
-                    _, rank, index, arrival = sent.popleft()
-                    self._admit(arrival, rank, index, records)
-                    p.stalled = False
-                while released and released[0][0] <= p.clock:
-                    _, rank, rid = heapq.heappop(released)
-                    p.schedulers[rank].handoffs.release(rid)
-                    p.stalled = False
-                stepped = p.step_unfinished(self.p_channel)
-                if stepped is None:
-                    continue
-                for outcome in stepped[1]:
-                    for handoff in outcome.handoffs:
-                        loads = [len(s.requests) + d_routed[r] for r, s in enumerate(d.schedulers)]
-                        rank = self._route_decode(handoff, loads, p.clock)
-                        d_routed[rank] += 1
-                        handed.append((p.clock, rank, handoff))
-                    finished += self._record(outcome, p.clock, records, itl, source)
-                continue
-            d.clock = max(d.clock, d_next)
-            self.now[0] = d.clock
-            while handed and handed[0][0] <= d.clock:
-                _, rank, handoff = handed.popleft()
-                d_routed[rank] -= 1
-                d.schedulers[rank].intake.add(handoff)
-                d.stalled = False
-            while arrived and arrived[0][0] <= d.clock:
-                _, rank, rid = heapq.heappop(arrived)
-                d.schedulers[rank].intake.arrived(rid)
-                d.stalled = False
-            stepped = d.step_unfinished(self.d_channel)
-            if stepped is None:
-                continue
-            start, outcomes = stepped
-            for rank, outcome in enumerate(outcomes):
-                for reservation in outcome.plan.reservations:
-                    source_rank = reservation.handoff.source_rank
-                    pages = len(reservation.page_indices)
-                    busy_ms, done_ms = self.costs.transfer_ms(pages, self.page_size)
-                    begin = max(start, p_link[source_rank], d_link[rank])
-                    p_link[source_rank] = d_link[rank] = begin + busy_ms / 1000.0
-                    done = begin + done_ms / 1000.0
-                    heapq.heappush(arrived, (done, rank, reservation.request_id))
-                    heapq.heappush(released, (done, source_rank, reservation.request_id))
-                    self.num_transfers += 1
-                    self.num_pages_moved += pages
-                    self.num_pages_cached += reservation.num_cached_pages
-                    self.transfer_ms.append((done - start) * 1000.0)
-                finished += self._record(outcome, d.clock, records, itl, source)
-        return SimResult(
+        loop = SimLoop(
+            arrival_source(arrivals, concurrency),
+            self._prompts,
+            self.costs.schedule_lag_ms / 1000.0,
+            p.args.dp_size,
+        )
+        loop.run([p, d])
+        return loop.result(
             policy=self.label,
             dp_size=p.args.dp_size + d.args.dp_size,
             duration_s=max(p.clock, d.clock),
-            rounds=p.rounds + d.rounds,
             busy_rounds=p.busy_rounds + d.busy_rounds,
             prefill_rounds=p.busy_rounds,
             decode_rounds=d.busy_rounds,
-            records=list(records.values()),
-            itl_ms=itl,
             timeline=None,
-            unfinished=len(records) - finished,
             prefix_queries=sum(s.prefix.num_queries for s in p.schedulers),
             prefix_hits=sum(s.prefix.num_hits for s in p.schedulers),
         )
-
-    def _route(self, arrival: Arrival, index: int, sent: deque, now_s: float) -> int:
-        """The prefill rank a request goes to (the fused runs' router, over the P group)."""
-        schedulers = self.prefill.schedulers
-        loads = [len(s.requests) for s in schedulers]
-        for _, rank, _, _ in sent:
-            loads[rank] += 1
-        session = None if arrival.session is None else str(arrival.session.session_id)
-        if self.router.kv is not None:
-            match = self.router.matcher(schedulers)
-            prompt = self._prompts.make(index, arrival)
-            choice = self.router.kv.choose(self._p_sources, loads, prompt, now_s, session, match)
-            return int(choice.rank)
-        if self.router.policy == "cache-aware":
-            return self.router.route(loads, self._prompts.make(index, arrival), session)
-        if self.router.policy == "vllm-lb":
-            waiting = [len(s.waiting) for s in schedulers]
-            return self.router.route_stale(self.prefill.clock, waiting, loads)
-        return self.router.route(loads)
-
-    def _route_decode(self, handoff: Handoff, loads: list[int], now_s: float) -> int:
-        """The decode rank a handoff goes to: the least reported decode load (kv routers),
-        else the fewest requests (``loads``: held, waiting or on their way)."""
-        if self.decode_policy is None:
-            return min(range(len(loads)), key=lambda r: (loads[r], r))
-        choice = self.decode_policy.choose(self._d_sources, loads, handoff.prompt_token_ids, now_s)
-        return int(choice.rank)
-
-    def _admit(
-        self, arrival: Arrival, rank: int, index: int, records: dict[str, RequestRecord]
-    ) -> None:
-        request_id = f"req-{index}"
-        sampling = SamplingParams(max_tokens=arrival.output_tokens)
-        request = Request(request_id, self._prompts.make(index, arrival), sampling)
-        self.prefill.schedulers[rank].add_request(request)
-        records[request_id] = RequestRecord(
-            rank, arrival.time_s, arrival.prompt_tokens, turn=arrival.turn
-        )
-
-    @staticmethod
-    def _record(outcome: RoundOutcome, now: float, records, itl: array, source) -> int:
-        """A round's tokens into the records; returns how many requests finished."""
-        finished = 0
-        for request, token_id, done in outcome.events:
-            rec = records[request.request_id]
-            if token_id is not None:
-                if rec.first_token_s is None:
-                    rec.first_token_s = now
-                else:
-                    itl.append((now - rec.last_token_s) * 1000.0)
-                rec.last_token_s = now
-                rec.num_output += 1
-            if done:
-                rec.finish_s = now
-                finished += 1
-                source.finished(now, request)
-        return finished
 
 
 def _first(after: float, *queues) -> float:

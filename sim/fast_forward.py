@@ -9,9 +9,11 @@ the result is the same to the last bit (``tests/test_fast_forward.py`` compares 
 
 It only engages where that equivalence is easy to see:
 
-- policies whose votes and updates read the gate's five columns only (the gate, ``none``
-  and the local interval: no extra columns that would change from round to round), in
-  closed form (``sim.steady_policies``);
+- policies that say what quiet rounds do to them in closed form (``PrefillPolicy.steady``:
+  the gate, ``none`` and the local interval, whose votes change nothing and read no extra
+  column that would change from round to round): each says in how many rounds its vote
+  opens for a held prompt and takes the state k rounds leave (``quiet_rounds_until_open``,
+  ``advance_quiet``);
 - every rank: no resident chunk, no retracted request, no pending abort, and every running
   request decoding; held prompts are allowed while every vote keeps them held;
 - the KV pool grants every page those rounds will need, and no probe flips (a held prompt's
@@ -22,8 +24,8 @@ It only engages where that equivalence is easy to see:
 
 Pool operations happen in the order the full rounds make them: a request that needs its next
 page first keys the page it filled (with prefix caching) and then takes one, round by round
-and in running order, so page ids, keys and evictions come out the same. The scheduler makes
-those state changes itself (``Scheduler.decode_horizon``, ``decode_page_grants`` and
+and in running order, so page ids, keys and evictions come out the same. ``sim.steady_rank``
+makes those state changes on each rank (``decode_horizon``, ``decode_page_grants`` and
 ``skip_decode_rounds``); this module decides how many rounds to skip and keeps the records.
 """
 
@@ -40,7 +42,7 @@ from actors.control.request import Request
 from gate import RankRow
 from sim.cost_executor import SIM_TOKEN
 from sim.round_costs import RoundCosts
-from sim.steady_policies import held_rounds, observe_steady
+from sim.steady_rank import decode_horizon, decode_page_grants, is_steady, skip_decode_rounds
 
 if TYPE_CHECKING:
     from sim.records import RequestRecord
@@ -50,23 +52,28 @@ if TYPE_CHECKING:
 _ROWS: dict[tuple[int, bool, bool], RankRow] = {}
 
 
+def supported(loops: Sequence[RankLoop]) -> bool:
+    """Whether every rank's policy answers for quiet rounds in closed form."""
+    return all(loop.policy.steady for loop in loops)
+
+
 def _scan(loops: Sequence[RankLoop]) -> tuple[list[RankRow], list[int], list[int]] | None:
     """The rows every rank publishes while it decodes steadily, and for each rank the
     rounds until its first finish (the round that finishes counted) and until its first
-    page grant (``Scheduler.decode_horizon``); None when some rank is not steady."""
+    page grant (``steady_rank.decode_horizon``); None when some rank is not steady."""
     rows = []
     lefts = []
     grants = []
     for loop in loops:
         s = loop.scheduler
-        if not s.is_steady:
+        if not is_steady(s):
             return None
-        n = len(s.running)
+        n = len(s.queues.running)
         # The plan never cuts decodes short (a mixed engine reserves up to half the budget
         # for prefill while a vote may be open).
         if n > s.args.max_scheduled_tokens // 2:
             return None
-        first_end, first_grant = s.decode_horizon()
+        first_end, first_grant = decode_horizon(s)
         probe = s.probe()
         key = (n, probe.wants_prefill, probe.has_decode_work)
         row = _ROWS.get(key)
@@ -88,7 +95,7 @@ def _round_ends(
     if not costs.decode_per_kv_token_ms:
         # Every round costs the same, and the slowest rank is the one with the most decodes:
         # a rank's price (and its ms -> s -> ms round trip) never falls as decodes grow.
-        n = max(len(loop.scheduler.running) for loop in loops)
+        n = max(len(loop.scheduler.queues.running) for loop in loops)
         step = costs.group_ms([costs.rank_ms(n, 0, 0) / 1000.0 * 1000], False) / 1000.0
         for _ in range(k):
             if t >= next_event_s:
@@ -98,7 +105,7 @@ def _round_ends(
         return ends
     bases = []
     for loop in loops:
-        running = loop.scheduler.running
+        running = loop.scheduler.queues.running
         bases.append((len(running), sum(r.num_computed_tokens for r in running)))
     for j in range(k):
         if t >= next_event_s:
@@ -112,15 +119,36 @@ def _round_ends(
 def _page_needs(
     loops: Sequence[RankLoop], k: int, first_grants: list[int]
 ) -> list[list[tuple[int, int, Request]]] | None:
-    """Each rank's page grants over k rounds (``Scheduler.decode_page_grants``); None if a
+    """Each rank's page grants over k rounds (``steady_rank.decode_page_grants``); None if a
     pool runs short or a held prompt's probe flips."""
     needs = []
     for loop, first_grant in zip(loops, first_grants, strict=True):
-        grants = [] if first_grant >= k else loop.scheduler.decode_page_grants(k)
+        grants = [] if first_grant >= k else decode_page_grants(loop.scheduler, k)
         if grants is None:
             return None
         needs.append(grants)
     return needs
+
+
+def _held_rounds(loops: Sequence[RankLoop], new_rows: list[RankRow], k: int) -> int:
+    """Rounds (up to k) before a vote lets a rank plan a prompt it holds.
+
+    Round 0 votes on the rows gathered last round, the later rounds on ``new_rows``; each
+    policy says when its vote opens (``PrefillPolicy.quiet_rounds_until_open``).
+    """
+    first = k
+    for i, loop in enumerate(loops):
+        s = loop.scheduler
+        if not (s.queues.waiting and new_rows[i].wants_prefill and s.can_admit):
+            continue
+        policy = loop.policy
+        if policy.vote(loop.last_rows).permission.allow_new:
+            return 0
+        j = policy.quiet_rounds_until_open(new_rows)
+        if j is None:  # no closed form: no round is skipped
+            return 0
+        first = min(first, j)
+    return first
 
 
 def advance(
@@ -139,7 +167,11 @@ def advance(
         # A vote that admits a held prompt this very round (the common way a skip ends):
         # found before the scan, as ``_held_rounds`` would find it after.
         s = loop.scheduler
-        if s.waiting and s.can_admit and loop.policy.vote(loop.last_rows).permission.allow_new:
+        if (
+            s.queues.waiting
+            and s.can_admit
+            and loop.policy.vote(loop.last_rows).permission.allow_new
+        ):
             return 0, clock, []
     scan = _scan(loops)
     if scan is None:
@@ -148,7 +180,7 @@ def advance(
     if not any(row.batch_size for row in rows):
         return 0, clock, []  # an idle group (held prompts only): not a decode round
     ends = _round_ends(loops, costs, min(limit, *lefts), clock, next_event_s)
-    k = held_rounds(loops, rows, len(ends)) if ends else 0
+    k = _held_rounds(loops, rows, len(ends)) if ends else 0
     needs = _page_needs(loops, k, first_grants) if k else None
     if needs is None:
         return 0, clock, []
@@ -163,15 +195,15 @@ def advance(
     finished: list[Request] = []
     for loop, grants, left in zip(loops, needs, lefts, strict=True):
         s = loop.scheduler
-        for req in s.running:
+        for req in s.queues.running:
             rec = records[req.request_id]
             add((first - rec.last_token_s) * 1000.0)
             rec.last_token_s = end_s
             rec.num_output += k
-        for req in s.skip_decode_rounds(k, grants, SIM_TOKEN, left):
+        for req in skip_decode_rounds(s, k, grants, SIM_TOKEN, left):
             records[req.request_id].finish_s = end_s
             finished.append(req)
-        observe_steady(loop.policy, k)
+        loop.policy.advance_quiet(k)
         loop.last_rows = rows
     itl.extend(samples)
     for prev, end in pairwise(ends):

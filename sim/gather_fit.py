@@ -1,9 +1,10 @@
-"""Calibrate the simulator's per-round metadata gather from a measured ``all_gather_perf`` run.
+"""The simulator's per-round metadata gather, fitted to a measured ``all_gather_perf`` run.
 
 Every round each rank all-gathers one row of int64 columns, so the gathered buffer holds
 ``dp_size * num_columns * 8`` bytes: a few hundred bytes, far below where bandwidth matters.
 Its cost is the all-gather latency at that size, read off the measured curve by interpolating
 between the two nearest measured sizes (in log2 of the size, the axis nccl-tests steps along).
+The log is read by ``nccl_log``; ``roundgate calibrate`` (``sim.calibration``) calls this.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from k8s.tools.nccl_tests.result import NcclTestsResult
+from gate.rows import NUM_COLUMNS
+from nccl_log.result import NcclTestsResult
 
-# Columns of the gate's gather row; equals gate.rows.NUM_COLUMNS (kernels may not import gate).
-METADATA_COLUMNS = 5
+# The gate's columns of one rank's gathered row; a policy's extra columns come on top
+# (``sim.calibration.gather_columns`` counts them).
+METADATA_COLUMNS = NUM_COLUMNS
 INT64_BYTES = 8
 
 

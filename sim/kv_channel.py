@@ -24,7 +24,7 @@ from actors.control.kv_events import (
 )
 from actors.control.rank_load import rank_load
 from actors.control.scheduler import Scheduler
-from deployment.routing.kv_index import KvIndex
+from routing.kv_index import KvIndex
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gate import registry
+from routing import registry as routers
 from sim.calibration import calibrate
 from sim.options import BASE_LENGTHS, GROUP_DEFAULTS, WORKLOAD_DEFAULTS, policy_args, router_spec
 from sim.report import summarize
@@ -52,7 +53,7 @@ def replay_spec(
         args,
         WorkloadSpec(**sent),
         costs,
-        router_spec(_given(config, "router", "round-robin"), args),
+        router_spec(_given(config, "router", routers.DEFAULT), args),
         seed=sent["seed"],
         concurrency=workload.get("concurrency"),
     )

@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from actors.server_args import ServerArgs
-from deployment.routing.cache_aware import CacheAwareConfig
-from deployment.routing.kv_router import KvRouterConfig
 from gate import registry
+from routing import registry as routers
+from routing.cache_aware import CacheAwareConfig
+from routing.kv_router import KvRouterConfig
+from routing.spec import flag
 from sim.kv_channel import ChannelSpec
 from sim.round_costs import COST_FIELDS, RoundCosts, load_costs
-from sim.router import KV_ROUTERS, RouterSpec
+from sim.router import RouterSpec
 from sim.sessions import SESSION_WORKLOADS, SessionSpec
 from sim.spec import SimSpec, Workload, arrivals_of
 from sim.workload import WORKLOADS, WorkloadSpec
@@ -44,9 +46,13 @@ WORKLOAD_DEFAULTS: Mapping[str, Any] = {
     "seed": 0,
 }
 BASE_LENGTHS: Mapping[str, Any] = {"input_len": 1000, "output_len": 200, "length_dist": "fixed"}
-# The cache-aware router's balance thresholds (its --balance-*-threshold defaults).
-BALANCE_ABS_THRESHOLD = 32
-BALANCE_REL_THRESHOLD = 1.0001
+# The KV-event channel's flags (the simulator's, for the routers that read the events) ->
+# ``ChannelSpec`` fields.
+CHANNEL_FLAGS = {
+    "kv_event_lag_rounds": "lag_rounds",
+    "kv_event_loss": "loss_rate",
+    "kv_snapshot_rounds": "snapshot_rounds",
+}
 
 
 def resolve_costs(source: str, overrides: Mapping[str, float | None]) -> RoundCosts:
@@ -118,75 +124,38 @@ def policy_args(policy: str, given: Mapping[str, Any], **group: Any) -> ServerAr
     return ServerArgs(**group, prefill_policy=policy, **registry.comparison_flags(policy, given))
 
 
-def route_weights(text: str | None) -> tuple[int, ...] | None:
-    """``--route-weights 8,1,1,1``."""
-    if text is None:
-        return None
-    try:
-        return tuple(int(w) for w in text.split(","))
-    except ValueError:
-        raise ValueError(f"--route-weights: expected integers like 8,1,1,1, got {text!r}") from None
-
-
 def router_spec(
-    policy: str,
-    args: ServerArgs,
-    weights: tuple[int, ...] | None = None,
-    api_servers: int | None = None,
-    balance_abs_threshold: int = BALANCE_ABS_THRESHOLD,
-    balance_rel_threshold: float = BALANCE_REL_THRESHOLD,
-    session_affinity: bool = False,
-    kv_flags: Mapping[str, Any] | None = None,
+    policy: str, args: ServerArgs, given: Mapping[str, Any] | None = None
 ) -> RouterSpec:
-    """``--router`` and its flags; the cache-aware router sized like the ranks' pools;
-    ``kv_flags`` (by field name, None: not given) the kv routers' weights and channel."""
-    kv, channel = kv_router_flags(
-        policy, args, kv_flags or {}, balance_abs_threshold, balance_rel_threshold, session_affinity
+    """``--router`` and its flags (``given`` by name; missing or None: not given), each checked
+    against the routers' declarations (``routing.registry``); the cache-aware index and the
+    cost routers sized like the ranks' pools; the KV-event channel for the routers that read
+    the events."""
+    given = given or {}
+    values = {o.name: o.parse(given.get(o.name)) for o in routers.options("simulate")}
+    entry = routers.get(policy, "simulate", flag)
+    routers.check((policy,), values, args.dp_size, "simulate", flag)
+    arguments = entry.arguments(values, args)
+    cache_aware = CacheAwareConfig(**arguments) if policy == "cache-aware" else None
+    kv = KvRouterConfig(**arguments) if entry.reads_kv_events else None
+    channel = channel_spec(policy, given)
+    return RouterSpec(
+        policy, values["route_weights"], cache_aware, values["lb_api_servers"], kv, channel
     )
-    cache_aware = None
-    if policy == "cache-aware":
-        cache_aware = CacheAwareConfig(
-            page_size=args.page_size,
-            max_pages_per_rank=args.num_kv_pages,
-            balance_abs_threshold=balance_abs_threshold,
-            balance_rel_threshold=balance_rel_threshold,
-            session_affinity=session_affinity,
-        )
-    return RouterSpec(policy, weights, cache_aware, api_servers, kv, channel)
 
 
-KV_FLAGS = ("prefill_weight", "decode_weight", "gate_weight")
-CHANNEL_FLAGS = {
-    "kv_event_lag_rounds": "lag_rounds",
-    "kv_event_loss": "loss_rate",
-    "kv_snapshot_rounds": "snapshot_rounds",
-}
-
-
-def kv_router_flags(
-    policy: str,
-    args: ServerArgs,
-    given: Mapping[str, Any],
-    balance_abs_threshold: int,
-    balance_rel_threshold: float,
-    session_affinity: bool,
-) -> tuple[KvRouterConfig | None, ChannelSpec | None]:
-    """The kv routers' config and channel from their flags; refused for another router."""
-    named = {k: given[k] for k in (*KV_FLAGS, *CHANNEL_FLAGS) if given.get(k) is not None}
-    if policy not in KV_ROUTERS:
+def channel_spec(policy: str, given: Mapping[str, Any]) -> ChannelSpec | None:
+    """The KV-event channel from its flags, for a router that reads the events; refused (by
+    flag) for another router."""
+    named = {k: given[k] for k in CHANNEL_FLAGS if given.get(k) is not None}
+    kv_routers = routers.kv_event_routers("simulate")
+    if policy not in kv_routers:
         if named:
-            flag = "--" + next(iter(named)).replace("_", "-")
-            raise ValueError(f"{flag} applies to --router {', '.join(KV_ROUTERS)} only")
-        return None, None
-    kv = KvRouterConfig(
-        page_size=args.page_size,
-        balance_abs_threshold=balance_abs_threshold,
-        balance_rel_threshold=balance_rel_threshold,
-        session_affinity=session_affinity,
-        **{k: float(named[k]) for k in KV_FLAGS if k in named},
-    )
-    channel = ChannelSpec(**{CHANNEL_FLAGS[k]: named[k] for k in CHANNEL_FLAGS if k in named})
-    return kv, channel
+            raise ValueError(
+                f"{flag(next(iter(named)))} applies to --router {', '.join(kv_routers)} only"
+            )
+        return None
+    return ChannelSpec(**{CHANNEL_FLAGS[k]: v for k, v in named.items()})
 
 
 def sim_specs(ns: argparse.Namespace) -> list[SimSpec]:
@@ -204,7 +173,6 @@ def sim_specs(ns: argparse.Namespace) -> list[SimSpec]:
         seed=ns.seed,
         **lengths,
     )
-    weights = route_weights(ns.route_weights)
     group = {name: getattr(ns, name) for name in GROUP_DEFAULTS}
     group["enable_mixed_prefill_decode"] = ns.enable_mixed_prefill_decode
     group["enable_prefix_caching"] = getattr(ns, "enable_prefix_caching", True)
@@ -218,16 +186,7 @@ def sim_specs(ns: argparse.Namespace) -> list[SimSpec]:
             vocab_size=first.model_config.vocab_size,
             seed=ns.seed,
         )
-    router = router_spec(
-        ns.router,
-        first,
-        weights,
-        getattr(ns, "lb_api_servers", None),
-        getattr(ns, "balance_abs_threshold", BALANCE_ABS_THRESHOLD),
-        getattr(ns, "balance_rel_threshold", BALANCE_REL_THRESHOLD),
-        getattr(ns, "session_affinity", False),
-        vars(ns),
-    )
+    router = router_spec(ns.router, first, vars(ns))
     spec = SimSpec(
         first,
         workload,

@@ -12,27 +12,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from deployment.routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
-from deployment.routing.kv_router import KvCostPolicy, KvRouterConfig, Matcher
+from routing import registry
+from routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
+from routing.kv_router import KvCostPolicy, KvRouterConfig, Matcher
+from routing.spec import flag
 from sim.kv_channel import ChannelSpec
 from sim.vllm_lb import VllmBalancer
 
 if TYPE_CHECKING:
     from actors.control.scheduler import Scheduler
 
-# The routers that read the ranks' KV events (``deployment.routing.kv_router``); ``oracle`` is
-# the simulator's yardstick: kv-aware's cost on the pools themselves, loads without lag.
-KV_ROUTERS = ("kv-aware", "gate-aware", "oracle")
-ROUTERS = ("round-robin", "least-loaded", "skewed", "vllm-lb", "cache-aware", *KV_ROUTERS)
-# The prefill policies whose gate ``gate-aware`` reads.
-GATE_AWARE_POLICIES = ("roundgate", "roundgate-auto")
-
 
 @dataclass(frozen=True)
 class RouterSpec:
-    """Which router a run uses and its settings (``--router`` and the flags that tune it)."""
+    """Which router a run uses and its settings (``--router`` and the flags that tune it;
+    the routers and their settings are declared in ``routing``)."""
 
-    policy: str = "round-robin"
+    policy: str = registry.DEFAULT
     weights: tuple[int, ...] | None = None  # skewed: one weight per rank
     # cache-aware: sized like the ranks' pools (None: the policy's own defaults).
     cache_aware: CacheAwareConfig | None = None
@@ -58,19 +54,15 @@ class RouterSpec:
         )
 
     def check_policy(self, prefill_policy: str) -> None:
-        """``gate-aware`` reads the group gate: refused under any other prefill policy."""
-        if self.policy == "gate-aware" and prefill_policy not in GATE_AWARE_POLICIES:
-            raise ValueError(
-                f"--router gate-aware needs --prefill-policy {' or '.join(GATE_AWARE_POLICIES)}"
-                f", got {prefill_policy!r}"
-            )
+        """A router that reads the group gate (``gate-aware``) refuses a policy without one."""
+        registry.check_prefill_policy(self.policy, prefill_policy, flag)
 
 
 class Router:
     """Chooses a rank for each arrival: round-robin, least-loaded, fixed skewed weights, or
     vLLM's internal load balancer (``vllm-lb``: least ``4 x waiting + running`` on counts
     refreshed every 100 ms, so requests sent since the engines last reported are invisible
-    to it after a refresh), cache-aware (``deployment.routing.cache_aware``), or the cost
+    to it after a refresh), cache-aware (``routing.cache_aware``), or the cost
     routers on the ranks' KV events (``kv-aware``, ``gate-aware``, and the ``oracle``; the
     simulator feeds their index through ``sim.kv_channel``)."""
 
@@ -86,23 +78,13 @@ class Router:
         channel: ChannelSpec | None = None,
         page_size: int = 16,
     ) -> None:
-        if policy not in ROUTERS:
-            raise ValueError(f"--router must be one of {', '.join(ROUTERS)}, got {policy!r}")
-        if policy == "skewed":
-            if weights is None or len(weights) != dp_size:
-                raise ValueError(
-                    f"--route-weights needs {dp_size} weights (one per rank) for --router "
-                    f"skewed, got {list(weights or [])}"
-                )
-            if any(w < 0 for w in weights) or sum(weights) == 0:
-                raise ValueError("--route-weights must be >= 0 with a positive sum")
-        elif weights is not None:
-            raise ValueError(f"--route-weights applies to --router skewed only, not {policy}")
-        if api_servers is not None and policy != "vllm-lb":
-            raise ValueError(f"--lb-api-servers applies to --router vllm-lb only, not {policy}")
-        if (kv is not None or channel is not None) and policy not in KV_ROUTERS:
+        registry.get(policy, "simulate", flag)
+        given = {"route_weights": weights, "lb_api_servers": api_servers}
+        registry.check((policy,), given, dp_size, "simulate", flag)
+        kv_routers = registry.kv_event_routers("simulate")
+        if (kv is not None or channel is not None) and policy not in kv_routers:
             raise ValueError(
-                f"the KV-event flags apply to --router {', '.join(KV_ROUTERS)} only, not {policy}"
+                f"the KV-event flags apply to --router {', '.join(kv_routers)} only, not {policy}"
             )
         self.policy = policy
         self.dp_size = dp_size
@@ -119,7 +101,7 @@ class Router:
         )
         self.kv: KvCostPolicy | None = None
         self.channel = channel or ChannelSpec()
-        if policy in KV_ROUTERS:
+        if policy in kv_routers:
             # The pools' page size (the keys must be theirs), the gate term per router.
             gate_aware = policy == "gate-aware"
             config = replace(kv or KvRouterConfig(), page_size=page_size, gate_aware=gate_aware)

@@ -64,7 +64,11 @@ class FakeRanks:
 
 def tokens(*ids: int, finish: str | None = None, prompt: int = 1, done: int = 0) -> GenerateChunk:
     """A rank's chunk: ``ids`` after ``done`` earlier tokens of a ``prompt``-token sequence."""
-    return GenerateChunk(tuple(ids), finish, Usage(prompt, done + len(ids)))
+    return GenerateChunk(
+        token_ids=tuple(ids),
+        finish_reason=finish,
+        usage=Usage(prompt_tokens=prompt, completion_tokens=done + len(ids)),
+    )
 
 
 def echo_reply(message: GenerateRequest) -> list[Any]:

@@ -71,14 +71,14 @@ def check_round(run: Run, outcomes: list[RoundOutcome]) -> None:
         sched, plan = loop.scheduler, outcome.plan
         sched.pool.check_integrity()
         # Exactly the running requests own pages; waiting and retracted hold none.
-        owned = sum(len(sched.pool.pages_of(r.request_id)) for r in sched.running)
+        owned = sum(len(sched.pool.pages_of(r.request_id)) for r in sched.queues.running)
         assert owned == sched.pool.num_used_pages
-        for req in [*sched.waiting, *sched.retracted]:
+        for req in [*sched.queues.waiting, *sched.queues.retracted]:
             assert sched.pool.pages_of(req.request_id) == []
-        for req in sched.running:
+        for req in sched.queues.running:
             assert sched.pool.pages_of(req.request_id) == req.page_ids
             assert req.num_computed_tokens <= len(req.page_ids) * sched.pool.page_size
-        assert len(sched.running) <= sched.max_batch_size
+        assert len(sched.queues.running) <= sched.max_batch_size
         assert plan.num_tokens <= sched.args.max_scheduled_tokens
         permission = outcome.plan.permission
         if not (permission.allow_new or permission.allow_chunks):

@@ -41,11 +41,26 @@ def scoring_reply(message: GenerateRequest) -> list[Any]:
     n = min(sampling.max_tokens, 2)
     chunks = [
         GenerateChunk(
-            (111,), None if n > 1 else "length", Usage(prompt, 1), None, out_lps, 0, 400, prompt_lps
+            token_ids=(111,),
+            finish_reason=None if n > 1 else "length",
+            usage=Usage(prompt_tokens=prompt, completion_tokens=1),
+            error=None,
+            logprobs=out_lps,
+            index=0,
+            error_status=400,
+            prompt_logprobs=prompt_lps,
         )
     ]
     if n > 1:
-        chunks.append(GenerateChunk((107,), "length", Usage(prompt, 2), None, out_lps))
+        chunks.append(
+            GenerateChunk(
+                token_ids=(107,),
+                finish_reason="length",
+                usage=Usage(prompt_tokens=prompt, completion_tokens=2),
+                error=None,
+                logprobs=out_lps,
+            )
+        )
     return chunks
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deployment.routing.cache_aware import CacheAwareConfig, CacheAwarePolicy, PrefixIndex
+from routing.cache_aware import CacheAwareConfig, CacheAwarePolicy, PrefixIndex
 
 P = 4  # page size
 A, B, C = [1] * 8, [2] * 8, [3] * 8  # two pages each

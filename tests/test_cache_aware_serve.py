@@ -76,7 +76,9 @@ def pick(router: CacheAwareRouter, replicas, message) -> str:
 
 
 def generate(prompt: list[int]) -> GenerateRequest:
-    return GenerateRequest("r", tuple(prompt), SamplingParams())
+    return GenerateRequest(
+        request_id="r", prompt_token_ids=tuple(prompt), sampling=SamplingParams()
+    )
 
 
 def test_picks_follow_the_prefix_then_fall_back_to_the_least_loaded() -> None:

@@ -10,14 +10,15 @@ from prometheus_client import generate_latest
 
 from actors.telemetry.metrics import RankMetricSet
 from cli.main import main
-from k8s.tools.nccl_tests import interpolate_time_us, parse
+from nccl_log import parse
 from sim.calibration import gather_columns
 from sim.cost_fit import kind_totals
+from sim.gather_fit import interpolate_time_us
 from sim.round_costs import load_costs
 
-CANDIDATES = [
+CANDIDATES = [  # shared/ beside the checkout (as tests/test_nccl_tests.py), or inside it
     Path(__file__).resolve().parents[2] / "shared" / "nccl-tests-samples",
-    Path("/work/shared/nccl-tests-samples"),
+    Path(__file__).resolve().parents[1] / "shared" / "nccl-tests-samples",
 ]
 SAMPLES = next((p for p in CANDIDATES if p.is_dir()), None)
 needs_samples = pytest.mark.skipif(SAMPLES is None, reason="nccl-tests samples not found")

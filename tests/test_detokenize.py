@@ -39,7 +39,11 @@ async def stream(parts: list[list[int]]) -> AsyncIterator[GenerateChunk]:
     for i, part in enumerate(parts):
         sent += len(part)
         last = i == len(parts) - 1
-        yield GenerateChunk(tuple(part), "length" if last else None, Usage(3, sent))
+        yield GenerateChunk(
+            token_ids=tuple(part),
+            finish_reason="length" if last else None,
+            usage=Usage(prompt_tokens=3, completion_tokens=sent),
+        )
 
 
 def run(parts: list[list[int]], stops: list[str]) -> tuple[list[str], Choice]:

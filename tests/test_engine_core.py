@@ -43,7 +43,7 @@ def test_aborting_a_retracted_request_releases_its_parked_kv() -> None:
         core.submit(make_request(rid, prompt_len=6, max_tokens=12))
     for _ in range(40):
         core.step()
-        retracted = list(core.scheduler.retracted)
+        retracted = list(core.scheduler.queues.retracted)
         if retracted:
             break
     assert retracted, "the pool never came under pressure"
@@ -60,7 +60,7 @@ def test_round_parts_are_timed_and_intake_is_counted() -> None:
     core = EngineCore(make_args(1, "none"), executor)
     core.submit(make_request("x", prompt_len=3, max_tokens=2))
     assert core.num_unfinished == 1  # queued for the next round, not yet in the scheduler
-    assert not core.scheduler.requests
+    assert not core.scheduler.queues.requests
     outcome = core.step()
     parts = core.loop.parts
     assert set(parts.as_dict()) == {"schedule", "gather", "forward", "finish"}

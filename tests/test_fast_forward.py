@@ -108,10 +108,9 @@ def test_fast_path_engages_on_steady_decoding_and_finishes(monkeypatch) -> None:
     """The fast path skips rounds, its last skipped round finishes requests, and the full
     rounds step decode-only ranks without plan objects."""
     calls, finished, lite = [], [], []
-    from actors.control.scheduler import Scheduler
-    from sim import fast_forward
+    from sim import fast_forward, steady_rank
 
-    advance, decodes = fast_forward.advance, Scheduler.plan_decode_round
+    advance, decodes = fast_forward.advance, steady_rank.plan_decode_round
 
     def spy(*args, **kwargs):
         done = advance(*args, **kwargs)
@@ -125,7 +124,7 @@ def test_fast_path_engages_on_steady_decoding_and_finishes(monkeypatch) -> None:
         return planned
 
     monkeypatch.setattr(fast_forward, "advance", spy)
-    monkeypatch.setattr(Scheduler, "plan_decode_round", spy_decodes)
+    monkeypatch.setattr(steady_rank, "plan_decode_round", spy_decodes)
     result = run("roundgate", {}, "h100-dsv3", None, fast=True)
     assert sum(calls) > 0
     assert finished and all(req.is_finished for req in finished)

@@ -84,7 +84,10 @@ def run_group(policy: str, num_rounds: int = 24) -> list[tuple[list, list[tuple[
             if when == rnd:
                 loops[rank].scheduler.add_request(make_request(rid, prompt_len, max_tokens))
         outcomes = drive_round(loops)
-        local = [(len(loop.scheduler.waiting), len(loop.scheduler.running)) for loop in loops]
+        local = [
+            (len(loop.scheduler.queues.waiting), len(loop.scheduler.queues.running))
+            for loop in loops
+        ]
         history.append((outcomes, local))
         if policy == "roundgate":
             # Every rank's gate holds the same counter after every round.

@@ -66,7 +66,15 @@ def spelled(message: GenerateRequest) -> list[Any]:
         part = ids[i : i + 2]
         done += 2
         finish = "length" if done == 6 else None
-        out.append(GenerateChunk(tuple(part), finish, Usage(2, done), None, tuple(map(lp, part))))
+        out.append(
+            GenerateChunk(
+                token_ids=tuple(part),
+                finish_reason=finish,
+                usage=Usage(prompt_tokens=2, completion_tokens=done),
+                error=None,
+                logprobs=tuple(map(lp, part)),
+            )
+        )
     return out
 
 
@@ -90,7 +98,12 @@ def interleaved(message: GenerateRequest) -> list[Any]:
     """Sequence j of n answers with 'j' bytes, interleaved, one token per chunk."""
     n, prompt = message.sampling.n, len(message.prompt_token_ids)
     return [
-        GenerateChunk((48 + j,), "length" if k == 2 else None, Usage(prompt, k + 1), index=j)
+        GenerateChunk(
+            token_ids=(48 + j,),
+            finish_reason="length" if k == 2 else None,
+            usage=Usage(prompt_tokens=prompt, completion_tokens=k + 1),
+            index=j,
+        )
         for k in range(3)
         for j in range(n)
     ]

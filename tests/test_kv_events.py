@@ -20,7 +20,7 @@ from actors.control.kv_events import KvEventBatch, KvEventLog, KvPublisher, KvSn
 from actors.control.kv_pool import KVPool
 from actors.replica import kv_sender
 from deployment.routing.kv_hub import KvEventLogBook
-from deployment.routing.kv_index import KvIndex
+from routing.kv_index import KvIndex
 
 
 def make_pool(num_pages: int = 8) -> tuple[KVPool, KvPublisher]:

@@ -17,8 +17,8 @@ from actors.control.request import SamplingParams
 from cli.main import main
 from deployment.config import AppArgs
 from deployment.routing.kv_hub import KvEventLogBook
-from deployment.routing.kv_router import KvCostPolicy, KvRouterConfig
 from deployment.routing.routers import KvAwareRouter
+from routing.kv_router import KvCostPolicy, KvRouterConfig
 from sim.round_costs import TOY
 from sim.router import RouterSpec
 from sim.sessions import SESSION_WORKLOADS, SessionSpec
@@ -126,7 +126,9 @@ def test_the_serve_router_routes_on_what_the_hub_says_and_never_to_a_replica_tha
     book.publish([stored("b", SYSTEM)])
     book.publish([stored("a", [])])
     replicas = [FakeReplica("a"), FakeReplica("b")]
-    message = GenerateRequest("r", (*SYSTEM, 50), SamplingParams())
+    message = GenerateRequest(
+        request_id="r", prompt_token_ids=(*SYSTEM, 50), sampling=SamplingParams()
+    )
 
     async def pick(replicas):
         await router.choose_replicas(replicas, None)  # starts a poll

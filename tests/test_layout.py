@@ -10,15 +10,33 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 from class_graph import Classes, annotation_only
 from import_graph import ProjectGraph, line_count
 
+from routing import registry as routers
+
 REPO = Path(__file__).resolve().parents[1]
 # Lowest first: a package may import from its own layer and the ones below, never above.
-LAYERS = ("gate", "kernels", "actors", "deployment", "k8s", "sim", "bench", "cli")
+# ``nccl_log`` (the nccl-tests log, stdlib only) is read by the operators' tools (k8s) and by
+# the simulator's calibration alike; ``routing`` (the routing policies, no Ray) by the Serve
+# routers (deployment) and the simulator alike; so ``sim`` sits below ``deployment`` and
+# ``k8s``: it runs the control plane and the routing policies without either.
+LAYERS = (
+    "nccl_log",
+    "gate",
+    "kernels",
+    "actors",
+    "routing",
+    "sim",
+    "deployment",
+    "k8s",
+    "bench",
+    "cli",
+)
 STANDALONE = ("dashboards",)  # imports no other package, and none imports it
 PACKAGES = (*LAYERS, *STANDALONE)
 SOURCE_DIRS = (*PACKAGES, "benchmarks", "tests")
@@ -117,6 +135,40 @@ def test_no_import_up_the_layers(graph: ProjectGraph) -> None:
     )
 
 
+def test_the_simulator_imports_neither_deployment_nor_k8s(graph: ProjectGraph) -> None:
+    """The layers say so already; said here by name, since it is why ``routing`` and
+    ``nccl_log`` exist: the simulator runs the routing policies and reads the nccl-tests log
+    without the Serve deployment or the operators' tools."""
+    found = [
+        str(imp)
+        for module in graph.paths
+        if graph.top(module) == "sim"
+        for imp in graph.project_imports(module, typing_too=True)
+        if graph.top(imp.target) in ("deployment", "k8s")
+    ]
+    assert not found, "the simulator imports:\n" + "\n".join(found)
+
+
+def test_nothing_imports_the_benchmarks(graph: ProjectGraph) -> None:
+    """Benchmarks are scripts: no project module or test imports one, and a benchmark imports
+    no other benchmark but their one shared module, ``benchmarks/common.py``."""
+    found = []
+    for module in graph.paths:
+        for imp in graph.project_imports(module, typing_too=True):
+            if graph.top(imp.target) != "benchmarks":
+                continue
+            if graph.top(module) != "benchmarks" or imp.target != "benchmarks.common":
+                found.append(str(imp))
+    assert not found, "imports of benchmarks:\n" + "\n".join(found)
+
+
+def test_every_package_is_installed() -> None:
+    """pyproject's package list names every package (an image built from it runs them)."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert {f"{p}*" for p in PACKAGES} <= set(include)
+
+
 def test_the_control_plane_closure_reaches_no_torch_ray_numpy(graph: ProjectGraph) -> None:
     """Everything ``actors.control`` imports, lazily or not, transitively (package
     ``__init__`` modules on the way included): none of it imports a heavy library."""
@@ -176,3 +228,89 @@ def test_no_annotation_stands_in_for_another_class_state(graph: ProjectGraph) ->
             if isinstance(s.target, ast.Name) and s.target.id not in assigned
         ]
     assert not stubs, "annotations for state this class never sets:\n" + "\n".join(stubs)
+
+
+def _gate_classes(graph: ProjectGraph) -> set[tuple[str, str]]:
+    """Every class the gate defines (the policies, their bases and the policy interface)."""
+    return {
+        (module, node.name)
+        for module, tree in graph.trees.items()
+        if graph.top(module) == "gate"
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def test_no_isinstance_on_the_gates_classes_outside_the_gate(graph: ProjectGraph) -> None:
+    """A policy says what it does through its interface (``gate.policy.PrefillPolicy``), so
+    nothing outside ``gate/`` asks which policy it holds: no ``isinstance``/``issubclass``
+    against a class of the gate, however imported (a lazy import is matched by its name)."""
+    classes = Classes(graph)
+    gate = _gate_classes(graph)
+    names = {name for _, name in gate}
+    found = []
+    for module, tree in graph.trees.items():
+        if graph.top(module) not in PACKAGES or graph.top(module) == "gate":
+            continue
+        for node in ast.walk(tree):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("isinstance", "issubclass")
+                and len(node.args) == 2
+            ):
+                continue
+            kinds = node.args[1]
+            for kind in kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]:
+                resolved = classes.base(module, kind)
+                if resolved in gate or (isinstance(resolved, str) and resolved in names):
+                    where = f"{graph.paths[module].relative_to(REPO)}:{node.lineno}"
+                    found.append(f"{where} {ast.unparse(node)}")
+    assert not found, "isinstance on the gate's classes outside gate/:\n" + "\n".join(found)
+
+
+# --- registries ------------------------------------------------------------------------------
+
+
+def _defines_router(tree: ast.Module) -> bool:
+    return any(
+        isinstance(node, ast.Assign | ast.AnnAssign)
+        and any(
+            isinstance(t, ast.Name) and t.id == "ROUTER"
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        )
+        for node in tree.body
+    )
+
+
+def test_every_router_module_is_registered(graph: ProjectGraph) -> None:
+    """A module of ``routing/`` that declares a ``ROUTER`` is one line of the registry, and
+    each line of the registry a module that declares one, under a name of its own."""
+    declaring = {m for m, tree in graph.trees.items() if _defines_router(tree)}
+    assert {graph.top(m) for m in declaring} <= {"routing"}, sorted(declaring)
+    registered = set(routers.BUILTIN_MODULES)
+    assert declaring == registered, (
+        f"not registered: {sorted(declaring - registered)}; "
+        f"registered without a ROUTER: {sorted(registered - declaring)}"
+    )
+    names = [e.name for e in routers.entries()]
+    assert len(names) == len(set(names)) == len(registered)
+
+
+def test_every_serve_request_router_is_named_by_a_router(graph: ProjectGraph) -> None:
+    """The Serve request router classes the registry names exist, and every public class of
+    their modules is named by some router (no class Serve could run that no name reaches)."""
+    classes = Classes(graph)
+    named = set(routers.serve_classes().values())
+    modules = set()
+    for path in named:
+        module, _, cls = path.partition(":")
+        assert (module, cls) in classes.defs, f"{path}: no such class"
+        modules.add(module)
+    public = {
+        f"{module}:{node.name}"
+        for module in modules
+        for node in graph.trees[module].body
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_")
+    }
+    assert public == named, f"request routers no router names: {sorted(public - named)}"

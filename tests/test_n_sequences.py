@@ -79,7 +79,7 @@ def test_a_sequence_that_ends_at_its_first_token_frees_its_kv_copy(model_path: s
     got, _, finishes = run_n(engine, SamplingParams(max_tokens=1, temperature=1.0, seed=1, n=3))
     assert {j: len(t) for j, t in got.items()} == {0: 1, 1: 1, 2: 1}
     assert set(finishes.values()) == {"length"}
-    assert engine.runner.parked == {} and engine.core.scheduler.requests == {}
+    assert engine.runner.parked == {} and engine.core.scheduler.queues.requests == {}
 
 
 def test_sequence_seeds_are_distinct_and_sequence_0_keeps_the_request_s() -> None:

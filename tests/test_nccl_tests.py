@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from k8s.tools.nccl_tests import check_fabric, parse, parse_text
-from k8s.tools.nccl_tests.text import strip_prefix
+from nccl_log.text import strip_prefix
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "nccl-tests-samples"
 needs_samples = pytest.mark.skipif(

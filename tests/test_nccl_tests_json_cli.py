@@ -14,16 +14,18 @@ from gate.rows import NUM_COLUMNS
 from k8s.tools.nccl_tests import (
     NcclTestsResult,
     all_gather_command,
-    calibrate_metadata_gather,
-    gather_cost_overrides,
-    interpolate_time_us,
-    metadata_gather_bytes,
     parse,
     parse_json,
     parse_text,
 )
 from k8s.tools.nccl_tests.__main__ import main
-from k8s.tools.nccl_tests.calibrate import METADATA_COLUMNS
+from sim.gather_fit import (
+    METADATA_COLUMNS,
+    calibrate_metadata_gather,
+    gather_cost_overrides,
+    interpolate_time_us,
+    metadata_gather_bytes,
+)
 from sim.round_costs import load_costs
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "nccl-tests-samples"

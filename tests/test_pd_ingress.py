@@ -55,7 +55,14 @@ class FakeRole:
 def handoff_of(message: GenerateRequest) -> Handoff:
     prompt = message.prompt_token_ids
     return Handoff(
-        message.request_id, prompt, message.sampling, (7,), (None,), (), (0,), len(prompt)
+        request_id=message.request_id,
+        prompt_token_ids=prompt,
+        sampling=message.sampling,
+        first_token_ids=(7,),
+        first_logprobs=(None,),
+        prompt_logprobs=(),
+        page_ids=(0,),
+        num_kv_tokens=len(prompt),
     )
 
 
@@ -66,9 +73,9 @@ def make_pd(prefill_reply: Any, decode_items: list[Any]) -> tuple[Ingress, FakeR
 
 
 def test_the_decode_ranks_chunks_follow_the_handoff_and_its_report_is_recorded() -> None:
-    report = TransferReport(0.25, 0.5, 1, 4096)
+    report = TransferReport(decode_wait_s=0.25, transfer_s=0.5, num_pages=1, num_bytes=4096)
     items = [report, tokens(7, prompt=3), tokens(8, finish="length", prompt=3, done=1)]
-    core, prefill, decode = make_pd(lambda m: PrefillResult(handoff_of(m)), items)
+    core, prefill, decode = make_pd(lambda m: PrefillResult(handoff=handoff_of(m)), items)
     choices, _ = complete(core, prompt=[1, 2, 3], max_tokens=2)
     assert choices[0].output_token_ids == [7, 8]
     (sent,) = decode.decode.messages
@@ -81,7 +88,7 @@ def test_the_decode_ranks_chunks_follow_the_handoff_and_its_report_is_recorded()
 
 def test_a_request_that_ends_on_the_prefill_rank_never_reaches_decode() -> None:
     def whole(message: GenerateRequest) -> PrefillResult:
-        return PrefillResult(None, (tokens(9, finish="length", prompt=3),))
+        return PrefillResult(handoff=None, chunks=(tokens(9, finish="length", prompt=3),))
 
     core, _, decode = make_pd(whole, [])
     choices, _ = complete(core, prompt=[1, 2, 3], max_tokens=1)
@@ -91,21 +98,23 @@ def test_a_request_that_ends_on_the_prefill_rank_never_reaches_decode() -> None:
 def test_a_handoff_no_decode_rank_took_is_released_when_the_stream_ends() -> None:
     """The decode rank refused it (its error chunk, no report): the prefill pages go back."""
     refusal = tokens(prompt=3)
-    refusal = type(refusal)((), "error", refusal.usage, "no room")
-    core, prefill, _ = make_pd(lambda m: PrefillResult(handoff_of(m)), [refusal])
+    refusal = type(refusal)(
+        token_ids=(), finish_reason="error", usage=refusal.usage, error="no room"
+    )
+    core, prefill, _ = make_pd(lambda m: PrefillResult(handoff=handoff_of(m)), [refusal])
     error = error_of(lambda: complete(core, prompt=[1, 2, 3], max_tokens=2))
     assert error.status == 400
     (release,) = prefill.release_handoff.messages
-    assert release == ReleaseHandoff(release.request_id, 0)
+    assert release == ReleaseHandoff(request_id=release.request_id, dp_rank=0)
 
 
 def test_dp_rank_is_refused_naming_it() -> None:
-    core, _, _ = make_pd(lambda m: PrefillResult(handoff_of(m)), [])
+    core, _, _ = make_pd(lambda m: PrefillResult(handoff=handoff_of(m)), [])
     error = error_of(lambda: complete(core, prompt=[1, 2, 3], max_tokens=2, dp_rank=0))
     assert error.status == 400 and error.param == "dp_rank"
     assert "P/D" in str(error.message)
 
 
 def test_a_pd_ingress_reads_the_decode_roles_args() -> None:
-    core, _, _ = make_pd(lambda m: PrefillResult(handoff_of(m)), [])
+    core, _, _ = make_pd(lambda m: PrefillResult(handoff=handoff_of(m)), [])
     assert core.pd is not None and core.engine_args.disaggregation_mode == "decode"

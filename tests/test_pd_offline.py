@@ -53,7 +53,7 @@ def check_roles_ran_their_part(pd: DisaggregatedEngine) -> None:
     for core in (pd.prefill, pd.decode):
         core.scheduler.pool.check_integrity()
         assert core.scheduler.pool.num_used_pages == 0
-    assert not pd.prefill.scheduler.handoffs.pinned
+    assert not pd.prefill.scheduler.connector.pinned
 
 
 def flat(logprobs: list) -> list[float]:

@@ -29,9 +29,9 @@ def make_core(role: str, num_kv_pages: int = 32, **overrides: object) -> EngineC
 def make_handoff(request_id: str, prompt_len: int, max_tokens: int = 4) -> Handoff:
     """A handoff as a prefill rank with 4-token pages would send it (its pages 0, 1, ...)."""
     return Handoff(
-        request_id,
-        (3,) * prompt_len,
-        SamplingParams(max_tokens=max_tokens),
+        request_id=request_id,
+        prompt_token_ids=(3,) * prompt_len,
+        sampling=SamplingParams(max_tokens=max_tokens),
         first_token_ids=(FIRST,),
         first_logprobs=(None,),
         prompt_logprobs=(),
@@ -64,7 +64,7 @@ def test_a_prefill_rank_hands_off_at_the_first_token_and_pins_pages_until_releas
         ("done", SIM_TOKEN, True)
     ]
     pool = core.scheduler.pool
-    assert pool.num_used_pages == 3 and not core.scheduler.requests
+    assert pool.num_used_pages == 3 and not core.scheduler.queues.requests
     with pytest.raises(ValueError, match="already in use"):
         core.submit(make_request("a"))
     assert not core.step().plan.chunks  # it never decodes here
@@ -92,7 +92,7 @@ def test_a_decode_rank_reserves_only_under_the_watermark_and_when_the_pages_fit(
     (reservation,) = core.step().plan.reservations
     assert reservation.request_id == "a" and reservation.target_page_ids == tuple(range(19))
     assert reservation.page_indices == tuple(range(19))
-    assert core.scheduler.requests["a"].status is RequestStatus.LOADING
+    assert core.scheduler.queues.requests["a"].status is RequestStatus.WAITING_FOR_REMOTE_KV
     assert not core.waits_on_transfers  # "b" still waits for a reservation
     assert not core.step().plan.reservations  # "b" waits: the pool is over the watermark
     core.kv_arrived("a")
@@ -106,7 +106,7 @@ def test_a_decode_rank_reserves_only_under_the_watermark_and_when_the_pages_fit(
         ("a", 1, False)
     ]
     assert not outcome.plan.reservations
-    while "a" in core.scheduler.requests:
+    while "a" in core.scheduler.queues.requests:
         assert not core.step().plan.reservations
     assert [r.request_id for r in core.step().plan.reservations] == ["b"]
     core.scheduler.pool.check_integrity()
@@ -153,6 +153,11 @@ def test_an_abort_in_flight_keeps_the_pages_until_the_transfer_ends() -> None:
         ("null", lambda c: c.submit_handoff(make_handoff("h", 4)), "only a decode rank"),
         ("decode", lambda c: c.submit_handoff(make_handoff("h", 200)), "more KV pages"),
         ("decode", lambda c: c.submit_handoff(fork_handoff(120, n=8)), "needs 38 KV pages"),
+        # A transfer's end is taken only by the role whose transfers end that way (once, one
+        # queue of ``(id, None)`` turned a release sent to a decode rank into an arrival).
+        ("decode", lambda c: c.release_handoff("h"), "only a prefill rank"),
+        ("prefill", lambda c: c.kv_arrived("h"), "only a decode rank"),
+        ("null", lambda c: c.kv_failed("h", "timed out"), "only a decode rank"),
     ],
 )
 def test_a_rank_refuses_work_its_role_cannot_take(role: str, call, culprit: str) -> None:
@@ -170,7 +175,7 @@ def test_forks_share_the_prompt_pages_and_copy_only_the_partial_last_one() -> No
     assert [pool.num_holders(p) for p in parent] == [3, 3, 1]
     core.kv_arrived("h")
     outcome = core.step()
-    forks = [core.scheduler.requests[f"h#{j}"] for j in (1, 2)]
+    forks = [core.scheduler.queues.requests[f"h#{j}"] for j in (1, 2)]
     assert outcome.plan.page_copies == [(parent[2], f.page_ids[2]) for f in forks]
     assert [f.page_ids[:2] for f in forks] == [list(parent[:2])] * 2
     assert sorted(e.request.request_id for e in outcome.events if e.token_id == FIRST) == [
@@ -201,7 +206,7 @@ def test_sequences_that_end_at_their_first_token_leave_the_forks_copies_intact(e
     core.kv_arrived("h")
     outcome = core.step()
     live = [j for j in (1, 2) if j not in ended]
-    targets = [core.scheduler.requests[f"h#{j}"].page_ids[2] for j in live]
+    targets = [core.scheduler.queues.requests[f"h#{j}"].page_ids[2] for j in live]
     assert outcome.plan.page_copies == [(parent_tail, t) for t in targets]
     assert pool.num_holders(parent_tail) == (1 if live and 0 in ended else int(0 not in ended))
     pool.check_integrity()

@@ -26,10 +26,10 @@ from actors.control.scheduler import Scheduler
 from actors.replica.pd_messages import DecodeRequest
 from cli.main import main
 from deployment.config import AppArgs
-from deployment.routing.decode_load import DecodeLoadPolicy
 from deployment.routing.kv_hub import KvEventLogBook
-from deployment.routing.kv_router import KvRouterConfig
 from deployment.routing.routers import ROUTER_CLASSES, DecodeLoadRouter
+from routing.decode_load import DecodeLoadPolicy
+from routing.kv_router import KvRouterConfig
 from sim.disaggregated import simulate_pd
 from sim.report import summarize
 from sim.round_costs import PRESETS
@@ -44,7 +44,14 @@ def handoff(request_id: str, num_tokens: int) -> Handoff:
     """A one-sequence handoff of a ``num_tokens`` prompt (its pages are not read here)."""
     pages = tuple(range(-(-num_tokens // PAGE)))
     return Handoff(
-        request_id, tuple([7] * num_tokens), SamplingParams(), (3,), (None,), (), pages, num_tokens
+        request_id=request_id,
+        prompt_token_ids=tuple([7] * num_tokens),
+        sampling=SamplingParams(),
+        first_token_ids=(3,),
+        first_logprobs=(None,),
+        prompt_logprobs=(),
+        page_ids=pages,
+        num_kv_tokens=num_tokens,
     )
 
 
@@ -59,7 +66,7 @@ class DecodeRank:
 
     def take(self, *handoffs: Handoff) -> None:
         for h in handoffs:
-            self.scheduler.intake.add(h)
+            self.scheduler.connector.add_handoff(h)
 
     def report(self, now_s: float = 0.0) -> KvEventBatch:
         batch = self.publisher.publish(rank_load(self.scheduler), now_s)
@@ -137,7 +144,7 @@ def test_the_decode_role_serve_router_reads_the_hub_and_the_handoffs_prompt() ->
     a.take(handoff("held", 120))
     book.publish([a.report()])
     book.publish([b.report()])
-    message = DecodeRequest(handoff("r", 16))
+    message = DecodeRequest(handoff=handoff("r", 16))
     replicas = [FakeReplica("a"), FakeReplica("b")]
 
     async def pick() -> str:
@@ -224,7 +231,7 @@ def test_the_simulated_pd_routes_both_groups_on_their_own_kv_events() -> None:
     assert sim.decode_policy is not None
     assert sim.decode_policy.num_fallbacks < sim.num_transfers // 2
     assert sorted(map(str, sim.decode_policy.index.sources())) == ["0", "1"]
-    assert sum(s.intake.num_received for s in sim.decode.schedulers) == sim.num_transfers
+    assert sum(s.connector.num_received for s in sim.decode.schedulers) == sim.num_transfers
 
 
 def test_simulate_disaggregate_refuses_gate_aware_naming_the_flag(capsys) -> None:

@@ -43,7 +43,7 @@ def test_every_request_crosses_over_and_the_decode_group_never_prefills() -> Non
     for scheduler in sim.prefill.schedulers + sim.decode.schedulers:
         scheduler.pool.check_integrity()
         assert scheduler.pool.num_used_pages == 0
-    assert not any(s.handoffs.pinned for s in sim.prefill.schedulers)
+    assert not any(s.connector.pinned for s in sim.prefill.schedulers)
     # Every token after a request's first is one inter-token gap, all from the decode group.
     assert sum(r.num_output for r in result.records) == len(result.itl_ms) + 60
 

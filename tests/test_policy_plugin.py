@@ -1,7 +1,8 @@
 """A new prefill policy is one file plus one registration: this file is that file.
 
 It declares a policy the way ``gate/*.py`` do (a frozen config whose fields are its flags, a
-class with its extra gather columns, a ``PolicySpec``), registers it, and runs it through the
+class with its extra gather columns and, from ``RoundByRound``, no closed form for quiet
+rounds, a ``PolicySpec``), registers it, and runs it through the
 engine's flags, the serve config, ``ServerArgs`` and ``roundgate simulate --policy`` without
 any other file knowing it exists.
 """
@@ -20,6 +21,7 @@ from actors.server_args import ServerArgs
 from cli.main import main
 from deployment.config import AppArgs
 from gate import RankRow, RoundView, registry
+from gate.policy import RoundByRound
 from gate.spec import PolicyContext, PolicySpec
 from gate.vote import CLOSED, OPEN, GateVote
 from sim.arrivals import Arrival
@@ -37,7 +39,7 @@ class EveryNthConfig:
             raise ValueError(f"--every-nth-period must be >= 1, got {self.period}")
 
 
-class EveryNth:
+class EveryNth(RoundByRound):
     """Opens on every ``period``-th round of the group while anyone waits (a shared clock)."""
 
     extra_columns = ("waiting",)

@@ -137,5 +137,5 @@ def test_a_prompt_that_would_not_fit_is_requeued_without_counting_a_hit() -> Non
     sched.pool.allocate("ballast", 12)  # every page: the cached ones are evicted
     sched.add_request(request("b", PROMPT[:8]))
     plan = step(sched, ex)
-    assert not plan.chunks and sched.waiting[0].num_computed_tokens == 0
+    assert not plan.chunks and sched.queues.waiting[0].num_computed_tokens == 0
     assert sched.prefix.num_hits == 0

@@ -62,12 +62,12 @@ def check_holders(sched: Scheduler) -> None:
     pool = sched.pool
     pool.check_integrity()
     holders = [0] * pool.num_pages
-    for req in sched.running:
+    for req in sched.queues.running:
         assert pool.pages_of(req.request_id) is req.page_ids or not req.page_ids
         for page in req.page_ids:
             holders[page] += 1
     assert holders == [pool.num_holders(p) for p in range(pool.num_pages)]
-    for req in [*sched.waiting, *sched.retracted]:
+    for req in [*sched.queues.waiting, *sched.queues.retracted]:
         assert pool.pages_of(req.request_id) == []
 
 

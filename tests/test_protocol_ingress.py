@@ -132,10 +132,20 @@ def test_sampling_is_built_once_and_fills_the_context_when_unset() -> None:
 def test_usage_adds_up_the_ranks_counts() -> None:
     tok = ByteTokenizer()
     counted = Choice(0, [1, 2], tok)
-    counted.feed(GenerateChunk((5, 6, 7), None, Usage(2, 3)))
+    counted.feed(
+        GenerateChunk(
+            token_ids=(5, 6, 7),
+            finish_reason=None,
+            usage=Usage(prompt_tokens=2, completion_tokens=3),
+        )
+    )
     # The rank's count wins over the tokens this choice happened to receive.
     behind = Choice(1, [1, 2, 3], tok)
-    behind.feed(GenerateChunk((5,), None, Usage(3, 2)))
+    behind.feed(
+        GenerateChunk(
+            token_ids=(5,), finish_reason=None, usage=Usage(prompt_tokens=3, completion_tokens=2)
+        )
+    )
     unanswered = Choice(2, [1, 2, 3, 4], tok)  # no chunk yet: its prompt, nothing generated
     assert usage([counted, behind, unanswered]) == {
         "prompt_tokens": 9,
@@ -195,7 +205,11 @@ def test_a_request_the_rank_failed_alone_gets_its_status_and_the_group_stays_up(
     def reply(message: GenerateRequest) -> list[Any]:
         if message.prompt_token_ids[0] == ord("x"):
             error = GenerateChunk(
-                (), "error", Usage(1, 1), "sampling failed: nan", error_status=status
+                token_ids=(),
+                finish_reason="error",
+                usage=Usage(prompt_tokens=1, completion_tokens=1),
+                error="sampling failed: nan",
+                error_status=status,
             )
             return [tokens(65), error]
         return echo_reply(message)

@@ -14,6 +14,7 @@ def test_status_order_follows_the_lifecycle() -> None:
     order = [
         RequestStatus.WAITING,
         RequestStatus.LOADING,
+        RequestStatus.WAITING_FOR_REMOTE_KV,
         RequestStatus.PREFILLING,
         RequestStatus.DECODING,
         RequestStatus.RETRACTED,
@@ -31,6 +32,7 @@ def test_status_order_follows_the_lifecycle() -> None:
     [
         (RequestStatus.WAITING, False, None),
         (RequestStatus.LOADING, False, None),
+        (RequestStatus.WAITING_FOR_REMOTE_KV, False, None),
         (RequestStatus.PREFILLING, False, None),
         (RequestStatus.DECODING, False, None),
         (RequestStatus.RETRACTED, False, None),

@@ -55,7 +55,7 @@ def bypass_submit_with_a_duplicate(core: EngineCore) -> None:
     # A caller that skips ``submit``'s check: the duplicate reaches the engine thread itself.
     core.submit(make_request("x", prompt_len=4, max_tokens=MAX_TOKENS))
     core.step()
-    core._intake.append(make_request("x", prompt_len=4, max_tokens=MAX_TOKENS))
+    core._queued_prompts.append(make_request("x", prompt_len=4, max_tokens=MAX_TOKENS))
 
 
 def abort_unknown(core: EngineCore) -> None:

@@ -1,5 +1,6 @@
-"""The request-path tracer's counting rule (``benchmarks/request_path.py``): a container is its
-elements unless it holds only scalars, a named tuple is a record, telemetry is not data."""
+"""The request-path tracer's counting rule (``bench/request_shapes.py``, which
+``benchmarks/request_path.py`` counts with): a container is its elements unless it holds only
+scalars, a named tuple is a record, telemetry is not data."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from actors.control.messages import Usage
-from benchmarks.request_path import counted, describe
+from bench.request_shapes import counted, describe
 from deployment.request_metrics import RequestRecorder
 
 
@@ -24,7 +25,7 @@ class Event(NamedTuple):
         ([[1, 2], [3]], "list[list[int]]", {"list[int]"}),
         ({"role": "user"}, "dict[str, ...]", {"dict[str, ...]"}),
         ([{"role": "user"}], "list[dict[str, ...]]", {"dict[str, ...]"}),
-        ([Usage(1, 2)], "list[Usage]", {"Usage"}),
+        ([Usage(prompt_tokens=1, completion_tokens=2)], "list[Usage]", {"Usage"}),
     ],
 )
 def test_a_container_counts_as_its_elements(value: Any, raw: str, shapes: set[str]) -> None:

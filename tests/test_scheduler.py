@@ -107,10 +107,13 @@ def test_full_batch_defers_new_prefill(
     add(sched, *[4] * num_prompts)
     plan = run_round(sched, ALLOW_ALL)
     assert plan.num_extends == admitted
-    assert len(sched.running) == admitted and len(sched.waiting) == num_prompts - admitted
+    assert (
+        len(sched.queues.running) == admitted
+        and len(sched.queues.waiting) == num_prompts - admitted
+    )
     # With the batch still full the prompt keeps waiting, gate or not.
     plan = run_round(sched, ALLOW_ALL)
-    assert plan.num_extends == 0 and len(sched.waiting) == num_prompts - admitted
+    assert plan.num_extends == 0 and len(sched.queues.waiting) == num_prompts - admitted
 
 
 @pytest.mark.parametrize(

@@ -41,8 +41,8 @@ def test_abort_frees_pages_and_reports_a_finish(where: str, status: RequestStatu
     plan = sched.plan(HOLD_ALL)
     assert victim.status is RequestStatus.FINISHED_ABORTED and victim.finish_reason == "abort"
     assert sched.pool.pages_of(victim.request_id) == [] and victim.page_ids == []
-    assert victim not in sched.running and victim not in sched.waiting
-    assert victim not in sched.retracted and victim.request_id not in sched.requests
+    assert victim not in sched.queues.running and victim not in sched.queues.waiting
+    assert victim not in sched.queues.retracted and victim.request_id not in sched.queues.requests
     assert all(c.request is not victim for c in plan.chunks)
     events = sched.update(plan, sampled(plan))
     assert [(e.request, e.token_id, e.finished) for e in events if e.request is victim] == [
@@ -89,8 +89,11 @@ def test_update_appends_tokens_and_frees_finished_requests() -> None:
         (long.request_id, 22, False),
     ]
     assert short.output_token_ids == [11, 21] and long.output_token_ids == [12, 22]
-    assert short.status is RequestStatus.FINISHED_LENGTH and short not in sched.running
-    assert sched.pool.pages_of(short.request_id) == [] and short.request_id not in sched.requests
+    assert short.status is RequestStatus.FINISHED_LENGTH and short not in sched.queues.running
+    assert (
+        sched.pool.pages_of(short.request_id) == []
+        and short.request_id not in sched.queues.requests
+    )
     assert sched.pool.num_used_pages == len(long.page_ids) == 2
     sched.pool.check_integrity()
 
@@ -128,7 +131,7 @@ def test_check_fits_refuses_prompts_that_can_never_run(
     sched = make_scheduler(**overrides)
     with pytest.raises(ValueError, match=message):
         sched.check_fits(make_request("long", prompt_len))
-    assert not sched.has_unfinished and sched.requests == {}
+    assert not sched.has_unfinished and sched.queues.requests == {}
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,8 @@ def test_the_parts_share_the_schedulers_queues_pool_and_waits() -> None:
     assert planner.waits is ends.waits is sched.waits
     assert planner.ends is ends
     for name in ("waiting", "running", "retracted", "requests"):
-        assert getattr(sched, name) is getattr(queues, name)
+        # One name per queue: ``scheduler.queues.<name>``, never a second binding.
+        assert not hasattr(sched, name) and not hasattr(planner, name)
 
 
 def test_an_abort_and_a_failure_go_through_the_endings_part() -> None:
@@ -32,6 +33,6 @@ def test_an_abort_and_a_failure_go_through_the_endings_part() -> None:
     plan = run_round(sched, ALLOW_ALL)
     assert (sched.num_aborts, sched.num_failures) == (1, 1)
     assert a.finish_reason == "abort" and b.error == "injected"
-    assert a.request_id not in sched.requests and b.request_id not in sched.requests
+    assert a.request_id not in sched.queues.requests and b.request_id not in sched.queues.requests
     assert [c.request for c in plan.chunks] == [waiting]
     assert not sched.ends.has_pending

@@ -79,7 +79,12 @@ def test_pool_integrity_every_round_and_no_leak_or_starvation(case) -> None:
     for loop in run.loops:
         sched = loop.scheduler
         assert sched.pool.num_used_pages == 0, "pages leaked"
-        assert not (sched.waiting or sched.running or sched.retracted or sched.requests)
+        assert not (
+            sched.queues.waiting
+            or sched.queues.running
+            or sched.queues.retracted
+            or sched.queues.requests
+        )
         assert not sched.has_unfinished
     capacity = args.num_kv_pages * args.page_size
     for rid, (_, req) in run.requests.items():

@@ -19,7 +19,7 @@ def test_retraction_under_kv_pressure_picks_the_newest() -> None:
     plan = sched.plan(HOLD_ALL)
     assert [(r.request_id, pages) for r, pages in plan.retracted] == [(c.request_id, old_pages)]
     assert c.status is RequestStatus.RETRACTED and c.page_ids == []
-    assert sched.running == [a, b] and list(sched.retracted) == [c]
+    assert sched.queues.running == [a, b] and list(sched.queues.retracted) == [c]
     assert chunk_summary(plan) == [(a.request_id, 1, False), (b.request_id, 1, False)]
     assert sched.num_retractions == 1 and len(a.page_ids) == 2
     sched.pool.check_integrity()
@@ -33,7 +33,7 @@ def test_readmission_runs_with_the_gate_closed_and_is_a_restore() -> None:
     plan = run_round(sched, HOLD_ALL)
     assert plan.readmitted == [c] and plan.permission == HOLD_ALL
     assert plan.num_extends == 0, "a restore takes no prefill tokens"
-    assert c.status is RequestStatus.DECODING and c in sched.running
+    assert c.status is RequestStatus.DECODING and c in sched.queues.running
     # Restored with its cached tokens, then decoded as usual in the same round.
     assert chunk_summary(plan) == [(a.request_id, 1, False), (c.request_id, 1, False)]
     assert c.num_computed_tokens == computed + 1
@@ -45,7 +45,7 @@ def test_readmission_waits_for_room_then_restores_fifo() -> None:
     plan = run_round(sched, HOLD_ALL)
     # No free page for c. b now needs a second page too and, being the newest, retracts itself.
     assert plan.readmitted == [] and [r for r, _ in plan.retracted] == [b]
-    assert list(sched.retracted) == [c, b]
+    assert list(sched.queues.retracted) == [c, b]
     sched.abort(a.request_id)  # frees a's two pages: both fit again
     plan = run_round(sched, HOLD_ALL)
     assert plan.readmitted == [c, b] and plan.num_extends == 0
@@ -67,7 +67,7 @@ def resident_chunk_before_a_decode() -> tuple[Scheduler, Request, Request]:
         sched.add_request(Request(rid, [7] * prompt_len, SamplingParams(max_tokens=max_tokens)))
     for permission in (ALLOW_ALL, ALLOW_ALL, ALLOW_ALL, HOLD_ALL, ALLOW_ALL, ALLOW_ALL):
         run_round(sched, permission)
-    p, d = sched.running
+    p, d = sched.queues.running
     assert (p.request_id, d.request_id) == ("p", "d")
     assert p.status is RequestStatus.PREFILLING and p.num_computed_tokens == 4
     assert len(p.page_ids) == 1 and d.status is RequestStatus.DECODING

@@ -12,7 +12,7 @@ import pytest
 from server_args_cases import ANY, ATTEMPT, CONTEXT, GATE, LOCAL_ONLY, refuses
 
 from actors.model.config import PRESETS, with_overrides
-from actors.server_args import ServerArgs
+from actors.server_args import DisaggregationRole, ServerArgs
 from gate import PrefillDelay
 from gate.no_gate import NoGateConfig
 from gate.vllm_interval import VllmIntervalConfig
@@ -293,6 +293,24 @@ def test_wrong_types_name_the_flag(changes: dict[str, Any], flag: str) -> None:
 def test_unknown_argument_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="dp_sise"):
         ServerArgs(dp_sise=2)
+
+
+@pytest.mark.parametrize(
+    ("given", "role"),
+    [
+        ("null", DisaggregationRole.FUSED),  # the flag's fused spelling before the enum
+        (None, DisaggregationRole.FUSED),  # a YAML serve config's bare ``null``
+        ("fused", DisaggregationRole.FUSED),
+        (DisaggregationRole.FUSED, DisaggregationRole.FUSED),
+        ("prefill", DisaggregationRole.PREFILL),
+        ("decode", DisaggregationRole.DECODE),
+    ],
+)
+def test_the_role_is_an_enum_whatever_its_spelling(given: Any, role: DisaggregationRole) -> None:
+    args = ServerArgs(disaggregation_mode=given)
+    assert args.disaggregation_mode is role
+    assert ServerArgs.from_cli(args.to_cli()) == args
+    assert pickle.loads(pickle.dumps(args)).disaggregation_mode is role
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from actors.server_args import (
     DEVICES,
     DISAGGREGATION_MODES,
     MOE_BACKENDS,
+    DisaggregationRole,
     ServerArgs,
 )
 from gate import PrefillDelay, registry
@@ -50,6 +51,13 @@ def test_from_cli_parses_the_design_flags() -> None:
     assert args.enable_mixed_prefill_decode is True
     assert args.max_model_len == 2048
     assert args.collective_timeout_s == 2.5
+
+
+@pytest.mark.parametrize("spelling", ["null", "fused"])
+def test_the_fused_role_takes_both_spellings_on_the_command_line(spelling: str) -> None:
+    args = ServerArgs.from_cli(["--disaggregation-mode", spelling])
+    assert args.disaggregation_mode is DisaggregationRole.FUSED
+    assert args == ServerArgs()
 
 
 def test_from_cli_defaults_equal_the_dataclass() -> None:

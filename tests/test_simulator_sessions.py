@@ -10,7 +10,7 @@ import pytest
 from sim_builders import sim_args
 
 from cli.main import main
-from deployment.routing.cache_aware import CacheAwareConfig
+from routing.cache_aware import CacheAwareConfig
 from sim.report import summarize
 from sim.round_costs import PRESETS
 from sim.router import Router

@@ -69,7 +69,11 @@ def test_a_rank_validates_once_and_the_engine_core_not_again(
     validations.clear()
     args = ServerArgs(**bound)  # RankReplica.__init__
     core = EngineCore(args, CostExecutor(TOY))
-    core.submit(GenerateRequest("r", (1, 2, 3), SamplingParams(max_tokens=2)).to_request())
+    core.submit(
+        GenerateRequest(
+            request_id="r", prompt_token_ids=(1, 2, 3), sampling=SamplingParams(max_tokens=2)
+        ).to_request()
+    )
     core.step()
     assert len(validations) == 1
     assert core.scheduler.max_model_len == args.max_model_len
@@ -87,7 +91,11 @@ def test_a_requests_limits_are_checked_once_at_the_ranks_intake(
         check_fits(request)
 
     monkeypatch.setattr(core.scheduler, "check_fits", counted)
-    core.submit(GenerateRequest("r", (1, 2, 3), SamplingParams(max_tokens=2)).to_request())
+    core.submit(
+        GenerateRequest(
+            request_id="r", prompt_token_ids=(1, 2, 3), sampling=SamplingParams(max_tokens=2)
+        ).to_request()
+    )
     while core.has_local_work:
         core.step()
     assert checked == ["r"]

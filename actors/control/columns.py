@@ -21,34 +21,35 @@ def _prefillable(s: Scheduler) -> int:
 
 
 def _ctx_requests(s: Scheduler) -> int:
-    new = min(len(s.waiting), s.max_batch_size - len(s.running)) if s.can_admit else 0
+    q = s.queues
+    new = min(len(q.waiting), s.max_batch_size - len(q.running)) if s.can_admit else 0
     return s.num_resident_chunks + new
 
 
 def _head_wait_rounds(s: Scheduler) -> int:
     # Rounds since the oldest held prompt (queue head or a resident chunk) was first published.
     first = [r.first_want_round for r in s.queues.partial if r.first_want_round is not None]
-    if s.waiting and s.waiting[0].first_want_round is not None:
-        first.append(s.waiting[0].first_want_round)
+    if s.queues.waiting and s.queues.waiting[0].first_want_round is not None:
+        first.append(s.queues.waiting[0].first_want_round)
     return s.round - min(first) if first else 0
 
 
 def _backlog_rounds(s: Scheduler) -> int:
     # Open rounds the rank's prefill backlog needs at its token budget (ceil).
     tokens = sum(r.num_uncomputed_prompt_tokens for r in s.queues.partial)
-    tokens += sum(r.num_prompt_tokens for r in s.waiting)
+    tokens += sum(r.num_prompt_tokens for r in s.queues.waiting)
     return -(-tokens // s.args.max_scheduled_tokens)
 
 
 READERS: dict[str, ColumnReader] = {
     "prefillable": lambda s, now: _prefillable(s),
     "kv_permille": lambda s, now: s.pool.num_used_pages * 1000 // s.pool.num_pages,
-    "running": lambda s, now: len(s.running),
-    "waiting": lambda s, now: len(s.waiting),
+    "running": lambda s, now: len(s.queues.running),
+    "waiting": lambda s, now: len(s.queues.waiting),
     "max_prefill_bs": lambda s, now: max(s.prefill_sizes, default=0),
     "ctx_requests": lambda s, now: _ctx_requests(s),
-    "gen_requests": lambda s, now: len(s.running) - s.num_resident_chunks,
-    "backlog_requests": lambda s, now: len(s.waiting) + s.num_resident_chunks,
+    "gen_requests": lambda s, now: len(s.queues.running) - s.num_resident_chunks,
+    "backlog_requests": lambda s, now: len(s.queues.waiting) + s.num_resident_chunks,
     "backlog_rounds": lambda s, now: _backlog_rounds(s),
     "head_wait_rounds": lambda s, now: _head_wait_rounds(s),
     # Wall or simulated clock in ms: policies use the max over ranks, so they agree.

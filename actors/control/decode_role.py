@@ -1,12 +1,13 @@
-"""The decode role's part of a scheduler: requests arrive with their KV and only decode.
+"""The decode role's KV connector: requests arrive with their KV and only decode.
 
 A decode rank (``--disaggregation-mode decode``) never prefills. Its new work is handoffs
 (``actors.control.handoff``), each in one of three places::
 
-    add ─► waiting (WAITING) ──(pool <= 0.9, slots free, pages fit)──► waiting (LOADING)
-                                reserve: pages held, KVReservation out    │ transfer runs
+    add_handoff ─► waiting (WAITING) ──(pool <= 0.9, slots free, pages fit)──► waiting
+                   reserve: pages held, KVReservation out          (WAITING_FOR_REMOTE_KV)
+                                                                          │ transfer runs
                                                                           ▼
-            fail: FINISHED_ERROR, pages freed ◄── kv_failed      kv_arrived ──► running (DECODING)
+        fail: FINISHED_ERROR, pages freed ◄── KVFailed            KVArrived ──► running (DECODING)
 
 Reservation is admission: the 0.9 watermark and the batch's slots apply as to a new prompt on
 a fused rank, and a handoff that does not fit waits (the head holds the queue, as prompts do),
@@ -17,7 +18,8 @@ past the prompt) plus one private page each, into which the parent's partial las
 copied when the KV has arrived; their first tokens came with the handoff.
 
 A request that ends while its transfer runs (a client's abort) keeps its pages until the
-transfer ends either way: the transport is still writing them.
+transfer ends either way: the transport is still writing them. The receiving end of the
+``KVConnector`` interface (``actors.control.kv_connector``); its sending end refuses.
 """
 
 from __future__ import annotations
@@ -25,16 +27,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from actors.control.endings import RequestEnds
-from actors.control.handoff import Handoff, KVReservation
+from actors.control.handoff import Handoff, KVArrived, KVFailed, KVReservation, TransferEnd
 from actors.control.kv_pool import KVPool
 from actors.control.page_keys import PageKey
 from actors.control.prefix_cache import PrefixCache
 from actors.control.queues import RequestQueues
-from actors.control.request import Request, RequestStatus, sequence_id
+from actors.control.request import Request, RequestStatus, TokenLogprobs, sequence_id
 from actors.control.round import RoundPlan, TokenEvent
 
 _WAITING = RequestStatus.WAITING
-_LOADING = RequestStatus.LOADING
+_WAITING_FOR_KV = RequestStatus.WAITING_FOR_REMOTE_KV
 _DECODING = RequestStatus.DECODING
 
 
@@ -60,8 +62,9 @@ class HandoffIntake:
         self.watermark = watermark
         self.max_sequence_len = max_sequence_len
         self.retire = retire  # the scheduler's: a sequence that finished at its first token
-        self._handoffs: dict[str, Handoff] = {}  # waiting or loading, by id
-        # Loading requests (their transfer under way) and the forks reserved with them.
+        self.rank = 0  # its index in the decode group (no message of this side names it)
+        self._handoff_of: dict[str, Handoff] = {}  # waiting, reserved or not, by id
+        # Reserved requests (their transfer under way) and the forks reserved with them.
         self.in_flight: dict[str, Request] = {}
         self._forks: dict[str, list[Request]] = {}
         # Ended while in flight: their pages are freed when the transfer ends.
@@ -79,11 +82,11 @@ class HandoffIntake:
 
     # ---- intake ------------------------------------------------------------------------
 
-    def add(self, handoff: Handoff) -> Request:
+    def add_handoff(self, handoff: Handoff) -> Request:
         """Queue a handoff for reservation; returns its request (sequence 0)."""
         req = handoff.to_request()
         self.num_received += 1
-        self._handoffs[req.request_id] = handoff
+        self._handoff_of[req.request_id] = handoff
         self.queues.requests[req.request_id] = req
         self.queues.waiting.append(req)
         return req
@@ -100,26 +103,26 @@ class HandoffIntake:
             )
 
     @property
-    def num_loading_sequences(self) -> int:
+    def num_in_flight_sequences(self) -> int:
         return sum(req.sampling.n for req in self.in_flight.values())
 
     @property
-    def only_in_flight(self) -> bool:
+    def waits_on_transfers(self) -> bool:
         """Whether every request the rank holds waits for its KV: a round could plan nothing
         (a serving loop may wait for ``kv_arrived`` / ``kv_failed`` instead of stepping)."""
         queues = self.queues
         return (
             bool(self.in_flight)
-            and len(self.in_flight) == len(self._handoffs)
+            and len(self.in_flight) == len(self._handoff_of)
             and not queues.running
             and not queues.retracted
             and not self.ends.has_pending
         )
 
     @property
-    def num_waiting(self) -> int:
+    def num_waiting_for_decode(self) -> int:
         """Handoffs waiting for decode capacity (not yet reserved)."""
-        return len(self._handoffs) - len(self.in_flight)
+        return len(self._handoff_of) - len(self.in_flight)
 
     # ---- the round ---------------------------------------------------------------------
 
@@ -133,7 +136,7 @@ class HandoffIntake:
         if self._copies:
             plan.page_copies.extend(self._copies)
             self._copies.clear()
-        if len(self.in_flight) == len(self._handoffs):
+        if len(self.in_flight) == len(self._handoff_of):
             return  # every handoff is reserved already
         running = self.queues.running
         for req in list(self.queues.waiting):
@@ -141,7 +144,7 @@ class HandoffIntake:
                 continue
             if self.pool.occupancy > self.watermark:
                 return
-            busy = len(running) + self.num_loading_sequences
+            busy = len(running) + self.num_in_flight_sequences
             if busy and busy + req.sampling.n > self.max_batch_size:
                 return
             reservation = self._reserve(req)
@@ -150,7 +153,7 @@ class HandoffIntake:
             plan.reservations.append(reservation)
 
     def _reserve(self, req: Request) -> KVReservation | None:
-        handoff = self._handoffs[req.request_id]
+        handoff = self._handoff_of[req.request_id]
         pool, rid = self.pool, req.request_id
         prompt = req.num_prompt_tokens
         full = prompt // pool.page_size
@@ -178,13 +181,23 @@ class HandoffIntake:
             forks.append(fork)
         self._forks[rid] = forks
         req.page_ids = pages
-        req.status = _LOADING
+        req.status = _WAITING_FOR_KV
         self.in_flight[rid] = req
         indices = tuple(range(num_cached, handoff.num_pages))
         self.num_reserved += 1
         self.num_transferred_pages += len(indices)
         self.num_cached_pages += num_cached
-        return KVReservation(handoff, indices, tuple(pages[i] for i in indices))
+        return KVReservation(
+            handoff=handoff, page_indices=indices, target_page_ids=tuple(pages[i] for i in indices)
+        )
+
+    def end_transfer(self, end: TransferEnd) -> None:
+        """A transfer into reserved pages ended: arrived or failed (a prefill rank's release
+        is refused by the engine core before it gets here)."""
+        if isinstance(end, KVArrived):
+            self.arrived(end.request_id)
+        elif isinstance(end, KVFailed):
+            self.failed(end.request_id, end.error)
 
     def arrived(self, request_id: str) -> None:
         """The reserved pages of ``request_id`` hold its prompt's K/V: its sequences decode
@@ -192,7 +205,7 @@ class HandoffIntake:
         req = self.in_flight.pop(request_id, None)
         if req is None:
             return  # not in flight (an unknown id, or reported twice)
-        handoff = self._handoffs.pop(request_id)
+        handoff = self._handoff_of.pop(request_id)
         forks = self._forks.pop(request_id)
         if request_id in self._orphans:
             self._orphans.discard(request_id)
@@ -251,7 +264,7 @@ class HandoffIntake:
             self.pool.free(fork.request_id)
         if request_id in self._orphans:
             self._orphans.discard(request_id)
-            self._handoffs.pop(request_id, None)
+            self._handoff_of.pop(request_id, None)
             self.pool.free(request_id)
             return
         self.ends.fail(req, error)
@@ -263,9 +276,22 @@ class HandoffIntake:
         if rid in self.in_flight:
             self._orphans.add(rid)
             return
-        self._handoffs.pop(rid, None)
+        self._handoff_of.pop(rid, None)
         self.pool.free(rid)
 
     def _free(self, req: Request, forks: list[Request]) -> None:
         for seq in (req, *forks):
             self.pool.free(seq.request_id)
+
+    # ---- the sending end: nothing leaves a decode rank -----------------------------------
+
+    def hand_off(
+        self, req: Request, forks: tuple[int, ...], logprobs: dict[str, TokenLogprobs]
+    ) -> Handoff:
+        raise ValueError(f"request {req.request_id!r}: a decode rank hands nothing off")
+
+    def take_handoffs(self) -> list[Handoff]:
+        return []
+
+    def is_pinned(self, request_id: str) -> bool:
+        return False  # nothing leaves: the ids it holds are in the scheduler's requests

@@ -27,6 +27,7 @@ class RequestEnds:
         pool: KVPool,
         prefix: PrefixCache,
         waits: AdmissionWaits,
+        free_pages: Callable[[Request], object],
     ) -> None:
         self.queues = queues
         self.pool = pool
@@ -41,9 +42,9 @@ class RequestEnds:
         # Retracted requests ended before readmission: their KV is parked off-device, and the
         # engine core tells the executor to let go of it (it drains this list every round).
         self.aborted_parked_ids: list[str] = []
-        # How an ended request's pages go back: to the pool at once, unless the rank's role
-        # says otherwise (a decode rank keeps pages a transfer is still writing).
-        self.free_pages: Callable[[Request], object] = self._free_pages
+        # How an ended request's pages go back: through the rank's KV connector, to the pool
+        # at once unless a transfer still writes them (a decode rank's).
+        self.free_pages = free_pages
 
     @property
     def has_pending(self) -> bool:
@@ -82,9 +83,6 @@ class RequestEnds:
         """The final events queued since the last call (the update hands them out)."""
         events, self.events = self.events, []
         return events
-
-    def _free_pages(self, req: Request) -> int:
-        return self.pool.free(req.request_id)
 
     def _drop(self, req: Request, status: RequestStatus) -> None:
         """Take ``req`` out of every queue and the pool, finished with ``status``; its

@@ -3,7 +3,9 @@ and the Ray rank replica.
 
 Requests and aborts may arrive from any thread (the replica's asyncio loop); they are queued
 and applied at the start of the next round, on the thread that runs ``step``, so the
-scheduler itself is only ever touched by one thread.
+scheduler itself is only ever touched by one thread. So are a disaggregated rank's inbound
+handoffs (decode) and the ends of its transfers (``KVArrived``/``KVFailed`` on a decode rank,
+``HandoffReleased`` on a prefill rank), which its scheduler's KV connector applies.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from collections.abc import Callable
 
 from actors.control.executor import Executor
 from actors.control.gather import Gather, SingleRankGather
-from actors.control.handoff import Handoff
+from actors.control.handoff import Handoff, HandoffReleased, KVArrived, KVFailed, TransferEnd
 from actors.control.rank_loop import RankLoop, RoundOutcome
 from actors.control.request import Request
 from actors.control.round import TokenEvent
 from actors.control.scheduler import Scheduler
-from actors.server_args import ServerArgs
+from actors.server_args import DisaggregationRole, ServerArgs
 
 EventSink = Callable[[TokenEvent], None]
 logger = logging.getLogger("roundgate.engine")
@@ -44,8 +46,10 @@ class EngineCore:
         self.args = args
         self.rank = rank
         self.scheduler = Scheduler(args)
-        if self.scheduler.handoffs is not None:
-            self.scheduler.handoffs.rank = rank
+        self.role = args.disaggregation_mode
+        # Where the rank's KV crosses to or from other ranks (a no-op on a fused rank).
+        self.connector = self.scheduler.connector
+        self.connector.rank = rank  # a prefill rank's handoffs name it as their source
         self.loop = RankLoop(
             self.scheduler,
             args.build_policy(rank),
@@ -57,14 +61,14 @@ class EngineCore:
         # Executors that park retracted KV off-device (the model runner) free it on abort.
         self._drop_parked = getattr(executor, "drop_parked", None)
         self._check_request = getattr(executor, "check_request", None)
-        self._intake: deque[Request] = deque()
-        self._loading: set[str] = set()  # ids in ``_intake`` submitted as loading
-        self._loaded: deque[str] = deque()  # ``mark_loaded`` calls for the next round
-        # Disaggregated roles: handoffs to take in (decode), and transfer outcomes for the
-        # next round as (request id, error or None): kv_arrived / kv_failed on a decode rank,
-        # release_handoff on a prefill rank.
-        self._handoffs: deque[Handoff] = deque()
-        self._transfers: deque[tuple[str, str | None]] = deque()
+        # What the next round takes in, queued by any thread (under ``_lock``): prompts, the
+        # ids among them submitted as loading, ``mark_loaded`` calls; on a decode rank the
+        # handoffs coming in, and on either disaggregated role the ends of transfers.
+        self._queued_prompts: deque[Request] = deque()
+        self._loading_ids: set[str] = set()
+        self._loaded_ids: deque[str] = deque()
+        self._queued_handoffs: deque[Handoff] = deque()
+        self._transfer_ends: deque[TransferEnd] = deque()
         self._lock = threading.Lock()
 
     def submit(self, request: Request, loading: bool = False) -> None:
@@ -77,7 +81,7 @@ class EngineCore:
         compiling); it holds its place in the scheduler's ``LOADING`` state until
         ``mark_loaded``, and the executor's own check is the caller's to run.
         """
-        if self.scheduler.intake is not None:
+        if self.role is DisaggregationRole.DECODE:
             raise ValueError(
                 f"request {request.request_id!r}: a decode rank takes handoffs only "
                 "(submit_handoff), never a prompt"
@@ -92,23 +96,20 @@ class EngineCore:
                 raise ValueError(
                     f"request id {request.request_id!r} is already in use on this rank"
                 )
-            self._intake.append(request)
+            self._queued_prompts.append(request)
             if loading:
-                self._loading.add(request.request_id)
+                self._loading_ids.add(request.request_id)
 
     def submit_handoff(self, handoff: Handoff) -> None:
         """Queue a prefill rank's handoff on this decode rank (any thread). Checked here like
         a prompt (limits, grammar); its pages are reserved by a later round, whose plan
         carries the ``KVReservation`` the transfer waits for."""
-        if self.scheduler.intake is None:
-            raise ValueError(
-                f"handoff {handoff.request_id!r}: only a decode rank "
-                f"(--disaggregation-mode decode) takes handoffs, this one is "
-                f"{self.args.disaggregation_mode!r}"
-            )
+        self._check_role(
+            DisaggregationRole.DECODE, f"handoff {handoff.request_id!r}", "takes handoffs"
+        )
         request = handoff.to_request()
         self.scheduler.check_fits(request)
-        self.scheduler.intake.check_fits(handoff)
+        self.connector.check_fits(handoff)
         if self._check_request is not None:
             self._check_request(request)  # a grammar compiles (cached after the first)
         with self._lock:
@@ -116,50 +117,63 @@ class EngineCore:
                 raise ValueError(
                     f"request id {handoff.request_id!r} is already in use on this rank"
                 )
-            self._handoffs.append(handoff)
+            self._queued_handoffs.append(handoff)
 
     def kv_arrived(self, request_id: str) -> None:
         """Decode rank: the reserved pages of ``request_id`` hold its KV (any thread; applied
         at the next round, from which it decodes). Unknown or ended ids are ignored."""
-        with self._lock:
-            self._transfers.append((request_id, None))
+        self._end_transfer(KVArrived(request_id), DisaggregationRole.DECODE, "receives KV")
 
     def kv_failed(self, request_id: str, error: str) -> None:
         """Decode rank: the transfer of ``request_id`` failed or timed out (any thread): at
         the next round it fails alone (its final event carries ``error``), pages freed."""
-        with self._lock:
-            self._transfers.append((request_id, error))
+        self._end_transfer(
+            KVFailed(request_id=request_id, error=error), DisaggregationRole.DECODE, "receives KV"
+        )
 
     def release_handoff(self, request_id: str) -> None:
         """Prefill rank: the transfer of handed-off ``request_id`` ended, either way (any
         thread): its pinned pages are freed at the next round."""
+        self._end_transfer(
+            HandoffReleased(request_id), DisaggregationRole.PREFILL, "pins handed-off pages"
+        )
+
+    def _end_transfer(self, end: TransferEnd, role: DisaggregationRole, does: str) -> None:
+        """Queue a transfer's end for the next round; only ``role``'s rank has transfers
+        that end this way (the message is refused on any other, naming the flag)."""
+        self._check_role(role, f"request {end.request_id!r}", does)
         with self._lock:
-            self._transfers.append((request_id, None))
+            self._transfer_ends.append(end)
+
+    def _check_role(self, role: DisaggregationRole, what: str, does: str) -> None:
+        """Refuse what only ``role``'s rank ``does``, naming the flag that sets the role."""
+        if self.role is not role:
+            raise ValueError(
+                f"{what}: only a {role} rank (--disaggregation-mode {role}) {does}, this one "
+                f"is {self.role}"
+            )
 
     def mark_loaded(self, request_id: str) -> None:
         """A ``loading`` request became schedulable (any thread; applied at the next round;
         ignored if it was aborted meanwhile)."""
         with self._lock:
-            self._loaded.append(request_id)
+            self._loaded_ids.append(request_id)
 
     def _is_live(self, request_id: str) -> bool:
         """Whether ``request_id`` is queued for intake or held by the scheduler (lock held)."""
-        if request_id in self.scheduler.requests:
+        if request_id in self.scheduler.queues.requests or self.connector.is_pinned(request_id):
             return True
-        handoffs = self.scheduler.handoffs
-        if handoffs is not None and request_id in handoffs.pinned:
+        if any(h.request_id == request_id for h in self._queued_handoffs):
             return True
-        if any(h.request_id == request_id for h in self._handoffs):
-            return True
-        return any(req.request_id == request_id for req in self._intake)
+        return any(req.request_id == request_id for req in self._queued_prompts)
 
     def _add(self, request: Request) -> None:
         """Hand one request to the scheduler. ``submit`` refused duplicates already; should
         one still arrive (a caller bypassing it), it is dropped and logged, never raised:
         the round loop serves every client of the group, and one request's id must not stop
         it. (Its events could not be told from the live request's, so it gets none.)"""
-        loading = request.request_id in self._loading
-        self._loading.discard(request.request_id)
+        loading = request.request_id in self._loading_ids
+        self._loading_ids.discard(request.request_id)
         try:
             self.scheduler.add_request(request, loading)
         except ValueError as exc:
@@ -168,62 +182,55 @@ class EngineCore:
     def abort(self, request_id: str) -> None:
         """Cancel a request (any thread); its pages are freed at the next plan."""
         with self._lock:
-            for req in self._intake:
+            for req in self._queued_prompts:
                 if req.request_id == request_id:
-                    self._intake.remove(req)
-                    self._loading.discard(request_id)
+                    self._queued_prompts.remove(req)
+                    self._loading_ids.discard(request_id)
                     return
         self.scheduler.abort(request_id)
 
-    def _apply_handoffs(self, handoffs: deque[Handoff], transfers: deque) -> None:
-        """Take in queued handoffs and transfer outcomes (on the round's thread)."""
-        intake, pinned = self.scheduler.intake, self.scheduler.handoffs
+    def _apply_kv(self, handoffs: deque[Handoff], ends: deque[TransferEnd]) -> None:
+        """Hand queued inbound handoffs and transfer ends to the connector (on the round's
+        thread; each was checked against the rank's role when it was queued)."""
+        connector = self.connector
         for handoff in handoffs:
-            if intake is not None:
-                intake.add(handoff)
-        for request_id, error in transfers:
-            if pinned is not None:
-                pinned.release(request_id)
-            elif intake is not None and error is None:
-                intake.arrived(request_id)
-            elif intake is not None and error is not None:
-                intake.failed(request_id, error)
+            connector.add_handoff(handoff)
+        for end in ends:
+            connector.end_transfer(end)
 
     @property
     def waits_on_transfers(self) -> bool:
         """Decode rank: nothing to plan until a transfer ends (every request it holds is
-        ``LOADING``, nothing queued): its loop may block instead of stepping idle rounds."""
-        intake = self.scheduler.intake
-        return (
-            intake is not None
-            and intake.only_in_flight
-            and not (self._intake or self._handoffs or self._transfers)
+        ``WAITING_FOR_REMOTE_KV``, nothing queued): its loop may block instead of stepping
+        idle rounds."""
+        return self.connector.waits_on_transfers and not (
+            self._queued_prompts or self._queued_handoffs or self._transfer_ends
         )
 
     @property
     def num_unfinished(self) -> int:
         """Requests queued for the next round plus those the scheduler holds."""
-        return len(self._intake) + len(self.scheduler.requests)
+        return len(self._queued_prompts) + len(self.scheduler.queues.requests)
 
     @property
     def has_local_work(self) -> bool:
-        return bool(self._intake or self._handoffs or self._transfers) or (
+        return bool(self._queued_prompts or self._queued_handoffs or self._transfer_ends) or (
             self.scheduler.has_unfinished
         )
 
     def step(self) -> RoundOutcome:
         """Take in queued requests, run one round (``RankLoop.step``), hand out its events."""
         with self._lock:
-            intake, self._intake = self._intake, deque()
-            for request in intake:
+            prompts, self._queued_prompts = self._queued_prompts, deque()
+            for request in prompts:
                 self._add(request)
-            loaded, self._loaded = self._loaded, deque()
-            handoffs, self._handoffs = self._handoffs, deque()
-            transfers, self._transfers = self._transfers, deque()
+            loaded, self._loaded_ids = self._loaded_ids, deque()
+            handoffs, self._queued_handoffs = self._queued_handoffs, deque()
+            ends, self._transfer_ends = self._transfer_ends, deque()
         for request_id in loaded:
             self.scheduler.mark_loaded(request_id)
-        if handoffs or transfers:
-            self._apply_handoffs(handoffs, transfers)
+        if handoffs or ends:
+            self._apply_kv(handoffs, ends)
         outcome = self.loop.step()
         parked = self.scheduler.aborted_parked_ids
         while parked:

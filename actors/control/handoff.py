@@ -1,15 +1,19 @@
-"""The messages of prefill/decode disaggregation: a request leaving its prefill rank, and the
-pages a decode rank reserved for it.
+"""The messages of prefill/decode disaggregation: a request leaving its prefill rank, the
+pages a decode rank reserved for it, and the ends of its transfer on either side.
 
     prefill rank                              transport                      decode rank
     prompt computed, first token sampled
     ──► Handoff (state + its pinned pages) ────────────────────────► submit_handoff(handoff)
                                                                    waits (pool <= 0.9, a slot)
-                                     ◄──────── KVReservation ◄──── pages reserved (LOADING)
+                                     ◄──────── KVReservation ◄──── pages reserved
+                                                                   (WAITING_FOR_REMOTE_KV)
     read handoff.page_ids[i] for i in reservation.page_indices
                                      ────────► write reservation.target_page_ids
-    release_handoff(id): pages unpinned                             kv_arrived(id): it decodes
-                         (also on a failed transfer)                kv_failed(id, why): it fails
+    HandoffReleased: pages unpinned                                 KVArrived: it decodes
+                     (also on a failed transfer)                    KVFailed(why): it fails
+
+The engine core's ``release_handoff``, ``kv_arrived`` and ``kv_failed`` queue the last three
+for the rank's next round, where its connector (``actors.control.kv_connector``) applies them.
 
 The handoff carries the request's whole state, not only its KV: the first token of every
 sequence (``n > 1`` prefills once; the decode rank forks over shared pages) with its logprobs,
@@ -27,13 +31,13 @@ from dataclasses import dataclass
 from actors.control.request import Request, RequestStatus, SamplingParams, TokenLogprobs
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Handoff:
     """A request whose prompt a prefill rank computed, on its way to a decode rank.
 
     ``page_ids`` are the prefill rank's pages holding the prompt's K/V (in the pool's layout,
     MLA latent pages included), in sequence order; they stay pinned on the prefill rank until
-    ``release_handoff(request_id)`` there.
+    ``release_handoff(request_id)`` there (a ``HandoffReleased``).
     """
 
     request_id: str
@@ -101,7 +105,7 @@ class Handoff:
         return req
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KVReservation:
     """Pages a decode rank reserved for a handoff: the transfer may start.
 
@@ -128,3 +132,35 @@ class KVReservation:
     def num_cached_pages(self) -> int:
         """The handoff's pages this rank already had (prefix caching): not transferred."""
         return self.handoff.num_pages - len(self.page_indices)
+
+
+# ---- the ends of a transfer, as the rank that reported it applies them at its next round ----
+
+
+@dataclass(frozen=True, slots=True)
+class KVArrived:
+    """Decode rank: the reserved pages of ``request_id`` hold its KV; it decodes from the
+    next round (an unknown or ended id is ignored)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KVFailed:
+    """Decode rank: the transfer of ``request_id`` failed or timed out; it fails alone (its
+    final event carries ``error``), its pages freed."""
+
+    request_id: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffReleased:
+    """Prefill rank: the transfer of handed-off ``request_id`` ended, either way (or no
+    decode rank will take it): its pinned pages are freed."""
+
+    request_id: str
+
+
+# What ends a transfer: received (decode side) or sent (prefill side).
+TransferEnd = KVArrived | KVFailed | HandoffReleased

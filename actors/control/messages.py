@@ -20,7 +20,7 @@ class RankTarget:
     dp_rank: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GenerateRequest:
     """One sequence to generate: token ids in, sampling as validated at the ingress."""
 
@@ -34,7 +34,7 @@ class GenerateRequest:
         return Request(self.request_id, list(self.prompt_token_ids), self.sampling)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Usage:
     """Tokens of one sequence so far (the prompt counted once)."""
 
@@ -46,7 +46,7 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GenerateChunk:
     """New token ids since the last chunk; ``finish_reason`` is set on the last one.
 

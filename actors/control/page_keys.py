@@ -18,7 +18,8 @@ PageKey = bytes
 # The parent of a sequence's first page.
 ROOT_KEY: PageKey = b""
 # Packers of n native int64 values, by n (in practice one: the page size). The bytes are
-# ``array("q", ids).tobytes()``'s, made ~3x faster (bench_simulator: a key per decoded page).
+# ``array("q", ids).tobytes()``'s, built without the array (a key per decoded page is on the
+# simulator's hot path: benchmarks/bench_simulator.py measures it).
 _PACKERS: dict[int, struct.Struct] = {}
 
 

@@ -11,14 +11,14 @@ import logging
 from collections import deque
 
 from actors.control.admission import AdmissionWaits
-from actors.control.decode_role import HandoffIntake
 from actors.control.endings import RequestEnds
+from actors.control.kv_connector import KVConnector
 from actors.control.kv_pool import KVPool
 from actors.control.prefix_cache import PrefixCache
 from actors.control.queues import RequestQueues
 from actors.control.request import Request, RequestStatus
 from actors.control.round import RoundPlan, ScheduledChunk
-from actors.server_args import ServerArgs
+from actors.server_args import DisaggregationRole, ServerArgs
 from gate.permission import ALLOW_ALL, Permission
 
 logger = logging.getLogger("roundgate.scheduler")
@@ -42,23 +42,19 @@ class RoundPlanner:
         prefix: PrefixCache,
         waits: AdmissionWaits,
         ends: RequestEnds,
-        intake: HandoffIntake | None = None,
+        connector: KVConnector,
     ) -> None:
         self.max_batch_size = args.max_batch_size
         self.max_scheduled_tokens = args.max_scheduled_tokens
         self.is_mixed = args.enable_mixed_prefill_decode
         self.queues = queues
-        # The queues this part reads every round, bound once (the same objects as ``queues``').
-        self.waiting = queues.waiting
-        self.running = queues.running
-        self.retracted = queues.retracted
-        self.partial = queues.partial
         self.pool = pool
         self.prefix = prefix
         self.waits = waits
         self.ends = ends
-        # The decode role's handoffs (None on a fused or prefill rank).
-        self.intake = intake
+        # The rank's KV connector; on a decode rank its reservations replace prefill.
+        self.connector = connector
+        self.is_decode_rank = args.disaggregation_mode is DisaggregationRole.DECODE
         self.num_retractions = 0
         # New-prompt and chunk counts of recent prefill rounds (SGLang's max_prefill_bs).
         self.prefill_sizes: deque[int] = deque(maxlen=PREFILL_SIZE_WINDOW)
@@ -69,8 +65,9 @@ class RoundPlanner:
     def is_excused(self) -> bool:
         """Whether a waiting prompt is held this round by pressure or a full batch (reasons
         the gate does not own), which its admission wait does not count."""
-        return bool(self.waiting) and (
-            self.pool.occupancy > PREFILL_WATERMARK or len(self.running) >= self.max_batch_size
+        queues = self.queues
+        return bool(queues.waiting) and (
+            self.pool.occupancy > PREFILL_WATERMARK or len(queues.running) >= self.max_batch_size
         )
 
     def plan(self, permission: Permission, round_index: int) -> RoundPlan:
@@ -79,16 +76,17 @@ class RoundPlanner:
         allow = permission.allow_new or permission.allow_chunks
         self._round = round_index
         plan = RoundPlan(permission=permission)
-        if self.retracted:
+        queues = self.queues
+        if queues.retracted:
             self._readmit(plan)
-        if self.intake is not None:
-            # A decode rank: reservations for handoffs take the place of prefill, and every
-            # chunk it runs is a decode (no permission needed).
-            self.intake.plan(plan)
-            if self.running:
+        if self.is_decode_rank:
+            # Reservations for handoffs take the place of prefill, and every chunk it runs is
+            # a decode (no permission needed).
+            self.connector.plan(plan)
+            if queues.running:
                 self._plan_decodes(plan, self.max_scheduled_tokens)
             return plan
-        if not self.running and not self.waiting:
+        if not queues.running and not queues.waiting:
             return plan  # nothing to plan: the common case of an idle rank in a busy group
         budget = self.max_scheduled_tokens
         if self.is_mixed:
@@ -105,14 +103,16 @@ class RoundPlanner:
                 self._plan_decodes(plan, budget)
         if allow and plan.num_extends:
             self.prefill_sizes.append(plan.num_extends)
-        if self.waiting and self.is_excused:
+        if queues.waiting and self.is_excused:
             self.waits.excused_rounds += 1
         return plan
 
     def _readmit(self, plan: RoundPlan) -> None:
         """Bring retracted requests back (a cache restore: no prefill tokens, gate or not)."""
-        while self.retracted and len(self.running) < self.max_batch_size:
-            req = self.retracted[0]
+        queues = self.queues
+        retracted, running = queues.retracted, queues.running
+        while retracted and len(running) < self.max_batch_size:
+            req = retracted[0]
             # Room for its cached tokens plus the next one it will write.
             try:
                 if self.pool.allocate(req.request_id, req.num_computed_tokens + 1) is None:
@@ -120,12 +120,12 @@ class RoundPlanner:
             except Exception as exc:
                 self._planning_failed(req, plan, exc)
                 continue
-            self.retracted.popleft()
+            retracted.popleft()
             req.page_ids = self.pool.pages_of(req.request_id)
-            req.status = self.queues.resume_status.pop(req.request_id)
-            self.running.append(req)
+            req.status = queues.resume_status.pop(req.request_id)
+            running.append(req)
             if req.num_computed_tokens < req.num_prompt_tokens:
-                self.partial.add(req)
+                queues.partial.add(req)
             plan.readmitted.append(req)
 
     def _plan_decodes(self, plan: RoundPlan, budget: int) -> int:
@@ -134,12 +134,12 @@ class RoundPlanner:
         The hot loop of the control plane (every running request, every round): locals are
         bound once, and ``KVPool.grow`` checks and extends in one call.
         """
-        running = self.running
+        running = self.queues.running
         grow = self.pool.grow
         page_size = self.pool.page_size
         append = plan.chunks.append
-        # ScheduledChunk(...) without its keyword-parsing __new__: bench_control_plane, about
-        # 0.2 us per decode (~13 of the ~90 us rank-round at 64 running requests).
+        # ScheduledChunk(...) without its keyword-parsing __new__: one is built per decode per
+        # round, a visible share of the rank-round (benchmarks/bench_control_plane.py).
         make_chunk = tuple.__new__
         used = 0
         i = 0
@@ -183,18 +183,19 @@ class RoundPlanner:
         if plan.page_copies:
             self.prefix.retarget_copies(old_pages, plan)
         self.pool.free(req.request_id)
-        self.running.remove(req)
-        self.partial.discard(req)
-        self.queues.resume_status[req.request_id] = req.status
+        queues = self.queues
+        queues.running.remove(req)
+        queues.partial.discard(req)
+        queues.resume_status[req.request_id] = req.status
         req.status = RequestStatus.RETRACTED
         req.page_ids = []
         if req in plan.readmitted:
             # Readmitted earlier in this very plan: its restore has not run, so its parked
             # copy is still the valid one; parking its new (unwritten) pages would replace it.
             plan.readmitted.remove(req)
-            self.retracted.appendleft(req)
+            queues.retracted.appendleft(req)
         else:
-            self.retracted.append(req)
+            queues.retracted.append(req)
             plan.retracted.append((req, old_pages))
         # A chunk of it already planned this round would now write into freed pages.
         plan.unplan(req)
@@ -207,8 +208,10 @@ class RoundPlanner:
 
     def _plan_prefill(self, plan: RoundPlan, budget: int, permission: Permission) -> None:
         """Resident chunks first, then new prompts, within the token budget and the pool."""
-        if self.partial and permission.allow_chunks:
-            for req in self.running:
+        queues = self.queues
+        running = queues.running
+        if queues.partial and permission.allow_chunks:
+            for req in running:
                 if budget <= 0:
                     return
                 if req.num_computed_tokens < req.num_prompt_tokens:
@@ -217,14 +220,14 @@ class RoundPlanner:
                     except Exception as exc:
                         # It leaves ``running``: the next request waits for the next round.
                         self._planning_failed(req, plan, exc)
-        elif budget <= 0 and self.running:
+        elif budget <= 0 and running:
             return
         if not permission.allow_new:
             return
-        while budget > 0 and self.waiting and len(self.running) < self.max_batch_size:
+        while budget > 0 and queues.waiting and len(running) < self.max_batch_size:
             if self.pool.occupancy > PREFILL_WATERMARK:
                 return
-            req = self.queues.first_schedulable()
+            req = queues.first_schedulable()
             if req is None:
                 return  # only prompts still loading (a grammar compiling) are waiting
             try:
@@ -232,25 +235,25 @@ class RoundPlanner:
                 hit = self.prefix.admit(req)
                 if hit is None:
                     return
-                self.queues.take_waiting(req)
+                queues.take_waiting(req)
                 req.num_computed_tokens = hit.num_cached_tokens
                 req.page_ids = self.pool.pages_of(req.request_id)
                 req.status = RequestStatus.PREFILLING
-                self.running.append(req)
-                self.partial.add(req)
+                running.append(req)
+                queues.partial.add(req)
                 scheduled = self._schedule_chunk(plan, req, budget, may_retract=False)
             except Exception as exc:
                 self._planning_failed(req, plan, exc)
                 continue
             if scheduled == 0:
                 # Admitted but no page to start on: back to the head of the queue.
-                self.running.pop()
-                self.partial.discard(req)
+                running.pop()
+                queues.partial.discard(req)
                 self.pool.free(req.request_id)
                 req.page_ids = []
                 req.num_computed_tokens = 0
                 req.status = RequestStatus.WAITING
-                self.waiting.appendleft(req)
+                queues.waiting.appendleft(req)
                 return
             self.prefix.record(req, hit, plan)
             budget -= scheduled
@@ -262,8 +265,9 @@ class RoundPlanner:
         fits = self._fitting_tokens(req, start, want)
         # An eligible resident chunk with no room at all may retract the newest other request,
         # so a half-prefilled prompt cannot deadlock against decodes holding the pool.
-        while fits == 0 and may_retract and self.running[-1] is not req:
-            self._retract(self.running[-1], plan)
+        running = self.queues.running
+        while fits == 0 and may_retract and running[-1] is not req:
+            self._retract(running[-1], plan)
             fits = self._fitting_tokens(req, start, want)
         if fits == 0:
             return 0
@@ -271,7 +275,7 @@ class RoundPlanner:
         plan.chunks.append(ScheduledChunk(req, start, fits, True))
         req.num_computed_tokens += fits
         if req.num_computed_tokens >= req.num_prompt_tokens:
-            self.partial.discard(req)
+            self.queues.partial.discard(req)
         if req.first_prefill_round is None:
             self.waits.first_prefill(req, self._round)
         return fits
@@ -283,9 +287,10 @@ class RoundPlanner:
 
     def pending_prefill_tokens(self, permission: Permission = ALLOW_ALL) -> int:
         """Prefill tokens the permission could plan: resident chunks, else the next prompt."""
+        queues = self.queues
         resident = 0
         if permission.allow_chunks:
-            resident = sum(r.num_uncomputed_prompt_tokens for r in self.partial)
+            resident = sum(r.num_uncomputed_prompt_tokens for r in queues.partial)
         if resident or not permission.allow_new:
             return resident
-        return self.prefix.num_uncached_tokens(self.waiting[0]) if self.waiting else 0
+        return self.prefix.num_uncached_tokens(queues.waiting[0]) if queues.waiting else 0

@@ -34,9 +34,10 @@ class RequestQueues:
     requests: dict[str, Request] = field(default_factory=dict)
 
     def first_schedulable(self) -> Request | None:
-        """The oldest waiting prompt that is not still loading (None: none is)."""
+        """The oldest waiting prompt that is neither still loading nor waiting for its KV
+        from another rank (None: none is)."""
         for req in self.waiting:
-            if req.status is not RequestStatus.LOADING:
+            if req.status is RequestStatus.WAITING:
                 return req
         return None
 

@@ -11,13 +11,12 @@ def rank_load(scheduler: Scheduler, rounds_since_prefill: int | None = None) -> 
     """The rank's load as of now: queue lengths, backlog and active KV tokens, the gate probe."""
     probe = scheduler.probe()
     pool = scheduler.pool
-    # A decode rank's requests arrive as handoffs, through its intake, not as prompts.
-    intake = scheduler.intake
-    received = scheduler.num_received + (0 if intake is None else intake.num_received)
+    # A decode rank's requests arrive as handoffs, through its KV connector, not as prompts.
+    received = scheduler.num_received + scheduler.connector.num_received
     return RankLoad(
-        len(scheduler.running),
-        len(scheduler.waiting),
-        sum(r.num_uncomputed_prompt_tokens for r in scheduler.waiting),
+        len(scheduler.queues.running),
+        len(scheduler.queues.waiting),
+        sum(r.num_uncomputed_prompt_tokens for r in scheduler.queues.waiting),
         pool.num_used_pages * pool.page_size,
         probe.wants_prefill,
         probe.has_decode_work,

@@ -33,8 +33,8 @@ from gate.policy import PrefillPolicy
 
 # What an empty rank's probe always says.
 IDLE_PROBE = Probe(False, False)
-# Distinct rows a loop remembers for reuse: rows repeat round after round, and a lookup costs
-# ~0.1 us where building a RankRow costs ~1.3 us (bench_simulator: 8 rows a group round, ~5%).
+# Distinct rows a loop remembers for reuse: rows repeat round after round, and a lookup is
+# much cheaper than building a RankRow (benchmarks/bench_simulator.py: dp rows a group round).
 _ROW_CACHE_SIZE = 4096
 
 
@@ -181,7 +181,7 @@ class RankLoop:
         events = scheduler.update(plan, result)
         self.last_rows = rows
         self._vote = self._plan = None
-        handoffs = scheduler.handoffs.take() if scheduler.handoffs is not None else []
+        handoffs = scheduler.connector.take_handoffs()  # a prefill rank's, made this round
         return RoundOutcome(vote, plan, rows, view, result, events, handoffs)
 
     def observe_idle(self) -> None:

@@ -12,13 +12,16 @@ class RequestStatus(enum.IntEnum):
 
     WAITING = 0  # queued, schedulable, no pages
     LOADING = 1  # queued, not yet schedulable (e.g. a storage read); counts as new work
-    PREFILLING = 2  # resident, prompt partly computed
-    DECODING = 3  # prompt computed, generating one token a round
-    RETRACTED = 4  # pages taken back under KV pressure; KV parked off-device until readmitted
-    FINISHED_STOPPED = 5  # hit a stop token
-    FINISHED_LENGTH = 6  # hit max_tokens or the context length
-    FINISHED_ABORTED = 7  # cancelled by the client
-    FINISHED_ERROR = 8  # failed alone: its planning or its forward/sampling raised (``error``)
+    # Queued on a decode rank with its pages reserved: another rank's KV is being written
+    # into them (vLLM's WAITING_FOR_REMOTE_KVS); not schedulable until it has arrived.
+    WAITING_FOR_REMOTE_KV = 2
+    PREFILLING = 3  # resident, prompt partly computed
+    DECODING = 4  # prompt computed, generating one token a round
+    RETRACTED = 5  # pages taken back under KV pressure; KV parked off-device until readmitted
+    FINISHED_STOPPED = 6  # hit a stop token
+    FINISHED_LENGTH = 7  # hit max_tokens or the context length
+    FINISHED_ABORTED = 8  # cancelled by the client
+    FINISHED_ERROR = 9  # failed alone: its planning or its forward/sampling raised (``error``)
 
     @property
     def is_finished(self) -> bool:

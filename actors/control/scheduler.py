@@ -15,11 +15,12 @@ The scheduler is composed of parts it owns, each given what it works on when it 
     RoundPlanner    what a round runs: readmissions, decodes, prefill chunks, retractions
     RequestEnds     aborts and per-request failures, and their final events
     AdmissionWaits  the admission-wait metric (rounds a prompt waited for the gate)
-    PrefillHandoffs the prefill role's: requests leave at their first token, pages pinned
-    HandoffIntake   the decode role's: handoffs reserve pages, wait for KV, then decode
+    KVConnector     where KV crosses ranks, by the rank's role (``kv_connector.py``): none
+                    (fused), PrefillHandoffs (requests leave at their first token, pages
+                    pinned) or HandoffIntake (handoffs reserve pages, wait for KV, then decode)
 
-It keeps intake, the probe and the update after the forward, and offers the simulator's fast
-path its decode-only steps (``plan_decode_round`` ... ``skip_decode_rounds``).
+It keeps intake, the probe, the plan and the update after the forward. (The simulator's fast
+path, ``sim.steady_rank``, makes a steady rank's decode rounds through the same parts.)
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from actors.control.admission import AdmissionWaits
 from actors.control.decode_role import HandoffIntake
 from actors.control.endings import RequestEnds
 from actors.control.fork import fork_sequences
+from actors.control.kv_connector import KVConnector, NoKVConnector
 from actors.control.kv_pool import KVPool
-from actors.control.page_keys import extend_keys
 from actors.control.planner import PREFILL_WATERMARK, RoundPlanner
 from actors.control.prefill_role import PrefillHandoffs
 from actors.control.prefix_cache import PrefixCache
@@ -45,15 +46,11 @@ from actors.control.round import (
     RoundResult,
     TokenEvent,
 )
-from actors.server_args import ServerArgs
+from actors.server_args import DisaggregationRole, ServerArgs
 from gate.permission import Permission
 
 _RETRACTED = RequestStatus.RETRACTED
 _DECODING = RequestStatus.DECODING
-_LOADING = RequestStatus.LOADING
-_LENGTH = RequestStatus.FINISHED_LENGTH
-# ``decode_horizon``'s answer for "not within any run": no request is that far from its end.
-FAR_ROUNDS = 1 << 30
 
 
 class Scheduler:
@@ -77,24 +74,30 @@ class Scheduler:
         # "length" there, as it would at the context length.
         capacity = self.pool.num_pages * self.pool.page_size
         self.max_sequence_len = min(self.max_model_len or capacity, capacity)
+        # Where each request is: the one set of queues the parts share, read by the engine,
+        # the simulator and the metrics as ``scheduler.queues.waiting`` and so on.
         self.queues = queues = RequestQueues()
-        # The queues under the names the engine, the simulator and the metrics read (the same
-        # objects: nothing rebinds them).
-        self.waiting = queues.waiting
-        self.running = queues.running
-        self.retracted = queues.retracted
-        self.requests = queues.requests
         self.round = 0
         self.num_received = 0  # requests ever queued here (the routers match their sends to it)
         # Rounds each prompt waited for the gate (the admission-wait metric).
         self.waits = AdmissionWaits()
-        self.ends = ends = RequestEnds(queues, self.pool, self.prefix, self.waits)
-        # The disaggregated roles' parts (``actors.control.handoff``); None on a fused rank.
-        role = args.disaggregation_mode
-        self.handoffs = PrefillHandoffs(queues, self.pool) if role == "prefill" else None
-        self.intake = None
-        if role == "decode":
-            self.intake = HandoffIntake(
+        # An ended request's pages go back through the rank's KV connector (built below, as
+        # a decode rank's needs this part; called only once both exist).
+        self.ends = ends = RequestEnds(
+            queues,
+            self.pool,
+            self.prefix,
+            self.waits,
+            free_pages=lambda req: self.connector.free_pages(req),
+        )
+        # The rank's P/D role, and the part its KV crosses ranks through: out (prefill),
+        # in (decode) or not at all (fused).
+        self.role = role = args.disaggregation_mode
+        self.connector: KVConnector
+        if role is DisaggregationRole.PREFILL:
+            self.connector = PrefillHandoffs(queues, self.pool)
+        elif role is DisaggregationRole.DECODE:
+            self.connector = HandoffIntake(
                 queues,
                 self.pool,
                 self.prefix,
@@ -102,11 +105,12 @@ class Scheduler:
                 self.max_batch_size,
                 PREFILL_WATERMARK,
                 self.max_sequence_len,
-                self._retire,
+                self.retire,
             )
-            ends.free_pages = self.intake.free_pages
+        else:
+            self.connector = NoKVConnector(self.pool)
         self.planner = RoundPlanner(
-            args, queues, self.pool, self.prefix, self.waits, ends, self.intake
+            args, queues, self.pool, self.prefix, self.waits, ends, self.connector
         )
 
     # ---- intake --------------------------------------------------------------------------
@@ -120,7 +124,7 @@ class Scheduler:
         """
         vocab = self.vocab_size
         ids = request.prompt_token_ids
-        # min/max first: a C-speed pass where the scan for the culprit costs ~10 us a prompt.
+        # min/max first: a C-speed pass; the Python scan for the culprit runs only on a refusal.
         if not 0 <= min(ids) <= max(ids) < vocab:
             bad = next(t for t in ids if not 0 <= t < vocab)
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
@@ -140,20 +144,21 @@ class Scheduler:
     def add_request(self, request: Request, loading: bool = False) -> None:
         """Queue a new prompt (refusing a duplicate id). Its limits were checked once, at the
         rank's intake (``check_fits``); the simulator checks its workload up front."""
-        if request.request_id in self.requests:
+        queues = self.queues
+        if request.request_id in queues.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         request.status = RequestStatus.LOADING if loading else RequestStatus.WAITING
         request.arrival_round = self.round
         self.num_received += 1
-        self.requests[request.request_id] = request
-        self.waiting.append(request)
+        queues.requests[request.request_id] = request
+        queues.waiting.append(request)
         self.waits.arrived(request)
 
     def mark_loaded(self, request_id: str) -> None:
         """A loading prompt became schedulable (ignored if it was aborted meanwhile)."""
         # The load completes on its own schedule: the client may have aborted the request (and
         # the plan removed it) before the read finished, so an unknown id is not an error.
-        request = self.requests.get(request_id)
+        request = self.queues.requests.get(request_id)
         if request is not None and request.status is RequestStatus.LOADING:
             request.status = RequestStatus.WAITING
 
@@ -165,11 +170,12 @@ class Scheduler:
 
     def probe(self) -> Probe:
         """What this rank publishes: prefill backlog (under the watermark rule), decode work."""
-        num_partial = len(self.queues.partial)
-        if self.intake is not None:  # a decode rank never wants prefill
-            return PROBES[False, bool(self.running)]
-        new_work = bool(self.waiting) and self.pool.occupancy <= PREFILL_WATERMARK
-        return PROBES[num_partial > 0 or new_work, len(self.running) > num_partial]
+        queues = self.queues
+        num_partial = len(queues.partial)
+        if self.role is DisaggregationRole.DECODE:  # a decode rank never wants prefill
+            return PROBES[False, bool(queues.running)]
+        new_work = bool(queues.waiting) and self.pool.occupancy <= PREFILL_WATERMARK
+        return PROBES[num_partial > 0 or new_work, len(queues.running) > num_partial]
 
     def publish_probe(self) -> Probe:
         """The probe taken once per round after the plan, the one the gather carries.
@@ -202,13 +208,14 @@ class Scheduler:
         the pool at or under the watermark (SGLang's "reached admission" check)."""
         return (
             self.queues.first_schedulable() is not None
-            and len(self.running) < self.max_batch_size
+            and len(self.queues.running) < self.max_batch_size
             and self.pool.occupancy <= PREFILL_WATERMARK
         )
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running or self.retracted or self.ends.pending_aborts)
+        q = self.queues
+        return bool(q.waiting or q.running or q.retracted or self.ends.pending_aborts)
 
     @property
     def prefill_sizes(self) -> deque[int]:
@@ -250,7 +257,7 @@ class Scheduler:
             return []
         if result.failed:
             for request_id, error in result.failed.items():
-                req = self.requests.get(request_id)
+                req = self.queues.requests.get(request_id)
                 if req is not None:
                     ends.fail(req, error)
         events = ends.take_events() if ends.events else []
@@ -258,16 +265,18 @@ class Scheduler:
             self.prefix.keep_prefilled(plan)
         if result.prompt_logprobs:  # only requests that asked (a failed one is finished)
             for request_id, entries in result.prompt_logprobs.items():
-                req = self.requests.get(request_id)
+                req = self.queues.requests.get(request_id)
                 if req is not None and not req.is_finished:
                     req.prompt_logprobs.extend(entries)
         sampled = result.sampled
         logprobs = result.logprobs
         max_len = self.max_sequence_len
-        handoffs = self.handoffs
+        # A prefill rank's requests leave through its connector at their first token.
+        hands_off = self.role is DisaggregationRole.PREFILL
+        connector = self.connector
         append = events.append
-        # TokenEvent(...) without its __new__: bench_control_plane, about 0.17 us per token
-        # (~11 of the ~90 us rank-round at 64 running requests).
+        # TokenEvent(...) without its __new__: one is built per token per round, a visible
+        # share of the rank-round (benchmarks/bench_control_plane.py).
         make_event = tuple.__new__
         append_token = Request.append_token  # unbound: no bound method built per token
         for req, start, num_tokens, _ in plan.chunks:
@@ -275,7 +284,7 @@ class Scheduler:
             if req.status >= _RETRACTED:
                 continue
             # ``chunk.samples``, inlined (only a chunk that reaches the last token samples):
-            # bench_control_plane, ~0.15 us per running request a round.
+            # asked of every running request every round.
             if start + num_tokens < req.num_prompt_tokens + len(req.output_token_ids):
                 continue
             token = sampled[req.request_id]
@@ -283,19 +292,19 @@ class Scheduler:
                 req.output_logprobs.append(logprobs[req.request_id])
             req.status = _DECODING
             finished = append_token(req, token, max_len)
-            if handoffs is not None and not (finished and req.sampling.n == 1):
+            if hands_off and not (finished and req.sampling.n == 1):
                 # A prefill rank: the request leaves with its first token(s), never decoding
                 # here; its stream's first event comes from the decode rank.
-                handoffs.hand_off(req, result.forks.get(req.request_id, ()), logprobs)
+                connector.hand_off(req, result.forks.get(req.request_id, ()), logprobs)
                 continue
             if finished:
-                self._retire(req)
+                self.retire(req)
             append(make_event(TokenEvent, (req, token, finished)))
-        if result.forks and handoffs is None:
+        if result.forks and not hands_off:
             self._fork(plan, result, events)
         return events
 
-    def _retire(self, req: Request) -> None:
+    def retire(self, req: Request) -> None:
         """A running request finished: its last full page keyed (a finished answer stays
         reusable), its pages freed, and it leaves the queues."""
         if self.prefix.enabled:
@@ -315,184 +324,8 @@ class Scheduler:
                 if finished:
                     self.ends.aborted_parked_ids.append(child.request_id)  # its KV copy is unused
                 else:
-                    self.requests[child.request_id] = child
+                    self.queues.requests[child.request_id] = child
                     self.queues.resume_status[child.request_id] = _DECODING
                     child.status = _RETRACTED
-                    self.retracted.append(child)
+                    self.queues.retracted.append(child)
                 events.append(TokenEvent(child, token, finished))
-
-    # ---- decode-only rounds, without plan objects (the simulator's fast path) ---------------
-    #
-    # A rank whose running requests all decode, with nothing retracted, resident or ending,
-    # runs rounds whose outcome is known without building a plan: one token per request and a
-    # page whenever one fills. These methods make exactly the state changes ``plan`` and
-    # ``update`` would, in the same order (the same page ids, keys and evictions), for one
-    # such round or k of them; ``tests/test_fast_forward.py`` compares whole simulated runs.
-
-    @property
-    def is_steady(self) -> bool:
-        """Whether every running request decodes and no resident chunk, retracted request,
-        pending abort or final event could change the next plans (prompts may wait)."""
-        return not (self.queues.partial or self.retracted or self.ends.has_pending)
-
-    def plan_decode_round(self) -> list[tuple[Request, int]] | None:
-        """``plan`` for a steady rank with nothing waiting (it can only decode, whatever the
-        vote): ``(request, start)`` per running request in plan order, pages granted. None
-        (and nothing changed) when the rank has other work, the token budget would cut the
-        decodes short or a decode would need a retraction: then ``plan`` decides."""
-        running = self.running
-        ends = self.ends
-        # ``is_steady`` and an empty queue, inlined: asked of every rank every full round.
-        if (
-            self.waiting
-            or self.queues.partial
-            or self.retracted
-            or ends.pending_aborts
-            or ends.events
-            or len(running) > self.args.max_scheduled_tokens
-        ):
-            return None
-        pool = self.pool
-        page_size = pool.page_size
-        new_pages = 0
-        for req in running:
-            need = req.num_prompt_tokens + len(req.output_token_ids)
-            if need > len(req.page_ids) * page_size:
-                new_pages += pool.pages_for(need) - len(req.page_ids)
-        if new_pages > pool.num_free_pages:
-            return None
-        self.round += 1
-        keep = self.prefix.enabled
-        decodes = []
-        for req in running:
-            computed = req.num_computed_tokens
-            need = req.num_prompt_tokens + len(req.output_token_ids)
-            if need > len(req.page_ids) * page_size:
-                if keep:
-                    self.prefix.keep_last_page(req)
-                pool.grow(req.request_id, need)
-            decodes.append((req, computed))
-            req.num_computed_tokens = computed + 1
-        return decodes
-
-    def update_decode_round(
-        self, decodes: list[tuple[Request, int]], token: int
-    ) -> list[TokenEvent]:
-        """``update`` after ``plan_decode_round``'s decodes, each of which sampled ``token``."""
-        events = []
-        max_len = self.max_sequence_len
-        make_event = tuple.__new__
-        for req, _ in decodes:
-            req.status = _DECODING
-            finished = req.append_token(token, max_len)
-            if finished:
-                self._retire(req)
-            events.append(make_event(TokenEvent, (req, token, finished)))
-        return events
-
-    def decode_horizon(self) -> tuple[int, int]:
-        """For a steady rank: steady decode rounds until its first request finishes at its
-        length (the finishing round counted), and until its first page grant; ``FAR_ROUNDS``
-        for never."""
-        room = self.max_sequence_len
-        page_size = self.pool.page_size
-        first_end = first_grant = FAR_ROUNDS
-        for req in self.running:
-            prompt = req.num_prompt_tokens
-            out = len(req.output_token_ids)
-            left = req.sampling.max_tokens - out
-            if room - prompt - out < left:
-                left = room - prompt - out
-            if left < first_end:
-                first_end = left
-            # A round's decode needs room for computed + 1 tokens: a new page once the held
-            # ones are full of computed tokens (then every page_size rounds).
-            grant = len(req.page_ids) * page_size - req.num_computed_tokens
-            if grant < first_grant:
-                first_grant = grant
-        return first_end, first_grant
-
-    def decode_page_grants(self, k: int) -> list[tuple[int, int, Request]] | None:
-        """The page grants of k steady decode rounds as ``(round, running order, request)``,
-        in the order the plans make them; None when the pool cannot grant them all, or when
-        they would carry it across the watermark while a prompt waits (its probe flips)."""
-        pool = self.pool
-        page_size = pool.page_size
-        grants: list[tuple[int, int, Request]] = []
-        for order, req in enumerate(self.running):
-            j = len(req.page_ids) * page_size - req.num_computed_tokens
-            while j < k:
-                grants.append((j, order, req))
-                j += page_size
-        if not grants:
-            return grants
-        if len(grants) > pool.num_free_pages:
-            return None
-        if self.waiting:
-            before = pool.occupancy > PREFILL_WATERMARK
-            after = (pool.num_used_pages + len(grants)) / pool.num_pages > PREFILL_WATERMARK
-            if before != after:
-                return None
-        if len(grants) > 1:
-            grants.sort(key=lambda g: (g[0], g[1]))
-        return grants
-
-    def skip_decode_rounds(
-        self, k: int, grants: list[tuple[int, int, Request]], token: int, horizon: int
-    ) -> list[Request]:
-        """Apply k steady decode rounds at once; returns the requests the last one finished,
-        in running order.
-
-        Every running request gets k tokens ``token`` (one that stops none of them), the pool
-        takes ``grants`` (``decode_page_grants(k)``), the waits count k plans, and the round
-        counter moves by k. ``horizon`` is ``decode_horizon()[0]``: the caller skips no
-        further (k <= horizon), and only at k == horizon does the last round finish requests.
-        It has also checked that no vote admits a waiting prompt in those rounds.
-        """
-        tokens = [token] * k
-        for req in self.running:
-            req.output_token_ids.extend(tokens)
-            req.num_computed_tokens += k
-        if grants:
-            self._grant(grants, k)
-        if self.waiting:
-            # Each plan counts an excused round before its probe publishes a want: round 0's
-            # count comes before the stamp of a held prompt's first want, the rest after. The
-            # grants keep the pool on its side of the watermark, so every round agrees.
-            waits = self.waits
-            over = self.pool.occupancy > PREFILL_WATERMARK
-            excused = over or len(self.running) >= self.max_batch_size  # ``is_excused``
-            if excused:
-                waits.excused_rounds += 1
-            if not over:  # the probe wants prefill for the held prompt
-                waits.wanted(self.round + 1)  # round 0 publishes a held prompt's first want
-            if excused:
-                waits.excused_rounds += k - 1
-        self.round += k
-        if k < horizon:
-            return []
-        max_len = self.max_sequence_len
-        done = [
-            req
-            for req in self.running
-            if len(req.output_token_ids) >= req.sampling.max_tokens
-            or req.num_prompt_tokens + len(req.output_token_ids) >= max_len
-        ]
-        for req in done:
-            req.status = _LENGTH
-            self._retire(req)
-        return done
-
-    def _grant(self, grants: list[tuple[int, int, Request]], k: int) -> None:
-        """The skipped plans' pool steps (after the k rounds' tokens are counted): key the page
-        just filled (``PrefixCache.keep_last_page``), then take the next one (``KVPool.grow``)."""
-        pool = self.pool
-        page_size = pool.page_size
-        keep = self.prefix.enabled
-        for j, _, req in grants:
-            tokens = req.num_computed_tokens - k + j  # computed when round j plans: a page edge
-            full = tokens // page_size
-            if keep and full and len(req.page_ids) >= full:
-                keys = extend_keys(req.page_keys, req.token_ids, full * page_size, page_size)
-                pool.register(req.page_ids[full - 1], keys[full - 1])
-            pool.grow(req.request_id, tokens + 1)

@@ -33,7 +33,7 @@ from actors.model.layers import ForwardContext
 from actors.model.llamacpp_arith import fuse_layers, use_llamacpp_arithmetic
 from actors.model.prompt_logprobs import prompt_rows, score_rows
 from actors.model.round_sampling import sample_round
-from actors.server_args import ServerArgs
+from actors.server_args import DisaggregationRole, ServerArgs
 from gate import RankRow, RoundView, read_rows
 from kernels.attention import AttentionBatch, build_attention_batch
 from kernels.moe import ExpertPlacement, select_experts_kernel, select_moe_backend
@@ -158,7 +158,7 @@ class ModelRunner:
                 requests = [chunks[i].request for i in picks]
                 sampled, logprobs, forks = self._sample(logits[picks], requests, failed)
                 # A prefill rank hands the forks to its decode rank, which shares the pages.
-                if forks and self.args.disaggregation_mode != "prefill":
+                if forks and self.args.disaggregation_mode is not DisaggregationRole.PREFILL:
                     self.save_forks(requests, forks)
         else:
             self.idle_forward(low_latency)

@@ -51,17 +51,34 @@ class ChunkBuilder:
                 # The scheduler appends a token's logprobs before its event is sent.
                 logprobs = tuple(seq.output_logprobs[sent : sent + len(tokens)])
             self.sent[index] = sent + len(tokens)
-            usage = Usage(seq.num_prompt_tokens, sent + len(tokens))
+            usage = Usage(prompt_tokens=seq.num_prompt_tokens, completion_tokens=sent + len(tokens))
             if seq.error is not None:  # it failed alone: the rank and the group are fine
                 out.append(
-                    GenerateChunk(tuple(tokens), "error", usage, seq.error, None, index, 500)
+                    GenerateChunk(
+                        token_ids=tuple(tokens),
+                        finish_reason="error",
+                        usage=usage,
+                        error=seq.error,
+                        logprobs=None,
+                        index=index,
+                        error_status=500,
+                    )
                 )
             else:
                 prompt = None
                 if self.wants_prompt_logprobs and index == 0 and sent == 0:
                     prompt = tuple(seq.prompt_logprobs)  # the prefill ended before any token
                 out.append(
-                    GenerateChunk(tuple(tokens), reason, usage, None, logprobs, index, 400, prompt)
+                    GenerateChunk(
+                        token_ids=tuple(tokens),
+                        finish_reason=reason,
+                        usage=usage,
+                        error=None,
+                        logprobs=logprobs,
+                        index=index,
+                        error_status=400,
+                        prompt_logprobs=prompt,
+                    )
                 )
             self.pending.pop(index, None)
             if index in self.finished:

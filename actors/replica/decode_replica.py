@@ -30,6 +30,7 @@ from actors.replica.pd_messages import (
     TransferReport,
 )
 from actors.replica.rank_replica import RankReplica, device_type, multinode_host
+from actors.server_args import DisaggregationRole
 from actors.telemetry.transfer_metrics import TransferMetrics
 
 if TYPE_CHECKING:
@@ -46,13 +47,13 @@ class DecodeRankReplica(RankReplica):
         self, args: dict[str, Any], link: LinkSpec, prefill: DeploymentHandle
     ) -> None:
         await super().__init__(args)
-        if self.args.disaggregation_mode != "decode":
+        if self.args.disaggregation_mode is not DisaggregationRole.DECODE:
             raise ValueError("DecodeRankReplica needs --disaggregation-mode decode")
         self.link_spec = link
-        self.link_rank = link.link_rank("decode", self.rank)
+        self.link_rank = link.link_rank(DisaggregationRole.DECODE, self.rank)
         self.prefill_ranks = prefill
         self.transfers = TransferMetrics(
-            self.metrics.set, self.gang_id, self.metrics_model, self.rank, "decode"
+            self.metrics.set, self.gang_id, self.metrics_model, self.rank, DisaggregationRole.DECODE
         )
         # Tags of this rank's transfers: unique per (sender, this receiver) pair in flight.
         self._tags = itertools.count(1)
@@ -71,9 +72,7 @@ class DecodeRankReplica(RankReplica):
                 self.core.kv_failed(reservation.request_id, "the request's caller went away")
             else:
                 self._outbox.put(queue, reservation)
-        intake = self.core.scheduler.intake
-        if intake is not None:
-            self.transfers.set_waiting(intake.num_waiting)
+        self.transfers.set_waiting(self.core.connector.num_waiting_for_decode)
 
     async def decode(self, message: DecodeRequest) -> AsyncIterator[GenerateChunk | TransferReport]:
         """Take the handoff, receive its KV, stream its tokens (first item: the report)."""
@@ -81,10 +80,10 @@ class DecodeRankReplica(RankReplica):
             raise self._error
         handoff = message.handoff
         request_id = handoff.request_id
-        usage = Usage(len(handoff.prompt_token_ids), 0)
+        usage = Usage(prompt_tokens=len(handoff.prompt_token_ids), completion_tokens=0)
         if request_id in self._streams:
             error = f"request id {request_id!r} is already streaming on this rank"
-            yield GenerateChunk((), "error", usage, error)
+            yield GenerateChunk(token_ids=(), finish_reason="error", usage=usage, error=error)
             return
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
@@ -95,7 +94,9 @@ class DecodeRankReplica(RankReplica):
                 await asyncio.to_thread(self.core.submit_handoff, handoff)
             except ValueError as exc:  # this request cannot run here; the group is fine
                 finished = True
-                yield GenerateChunk((), "error", usage, str(exc))
+                yield GenerateChunk(
+                    token_ids=(), finish_reason="error", usage=usage, error=str(exc)
+                )
                 return
             self._wake_group()
             arrived = time.monotonic()
@@ -126,14 +127,16 @@ class DecodeRankReplica(RankReplica):
         sources = reservation.source_page_ids
         start = time.monotonic()
         if not sources:  # every page was prefix-cached here: nothing moves
-            release = ReleaseHandoff(request_id, source)
+            release = ReleaseHandoff(request_id=request_id, dp_rank=source)
             self._track(self.prefill_ranks.release_handoff.remote(release))
             self.core.kv_arrived(request_id)
             self._wake_group()
-            return TransferReport(waited, 0.0, 0, 0)
+            return TransferReport(decode_wait_s=waited, transfer_s=0.0, num_pages=0, num_bytes=0)
         tag = next(self._tags) % MAX_TAG + 1
-        src = self.link_spec.link_rank("prefill", source)
-        order = SendKV(request_id, sources, self.link_rank, tag, source)
+        src = self.link_spec.link_rank(DisaggregationRole.PREFILL, source)
+        order = SendKV(
+            request_id=request_id, page_ids=sources, dst=self.link_rank, tag=tag, dp_rank=source
+        )
         self._track(self.prefill_ranks.send_kv.remote(order))
         try:
             size = await asyncio.to_thread(
@@ -144,12 +147,20 @@ class DecodeRankReplica(RankReplica):
             error = f"KV transfer from prefill rank {source} failed: {exc}"
             self.core.kv_failed(request_id, error)
             self._wake_group()
-            return TransferReport(waited, time.monotonic() - start, 0, 0, error)
+            return TransferReport(
+                decode_wait_s=waited,
+                transfer_s=time.monotonic() - start,
+                num_pages=0,
+                num_bytes=0,
+                error=error,
+            )
         self.core.kv_arrived(request_id)
         self._wake_group()
         seconds = time.monotonic() - start
         self.transfers.transferred(len(sources), size, seconds)
-        return TransferReport(waited, seconds, len(sources), size)
+        return TransferReport(
+            decode_wait_s=waited, transfer_s=seconds, num_pages=len(sources), num_bytes=size
+        )
 
     def _track(self, response: Any) -> None:
         """Await a call to the prefill role in the background; its failure is logged (the

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 from actors.control.handoff import Handoff
 from actors.control.messages import GenerateChunk
+from actors.server_args import DisaggregationRole
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LinkSpec:
     """The P/D link of one deployment: its id (fresh per ``build_app``) and the group sizes.
 
@@ -36,8 +37,8 @@ class LinkSpec:
     def world_size(self) -> int:
         return self.num_prefill + self.num_decode
 
-    def link_rank(self, role: str, dp_rank: int) -> int:
-        return dp_rank if role == "prefill" else self.num_prefill + dp_rank
+    def link_rank(self, role: DisaggregationRole, dp_rank: int) -> int:
+        return dp_rank if role == DisaggregationRole.PREFILL else self.num_prefill + dp_rank
 
     def name(self, link_rank: int) -> str:
         """``prefill rank 0`` or ``decode rank 1``: how errors name a link member."""
@@ -46,7 +47,7 @@ class LinkSpec:
         return f"decode rank {link_rank - self.num_prefill}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PrefillResult:
     """What a prefill rank returns: the request's ``Handoff`` (its first tokens sampled, its
     pages pinned there) or, when it ended at its first token or was refused, ``chunks``."""
@@ -56,7 +57,7 @@ class PrefillResult:
     prefill_s: float = 0.0  # arrival at the prefill rank to the handoff
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DecodeRequest:
     """A handoff for a decode rank (``dp_rank`` None: the decode role's router chooses)."""
 
@@ -69,7 +70,7 @@ class DecodeRequest:
         return self.handoff.prompt_token_ids
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TransferReport:
     """A decode rank's first stream item: how the request's KV got there."""
 
@@ -80,7 +81,7 @@ class TransferReport:
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SendKV:
     """Ask prefill rank ``dp_rank`` to send a handoff's pages to link rank ``dst`` with
     ``tag``; it unpins them once sent (or once it reported that it cannot)."""
@@ -92,7 +93,7 @@ class SendKV:
     dp_rank: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReleaseHandoff:
     """Unpin a handoff no decode rank took (its client left, or the decode rank refused it)."""
 

@@ -20,6 +20,7 @@ from actors.control.rank_loop import RoundOutcome
 from actors.replica.kv_link import KVLink, TransferFailed, join_link
 from actors.replica.pd_messages import LinkSpec, PrefillResult, ReleaseHandoff, SendKV
 from actors.replica.rank_replica import RankReplica, device_type, multinode_host
+from actors.server_args import DisaggregationRole
 from actors.telemetry.transfer_metrics import TransferMetrics
 
 logger = logging.getLogger("roundgate.prefill")
@@ -30,12 +31,16 @@ class PrefillRankReplica(RankReplica):
 
     async def __init__(self, args: dict[str, Any], link: LinkSpec) -> None:
         await super().__init__(args)
-        if self.args.disaggregation_mode != "prefill":
+        if self.args.disaggregation_mode is not DisaggregationRole.PREFILL:
             raise ValueError("PrefillRankReplica needs --disaggregation-mode prefill")
         self.link_spec = link
-        self.link_rank = link.link_rank("prefill", self.rank)
+        self.link_rank = link.link_rank(DisaggregationRole.PREFILL, self.rank)
         self.transfers = TransferMetrics(
-            self.metrics.set, self.gang_id, self.metrics_model, self.rank, "prefill"
+            self.metrics.set,
+            self.gang_id,
+            self.metrics_model,
+            self.rank,
+            DisaggregationRole.PREFILL,
         )
         # Fault injection for tests and drills: the next sends report a failure instead.
         self._faults = 0
@@ -53,9 +58,7 @@ class PrefillRankReplica(RankReplica):
                 self.core.release_handoff(handoff.request_id)
             else:
                 self._outbox.put(queue, handoff)
-        pinned = self.core.scheduler.handoffs
-        if pinned is not None:
-            self.transfers.set_waiting(len(pinned.pinned))
+        self.transfers.set_waiting(self.core.connector.num_waiting_for_decode)
 
     async def generate(self, message: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         """A prefill rank never decodes: its requests come through ``prefill``."""
@@ -68,17 +71,18 @@ class PrefillRankReplica(RankReplica):
         chunks: list[GenerateChunk] = []
         async for item in self._generate(message.to_request(), until=Handoff):
             if isinstance(item, Handoff):
-                return PrefillResult(item, tuple(chunks), time.monotonic() - start)
+                return PrefillResult(
+                    handoff=item, chunks=tuple(chunks), prefill_s=time.monotonic() - start
+                )
             chunks.append(item)
-        return PrefillResult(None, tuple(chunks), time.monotonic() - start)
+        return PrefillResult(handoff=None, chunks=tuple(chunks), prefill_s=time.monotonic() - start)
 
     async def send_kv(self, order: SendKV) -> int:
         """Send a handoff's pages to the decode rank that reserved room for them, then unpin
         them; returns the bytes sent. A handoff that is no longer pinned here (released, or
         never made) is reported to the receiver as a failure, so it fails that request at
         once instead of waiting out the link's timeout."""
-        pinned = self.core.scheduler.handoffs
-        ok = pinned is not None and order.request_id in pinned.pinned
+        ok = self.core.connector.is_pinned(order.request_id)
         if ok and self._faults > 0:
             self._faults -= 1
             ok = False

@@ -158,10 +158,10 @@ class RankReplica:
                     outcome,
                     self.core.scheduler,
                     self.core.loop.parts,
-                    getattr(self.core.loop.policy, "rounds_since_prefill", None),
+                    self.core.loop.policy.rounds_since_prefill,
                 )
                 if self.kv_events is not None:
-                    since = getattr(self.core.loop.policy, "rounds_since_prefill", None)
+                    since = self.core.loop.policy.rounds_since_prefill
                     self.kv_events.after_round(since)
                     if outcome.view.all_idle:
                         self.kv_events.flush(since)
@@ -232,9 +232,9 @@ class RankReplica:
         request_id = request.request_id
         if request_id in self._streams:
             # Its events would reach the live stream of that id: refuse this one alone.
-            usage = Usage(request.num_prompt_tokens, 0)
+            usage = Usage(prompt_tokens=request.num_prompt_tokens, completion_tokens=0)
             error = f"request id {request_id!r} is already streaming on this rank"
-            yield GenerateChunk((), "error", usage, error)
+            yield GenerateChunk(token_ids=(), finish_reason="error", usage=usage, error=error)
             return
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
@@ -253,7 +253,12 @@ class RankReplica:
                 finished = True
                 if submitted:  # its grammar failed: take back what waits in LOADING
                     self.core.abort(request_id)
-                yield GenerateChunk((), "error", Usage(request.num_prompt_tokens, 0), str(exc))
+                yield GenerateChunk(
+                    token_ids=(),
+                    finish_reason="error",
+                    usage=Usage(prompt_tokens=request.num_prompt_tokens, completion_tokens=0),
+                    error=str(exc),
+                )
                 return
             if loading:
                 self.core.mark_loaded(request_id)
@@ -320,13 +325,13 @@ class RankReplica:
             "pid": os.getpid(),
             "gang_id": self.gang_id,
             "actor_name": _actor_name(),
-            "waiting": len(sched.waiting),
-            "running": len(sched.running),
-            "retracted": len(sched.retracted),
+            "waiting": len(sched.queues.waiting),
+            "running": len(sched.queues.running),
+            "retracted": len(sched.queues.retracted),
             "kv_occupancy": sched.pool.occupancy,
             "retractions": sched.num_retractions,
             "aborts": sched.num_aborts,
-            "rounds_since_prefill": getattr(self.core.loop.policy, "rounds_since_prefill", None),
+            "rounds_since_prefill": self.core.loop.policy.rounds_since_prefill,
             "prefix_queries": sched.prefix.num_queries,  # prompt tokens looked up, and found
             "prefix_hits": sched.prefix.num_hits,
             "error": None if self._error is None else str(self._error),
@@ -347,7 +352,7 @@ class RankReplica:
         return {
             "dp_rank": self.rank,
             "gang_id": self.gang_id,
-            "load": len(sched.requests),
+            "load": len(sched.queues.requests),
             "kv_occupancy": sched.pool.occupancy,
         }
 

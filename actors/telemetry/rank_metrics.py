@@ -108,8 +108,8 @@ class RankMetrics:
         mine = rows[self.rank]
         self._wants.set(int(mine.wants_prefill))
         self._decodes.set(int(mine.has_decode_work))
-        self._running.set(len(scheduler.running))
-        self._waiting.set(len(scheduler.waiting))
+        self._running.set(len(scheduler.queues.running))
+        self._waiting.set(len(scheduler.queues.waiting))
         self._kv.set(scheduler.pool.occupancy)
         self._cached_pages.set(scheduler.pool.num_cached_pages)
         self._count(scheduler)

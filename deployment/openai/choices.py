@@ -130,7 +130,10 @@ class Choice:
             self._pending += self._detok.add(ids, final=reason is not None)
         logprobs = None if chunk.logprobs is None else list(chunk.logprobs[: len(ids)])
         dropped = len(chunk.token_ids) - len(ids)
-        self.usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens - dropped)
+        self.usage = Usage(
+            prompt_tokens=chunk.usage.prompt_tokens,
+            completion_tokens=chunk.usage.completion_tokens - dropped,
+        )
         self.output_token_ids.extend(ids)
         if logprobs is not None and offsets is not None:
             self.logprobs.extend(logprobs)
@@ -147,7 +150,7 @@ class Choice:
 
     def _score_only(self, chunk: GenerateChunk) -> Delta | None:
         """``max_tokens: 0``: the prompt's usage, no output, finished by ``length``."""
-        self.usage = Usage(chunk.usage.prompt_tokens, 0)
+        self.usage = Usage(prompt_tokens=chunk.usage.prompt_tokens, completion_tokens=0)
         if chunk.finish_reason is None:
             return None
         self.finish_reason = "length" if chunk.finish_reason != "error" else "error"

@@ -1,2 +1,2 @@
-"""Where a request goes: the Serve request routers (``routers``, Ray) over the pure
-cache-aware policy (``cache_aware``, no Ray: the simulator imports it)."""
+"""Where a request goes in Serve: the request routers (``routers``) and the live KV-event hub
+(``kv_hub``), the Ray side of the routing policies in ``routing`` (which the simulator runs too)."""

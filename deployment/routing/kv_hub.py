@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.control.kv_events import HUB_NAME, HUB_NAMESPACE, KvEventBatch, KvSnapshot
-from deployment.routing.kv_index import KvIndex
+from routing.kv_index import KvIndex
 
 
 @dataclass(frozen=True)

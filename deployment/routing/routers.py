@@ -19,10 +19,11 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from deployment.routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
-from deployment.routing.decode_load import DecodeLoadPolicy
 from deployment.routing.kv_hub import KvPoll, hub_actor
-from deployment.routing.kv_router import KvCostPolicy, KvRouterConfig
+from routing import registry
+from routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
+from routing.decode_load import DecodeLoadPolicy
+from routing.kv_router import KvCostPolicy, KvRouterConfig
 
 logger = logging.getLogger("ray.serve")
 
@@ -34,16 +35,8 @@ STALE_WAIT_S = 0.05
 # often, with what the router sees, so a stale view of a restarted gang is visible in the log.
 MISSING_RANK_LOG_S = 10.0
 
-ROUTER_CLASSES = {
-    "round-robin": "deployment.routing.routers:RoundRobinRouter",
-    "least-loaded": "deployment.routing.routers:LeastLoadedRouter",
-    "skewed": "deployment.routing.routers:SkewedRouter",
-    "cache-aware": "deployment.routing.routers:CacheAwareRouter",
-    "kv-aware": "deployment.routing.routers:KvAwareRouter",
-    "gate-aware": "deployment.routing.routers:KvAwareRouter",
-    # P/D only (``deployment.pd_config``): the decode role's under ``router: kv-aware``.
-    "decode-load": "deployment.routing.routers:DecodeLoadRouter",
-}
+# Router name -> the class below that runs it (each router declares its own: ``routing``).
+ROUTER_CLASSES = registry.serve_classes()
 
 
 def pinned_rank(pending: PendingRequest | None) -> int | None:
@@ -179,8 +172,8 @@ class SkewedRouter(_RankRouter):
 
 class CacheAwareRouter(_RankRouter):
     """The replica whose rank holds the prompt's longest cached prefix, within load limits
-    (``deployment.routing.cache_aware``); replicas are indexed by replica id, so a replaced replica
-    starts empty. Calls that carry no prompt go to the least-loaded replica."""
+    (``routing.cache_aware``); replicas are indexed by replica id, so a replaced replica starts
+    empty. Calls that carry no prompt go to the least-loaded replica."""
 
     def initialize_state(self, **config: Any) -> None:
         self.policy = CacheAwarePolicy(CacheAwareConfig(**config))
@@ -192,7 +185,7 @@ class CacheAwareRouter(_RankRouter):
 
 
 class KvAwareRouter(_RankRouter):
-    """The least-cost rank on what the ranks report holding (``deployment.routing.kv_router``;
+    """The least-cost rank on what the ranks report holding (``routing.kv_router``;
     ``gate_aware`` adds the gate's term). The index is fed by polling the KV-event hub
     (``deployment.routing.kv_hub``) every ``poll_interval_s``, in the background: a choice never
     waits for the hub. Replicas are indexed by replica id, so a replaced replica starts empty;
@@ -265,7 +258,7 @@ class KvAwareRouter(_RankRouter):
 
 class DecodeLoadRouter(KvAwareRouter):
     """P/D's decode role under ``router: kv-aware``: the decode rank with the least decode
-    load the ranks report through the same hub (``deployment.routing.decode_load``: active KV
+    load the ranks report through the same hub (``routing.decode_load``: active KV
     tokens + waiting handoffs' tokens + this router's unsettled sends), Serve's request counts
     while no candidate has reported."""
 

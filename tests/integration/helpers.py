@@ -121,9 +121,9 @@ def stream_tokens(ranks: Any, rank: int, prompt: list[int], max_tokens: int) -> 
     from actors.control.request import SamplingParams
 
     message = GenerateRequest(
-        f"direct-{rank}-{time.monotonic_ns()}",
-        tuple(prompt),
-        SamplingParams(max_tokens=max_tokens, temperature=0.0),
+        request_id=f"direct-{rank}-{time.monotonic_ns()}",
+        prompt_token_ids=tuple(prompt),
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
         dp_rank=rank,
     )
     out: list[int] = []

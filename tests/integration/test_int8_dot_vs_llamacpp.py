@@ -5,7 +5,7 @@ KV cache and without flash attention, one slot, one thread.
 What is asserted:
 
 - the int8-dot matrix product is ggml's own, bit for bit: our kernel against ``ggml_mul_mat``
-  called in the library xllamacpp ships (``benchmarks/ggml_ops.py``, in its own process), on
+  called in the library xllamacpp ships (``bench/ggml_ops.py``, in its own process), on
   the file's Q4_1 and Q8_0 tensors and on random Q4_0 blocks, 1 to 33 rows (x quantized to
   Q8_0/Q8_1 with the same f16 scales and sums, the same maddubs integer dots, the same float
   accumulation);
@@ -35,7 +35,6 @@ import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import gguf
 import numpy as np
@@ -49,9 +48,15 @@ from actors.model.gguf_file import packaged_path
 from actors.model.runner import ModelRunner
 from actors.model.tokenizer import load_tokenizer, stop_token_ids
 from actors.server_args import ServerArgs
-from benchmarks import ggml_ops
-from benchmarks.int8_dot_sensitivity import NEW_TOKENS, PROMPTS
-from benchmarks.vs_llamacpp import llamacpp_command
+from bench import ggml_ops
+from bench.llamacpp import (
+    LLAMACPP_PYTHON,
+    LLAMACPP_VENV,
+    MODEL,
+    NEW_TOKENS,
+    PROMPTS,
+    llamacpp_command,
+)
 from kernels import quant
 from kernels.attention import build_attention_batch
 from kernels.quant import FORMATS, BlockWeights, block_linear, ggml_arith
@@ -60,10 +65,6 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(not quant.cpu_supports_kernel(), reason="needs AVX2/FMA/F16C"),
 ]
-REPO = Path(__file__).resolve().parents[2]
-LLAMACPP_VENV = REPO / ".venv-llamacpp"
-LLAMACPP_PYTHON = LLAMACPP_VENV / "bin" / "python"
-MODEL = "smollm2-135m-instruct"
 
 
 def free_port() -> int:

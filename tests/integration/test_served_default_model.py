@@ -112,7 +112,12 @@ def test_bad_ids_sent_straight_to_a_rank_fail_only_that_call(real: Any) -> None:
     assert beside.started.wait(120)
     ranks = real.ranks.options(stream=True)
     for ids in ([49152], [-1, 5], [2**40]):
-        message = GenerateRequest(f"bad-{ids[0]}", tuple(ids), SamplingParams(), dp_rank=0)
+        message = GenerateRequest(
+            request_id=f"bad-{ids[0]}",
+            prompt_token_ids=tuple(ids),
+            sampling=SamplingParams(),
+            dp_rank=0,
+        )
         chunks = list(ranks.generate.remote(message))
         assert len(chunks) == 1 and chunks[0].finish_reason == "error"
         assert "vocabulary" in chunks[0].error

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from k8s.tools.nccl_tests.result import NcclTestsResult
+from nccl_log.result import NcclTestsResult
 
 SMALL_MAX_BYTES = 4096  # sizes up to this count as "small" for the latency figure
 

@@ -1,8 +1,8 @@
-"""The scheduler's decode-only steps (the simulator's fast path) make exactly the state changes
-of the full rounds they stand for: one round without plan objects (``plan_decode_round`` +
-``update_decode_round``) and k steady rounds at once (``decode_horizon``,
-``decode_page_grants``, ``skip_decode_rounds``). Each case runs twin schedulers, one through
-``plan``/``update``, and compares everything the rounds touch."""
+"""A steady rank's decode-only steps (``sim.steady_rank``, the simulator's fast path) make
+exactly the state changes of the full rounds they stand for: one round without plan objects
+(``plan_decode_round`` + ``update_decode_round``) and k steady rounds at once
+(``decode_horizon``, ``decode_page_grants``, ``skip_decode_rounds``). Each case runs twin
+schedulers, one through ``plan``/``update``, and compares everything the rounds touch."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from scheduler_rounds import add, decoding, fill_pool, pressured_trio, run_round
 
 from actors.control.request import RequestStatus
 from actors.control.round import TokenEvent
-from actors.control.scheduler import FAR_ROUNDS, Scheduler
+from actors.control.scheduler import Scheduler
 from gate.permission import ALLOW_ALL, HOLD_ALL
+from sim import steady_rank as steps
+from sim.steady_rank import FAR_ROUNDS
 
 TOKEN = 7  # what every decode samples (no request stops on it)
 
@@ -26,13 +28,13 @@ def state(sched: Scheduler) -> tuple:
     pool = sched.pool
     requests = [
         (r.request_id, list(r.output_token_ids), r.num_computed_tokens, list(r.page_ids), r.status)
-        for r in sched.running
+        for r in sched.queues.running
     ]
     return (
         sched.round,
         requests,
-        sorted(sched.requests),
-        [(r.request_id, r.first_want_round) for r in sched.waiting],
+        sorted(sched.queues.requests),
+        [(r.request_id, r.first_want_round) for r in sched.queues.waiting],
         sched.excused_rounds,
         (list(pool._free), list(pool._evictable), dict(pool._key_of), pool.num_evictions),
     )
@@ -55,7 +57,7 @@ def steady_rank(caching: bool = False, **overrides: object) -> Scheduler:
     for i, (prompt_len, max_tokens) in enumerate([(5, 9), (3, 6), (6, 12)]):
         sched.add_request(make_request(f"d{i}", prompt_len, max_tokens, token=10 + i))
     run_round(sched, ALLOW_ALL, token=TOKEN)
-    assert all(r.status is RequestStatus.DECODING for r in sched.running)
+    assert all(r.status is RequestStatus.DECODING for r in sched.queues.running)
     return sched
 
 
@@ -75,16 +77,16 @@ def test_a_decode_round_without_plan_objects_is_the_full_round(caching: bool) ->
     full, fast = steady_rank(caching), steady_rank(caching)
     for _ in range(14):  # past every request's end, pages granted on the way
         plan = full.plan(HOLD_ALL)
-        decodes = fast.plan_decode_round()
+        decodes = steps.plan_decode_round(fast)
         assert decodes is not None
         assert [(r.request_id, s) for r, s in decodes] == [
             (c.request.request_id, c.start) for c in plan.chunks
         ]
         full.publish_probe()
         events = full.update(plan, sampled(plan, TOKEN))
-        assert summary(fast.update_decode_round(decodes, TOKEN)) == summary(events)
+        assert summary(steps.update_decode_round(fast, decodes, TOKEN)) == summary(events)
         assert state(fast) == state(full)
-    assert not fast.running and not fast.requests
+    assert not fast.queues.running and not fast.queues.requests
 
 
 def waiting_prompt(sched: Scheduler) -> None:
@@ -97,11 +99,11 @@ def resident_chunk(sched: Scheduler) -> None:
 
 
 def pending_abort(sched: Scheduler) -> None:
-    sched.abort(sched.running[0].request_id)
+    sched.abort(sched.queues.running[0].request_id)
 
 
 def pending_failure_event(sched: Scheduler) -> None:
-    sched.ends.fail(sched.running[0], "injected")
+    sched.ends.fail(sched.queues.running[0], "injected")
 
 
 @pytest.mark.parametrize(
@@ -118,21 +120,21 @@ def test_a_rank_with_other_work_is_left_to_the_full_plan(
 ) -> None:
     sched = steady_rank()
     make_busy(sched)
-    assert sched.is_steady is is_steady
+    assert steps.is_steady(sched) is is_steady
     before = state(sched)
-    assert sched.plan_decode_round() is None
+    assert steps.plan_decode_round(sched) is None
     assert state(sched) == before
 
 
 def test_a_retracting_pool_is_left_to_the_full_plan() -> None:
     sched, a, _, c = pressured_trio(b_max_tokens=16)
-    assert sched.is_steady
+    assert steps.is_steady(sched)
     before = state(sched)
-    assert sched.plan_decode_round() is None  # a needs a page only retracting c frees
+    assert steps.plan_decode_round(sched) is None  # a needs a page only retracting c frees
     assert state(sched) == before
     run_round(sched, HOLD_ALL)
-    assert list(sched.retracted) == [c] and len(a.page_ids) == 2
-    assert not sched.is_steady and sched.plan_decode_round() is None
+    assert list(sched.queues.retracted) == [c] and len(a.page_ids) == 2
+    assert not steps.is_steady(sched) and steps.plan_decode_round(sched) is None
 
 
 def test_a_budget_that_cuts_the_decodes_short_is_left_to_the_full_plan() -> None:
@@ -140,14 +142,14 @@ def test_a_budget_that_cuts_the_decodes_short_is_left_to_the_full_plan() -> None
     decoding(sched, 1, 1)
     add(sched, 1)
     run_round(sched, ALLOW_ALL)  # the third prompt runs alone (no mixed rounds)
-    assert len(sched.running) == 3 and sched.is_steady
-    assert sched.plan_decode_round() is None
+    assert len(sched.queues.running) == 3 and steps.is_steady(sched)
+    assert steps.plan_decode_round(sched) is None
 
 
 @pytest.mark.parametrize("caching", [False, True])
 def test_the_horizon_is_the_first_finish_and_the_first_page_grant(caching: bool) -> None:
     sched = steady_rank(caching)
-    first_end, first_grant = sched.decode_horizon()
+    first_end, first_grant = steps.decode_horizon(sched)
     end = grant = None
     for j in range(1, 20):
         pages = sched.pool.num_used_pages
@@ -157,7 +159,7 @@ def test_the_horizon_is_the_first_finish_and_the_first_page_grant(caching: bool)
         if end is None and any(e.finished for e in events):
             end = j
     assert (first_end, first_grant) == (end, grant)
-    assert make_scheduler().decode_horizon() == (FAR_ROUNDS, FAR_ROUNDS)
+    assert steps.decode_horizon(make_scheduler()) == (FAR_ROUNDS, FAR_ROUNDS)
 
 
 @pytest.mark.parametrize("caching", [False, True])
@@ -172,15 +174,15 @@ def test_k_skipped_rounds_are_k_full_rounds(
     if prepare is not None:
         prepare(full)
         prepare(fast)
-    assert fast.is_steady
-    horizon = fast.decode_horizon()[0]
+    assert steps.is_steady(fast)
+    horizon = steps.decode_horizon(fast)[0]
     rounds = horizon if k == "horizon" else k
     assert isinstance(rounds, int) and rounds <= horizon
-    grants = fast.decode_page_grants(rounds)
+    grants = steps.decode_page_grants(fast, rounds)
     assert grants is not None
     for _ in range(rounds):
         events = full_round(full)
-    finished = fast.skip_decode_rounds(rounds, grants, TOKEN, horizon)
+    finished = steps.skip_decode_rounds(fast, rounds, grants, TOKEN, horizon)
     assert [r.request_id for r in finished] == [rid for rid, _, done in summary(events) if done]
     assert bool(finished) == (k == "horizon")
     assert state(fast) == state(full)
@@ -188,23 +190,25 @@ def test_k_skipped_rounds_are_k_full_rounds(
 
 def test_page_grants_are_the_full_rounds_grants_in_their_order() -> None:
     full, fast = steady_rank(num_kv_pages=64), steady_rank(num_kv_pages=64)
-    k = fast.decode_horizon()[0]  # up to the first finish
-    grants = fast.decode_page_grants(k)
+    k = steps.decode_horizon(fast)[0]  # up to the first finish
+    grants = steps.decode_page_grants(fast, k)
     assert grants is not None and len({req.request_id for _, _, req in grants}) > 1
     seen = []
     for j in range(k):
-        held = {r.request_id: len(r.page_ids) for r in full.running}
+        held = {r.request_id: len(r.page_ids) for r in full.queues.running}
         full_round(full)
-        seen += [(j, r.request_id) for r in full.running if len(r.page_ids) > held[r.request_id]]
+        seen += [
+            (j, r.request_id) for r in full.queues.running if len(r.page_ids) > held[r.request_id]
+        ]
     assert [(j, req.request_id) for j, _, req in grants] == seen
-    assert all(fast.running[order] is req for _, order, req in grants)
+    assert all(fast.queues.running[order] is req for _, order, req in grants)
 
 
 def test_page_grants_refuse_a_pool_that_runs_short() -> None:
     sched = steady_rank(num_kv_pages=8)
     fill_pool(sched, sched.pool.num_free_pages)
-    assert sched.decode_page_grants(1) == []  # no page needed yet
-    assert sched.decode_page_grants(9) is None
+    assert steps.decode_page_grants(sched, 1) == []  # no page needed yet
+    assert steps.decode_page_grants(sched, 9) is None
 
 
 @pytest.mark.parametrize("waiting", [False, True])
@@ -215,5 +219,5 @@ def test_page_grants_refuse_to_carry_the_pool_across_the_watermark(waiting: bool
     fill_pool(sched, 17)  # 18 of 20 pages: at the watermark, not over
     if waiting:
         add(sched, 4)
-    grants = sched.decode_page_grants(2)  # round 1 takes a page: 19 of 20
+    grants = steps.decode_page_grants(sched, 2)  # round 1 takes a page: 19 of 20
     assert grants == (None if waiting else [(1, 0, req)])

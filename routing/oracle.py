@@ -1,0 +1,21 @@
+"""``oracle``: the simulator's yardstick for the kv routers.
+
+kv-aware's cost (``routing.kv_router``) read off the ranks' pools themselves, with loads that
+never lag: what a router that knew everything would choose. Simulated only.
+"""
+
+from __future__ import annotations
+
+from routing.kv_router import DECODE_WEIGHT, PREFILL_WEIGHT, cost_arguments
+from routing.options import BALANCE, SESSION_AFFINITY
+from routing.spec import RouterEntry
+
+ROUTER = RouterEntry(
+    name="oracle",
+    summary="kv-aware's cost on the ranks' pools themselves, loads without lag (simulated "
+    "only: the kv routers' yardstick)",
+    options=(PREFILL_WEIGHT, DECODE_WEIGHT, *BALANCE, SESSION_AFFINITY),
+    serve=False,
+    reads_kv_events=True,
+    arguments=lambda values, engine: cost_arguments(ROUTER, values, engine),
+)
