@@ -9,7 +9,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, create_model, model_validat
 
 from actors.server_args import ServerArgs, engine_arg_names
 from deployment.openai.grammar_limits import GrammarLimits
-from deployment.pd_config import ROLES, RoleArgs, pd_role_routers, role_server_args, split_role
+from deployment.pd_config import ROLES, RoleArgs, role_server_args, split_role
 from routing import registry
 from routing.spec import Option, key
 
@@ -53,7 +53,11 @@ class AppArgs(RouterArgs):
     engine: dict[str, Any] = Field(default_factory=dict, description="ServerArgs fields")
     num_groups: int = Field(1, ge=1, description="DP groups; replicas = num_groups * dp_size")
     model_name: str | None = Field(None, description="name served in /v1/models")
-    api_key: str | None = Field(None, description="bearer key; default $ROUNDGATE_API_KEY")
+    api_key: str | list[str] | None = Field(
+        None,
+        description="bearer key, or several (any one is accepted, as vLLM's --api-key); "
+        "default $ROUNDGATE_API_KEY",
+    )
     max_request_bytes: int = Field(1 << 20, ge=1024)
     max_prompts_per_request: int = Field(
         256, ge=1, description="prompts one completion request may batch (400 past it)"
@@ -128,7 +132,7 @@ class AppArgs(RouterArgs):
                     f"{name} applies to a fused deployment only: P/D serves one group per role"
                 )
         given = self.router if "router" in self.model_fields_set else None
-        self._role_routers = pd_role_routers(given)
+        self._role_routers = registry.pd_role_routers(given, key)
         roles = {role: getattr(self, role) for role in ROLES}
         self._role_args = role_server_args(self.engine, roles)
 
@@ -157,8 +161,11 @@ class AppArgs(RouterArgs):
         return self._server_args
 
     @property
-    def resolved_api_key(self) -> str | None:
-        return self.api_key or os.environ.get("ROUNDGATE_API_KEY") or None
+    def resolved_api_keys(self) -> tuple[str, ...]:
+        """The keys a request may present (none: no key needed); empty strings are no keys."""
+        given = self.api_key or os.environ.get("ROUNDGATE_API_KEY") or ()
+        keys = (given,) if isinstance(given, str) else tuple(given)
+        return tuple(k for k in keys if k)
 
     @property
     def served_model_name(self) -> str:
@@ -183,7 +190,7 @@ class AppArgs(RouterArgs):
         return registry.arguments(router, self.router_values(), engine)
 
     def pd_router(self, role: str) -> str:
-        """A P/D role's Serve router (``deployment.pd_config.PD_ROUTERS``)."""
+        """A P/D role's Serve router (its router's ``pd_roles``, ``routing.registry``)."""
         return self._role_routers[role]
 
     def pd_router_kwargs(self, role: str) -> dict[str, Any]:

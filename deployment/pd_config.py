@@ -25,16 +25,6 @@ from gate import registry
 
 # A P/D deployment's sections, one per disaggregated role (each also its role's value).
 ROLES = (DisaggregationRole.PREFILL, DisaggregationRole.DECODE)
-# ``router`` of a P/D deployment -> each role's Serve router (``ROUTER_CLASSES`` names).
-# cache-aware (the default): the prefill rank by the ingress's index of what it sent, the decode
-# rank by Serve's request counts. kv-aware: both on what the ranks report through the KV-event
-# hub (their own pool events and loads): the prefill rank by kv-aware's cost (uncached prompt
-# tokens, then backlog), the decode rank by decode load (``routing.decode_load``).
-PD_ROUTERS = {
-    "cache-aware": {"prefill": "cache-aware", "decode": "least-loaded"},
-    "kv-aware": {"prefill": "kv-aware", "decode": "decode-load"},
-}
-PD_DEFAULT_ROUTER = "cache-aware"
 # What the KV pages and the ingress's one tokenizer need both roles to agree on.
 MUST_MATCH = ("model", "page_size", "chat_template", "max_model_len", "device", "seed")
 
@@ -111,20 +101,3 @@ def check_fits_one_request(role: str, args: ServerArgs) -> None:
             f"tokens, less than one request of max_model_len {args.max_model_len} "
             f"({need} pages of {args.page_size}): raise it or lower max_model_len"
         )
-
-
-def pd_role_routers(router: str | None) -> dict[str, str]:
-    """Each role's Serve router for a P/D deployment's ``router`` (None: not given, the
-    default); a router P/D cannot run is refused naming it."""
-    name = PD_DEFAULT_ROUTER if router is None else router
-    if name == "gate-aware":
-        raise ValueError(
-            "router gate-aware: a P/D deployment runs no prefill gate (the prefill role only "
-            "prefills, the decode role only decodes); use router kv-aware"
-        )
-    if name not in PD_ROUTERS:
-        raise ValueError(
-            f"router {name!r}: a P/D deployment routes with {' or '.join(PD_ROUTERS)} (the "
-            "prefill rank by uncached prompt tokens, the decode rank by decode load)"
-        )
-    return PD_ROUTERS[name]

@@ -165,4 +165,7 @@ ROUTER = RouterEntry(
     options=(*BALANCE, SESSION_AFFINITY),
     serve_class="deployment.routing.routers:CacheAwareRouter",
     arguments=_arguments,
+    # P/D: the prefill rank by the ingress's index of what it sent, the decode rank by Serve's
+    # request counts.
+    pd_roles=("cache-aware", "least-loaded"),
 )

@@ -243,4 +243,7 @@ ROUTER = RouterEntry(
     serve_class="deployment.routing.routers:KvAwareRouter",
     reads_kv_events=True,
     arguments=lambda values, engine: cost_arguments(ROUTER, values, engine),
+    # P/D: both on what the ranks report through the KV-event hub, the prefill rank by this
+    # cost (uncached prompt tokens, then backlog), the decode rank by decode load.
+    pd_roles=("kv-aware", "decode-load"),
 )

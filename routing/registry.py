@@ -30,6 +30,7 @@ BUILTIN_MODULES = (
     "routing.decode_load",
 )
 DEFAULT = "round-robin"
+PD_DEFAULT = "cache-aware"  # a P/D deployment's router when none is given
 
 Surface = Literal["serve", "simulate"]
 _ENTRIES: dict[str, RouterEntry] = {}
@@ -125,6 +126,30 @@ def check_prefill_policy(name: str, policy: str, spell: Spell) -> None:
             f"{spell('router')} {name} needs {spell('prefill_policy')} {' or '.join(needed)}"
             f", got {policy!r}"
         )
+
+
+def check_pd(name: str, spell: Spell) -> None:
+    """A router that reads the gate cannot route P/D: neither role runs a prefill gate."""
+    if name in _load() and entry(name).needs_prefill_policy:
+        raise ValueError(
+            f"{spell('router')} {name}: a P/D deployment runs no prefill gate (the prefill role "
+            f"only prefills, the decode role only decodes); use {spell('router')} kv-aware"
+        )
+
+
+def pd_role_routers(name: str | None, spell: Spell) -> dict[str, str]:
+    """Each role's Serve router for a P/D deployment's ``router`` (None: the default); a
+    router that declares no P/D roles is refused naming it."""
+    name = PD_DEFAULT if name is None else name
+    check_pd(name, spell)
+    pd = {e.name: e.pd_roles for e in entries() if e.pd_roles is not None}
+    if name not in pd:
+        raise ValueError(
+            f"{spell('router')} {name!r}: a P/D deployment routes with {' or '.join(pd)} (the "
+            "prefill rank by uncached prompt tokens, the decode rank by decode load)"
+        )
+    prefill, decode = pd[name]
+    return {"prefill": prefill, "decode": decode}
 
 
 def arguments(name: str, values: Mapping[str, Any], engine: ServerArgs) -> dict[str, Any]:

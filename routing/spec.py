@@ -99,6 +99,9 @@ class RouterEntry:
     arguments: Callable[[Mapping[str, Any], ServerArgs], dict[str, Any]] = _no_arguments
     # What its settings must satisfy beyond their bounds (``values`` by name, every one).
     check: Callable[[Mapping[str, Any], int, Spell], None] = _no_check
+    # As a P/D deployment's ``router``: the Serve router of (the prefill role, the decode
+    # role); None: not a P/D choice.
+    pd_roles: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.serve and self.serve_class is None:

@@ -36,7 +36,9 @@ from actors.control.request import Request
 from actors.disaggregated import check_roles
 from actors.server_args import ServerArgs
 from gate import read_rows
+from routing import registry
 from routing.decode_load import DecodeLoadPolicy
+from routing.spec import flag
 from sim.arrivals import INF, Arrival
 from sim.cost_executor import cost_loops
 from sim.kv_channel import KvChannel
@@ -258,7 +260,7 @@ class PDSimulator:
         label: str = "pd",
     ) -> None:
         check_roles(prefill_args, decode_args)
-        check_pd_router(router.policy)
+        registry.check_pd(router.policy, flag)
         self.costs = costs
         self.router = router
         self.label = label
@@ -324,15 +326,6 @@ def _first(after: float, *queues) -> float:
     return min(times)
 
 
-def check_pd_router(router: str) -> None:
-    """``gate-aware`` reads the group gate, which neither P/D group runs: refused."""
-    if router == "gate-aware":
-        raise ValueError(
-            "--router gate-aware: P/D runs no prefill gate (the prefill group only prefills, "
-            "the decode group only decodes); use --router kv-aware with --disaggregate"
-        )
-
-
 def parse_split(text: str) -> tuple[int, int]:
     """``--disaggregate P:D`` -> (prefill ranks, decode ranks)."""
     try:
@@ -384,7 +377,7 @@ def disaggregated_namespace(ns, split: tuple[int, int]):
 
     if getattr(ns, "plot", None) is not None:
         raise ValueError("--disaggregate does not draw plots (--plot): P/D has no timeline")
-    check_pd_router(ns.router)
+    registry.check_pd(ns.router, flag)
     num_prefill, num_decode = split
     per_rank = ns.max_num_seqs // ns.dp_size
     if per_rank < 1:

@@ -239,4 +239,4 @@ def test_simulate_disaggregate_refuses_gate_aware_naming_the_flag(capsys) -> Non
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
-    assert "--router gate-aware: P/D runs no prefill gate" in capsys.readouterr().err
+    assert "--router gate-aware: a P/D deployment runs no prefill gate" in capsys.readouterr().err
