@@ -60,7 +60,11 @@ def test_concurrency_flag_runs_and_refuses_bad_values(tmp_path: Path, capsys) ->
     assert "--concurrency" in capsys.readouterr().err
 
 
-# SGLang's own figures the simulator does not reproduce, and why (docs/simulator.md).
+# SGLang's own figures the simulator does not reproduce, and why (docs/simulator.md): the
+# delayer's TTFT p99 at c=32 (published x4.9; the simulator's tail barely moves, x1.00). A
+# named miss is bounded, not required to persist: its simulated change may not go the wrong
+# way by more than the replay's tolerance, nor overshoot the published change by more; a
+# model that reproduces the figure passes.
 SGLANG_MISSES = {("sglang-23189-c32", "delayer r=0.1", "ttft_p99_ms")}
 
 
@@ -69,7 +73,9 @@ def test_sglang_queue_delayer_replay_moves_every_figure_the_published_way(name: 
     rows, _ = replay(name)
     for row in rows:
         if (name, row.arm, row.figure) in SGLANG_MISSES:
-            assert row.same_direction is False  # named as missing, and still missing
+            low = 1 - row.tolerance
+            high = row.published_change * (1 + row.tolerance)
+            assert low <= row.simulated_change <= high, row
             continue
         assert row.within, row
     throughput = next(r for r in rows if r.figure == "output_tps" and r.published_change)

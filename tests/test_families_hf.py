@@ -25,8 +25,6 @@ from actors.control.round import RoundPlan, ScheduledChunk
 from actors.engine import Engine, SamplingParams
 from actors.server_args import ServerArgs
 
-pytest.importorskip("transformers")
-
 PROMPTS = [[5, 7, 9], list(range(20, 37)), [3, 1, 4, 1, 5, 9, 2, 6, 5], [250, 11, 42, 42, 7, 8]]
 ATOL = 2e-4
 

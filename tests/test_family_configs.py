@@ -12,8 +12,6 @@ from family_models import build_family
 from actors.model.families import read_model_dir
 from actors.server_args import ServerArgs
 
-pytest.importorskip("transformers")
-
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory):

@@ -16,6 +16,17 @@ import pytest
 
 from sim.live_check import TOLERANCE, predict
 
+# The documented misses, as bounds rather than as misses that must persist: a better model
+# moves these errors toward 0 and still passes; a worse one fails. Both are the recorded
+# runs' own figures (deterministic), with the margin to the bound stated.
+# Fit on 0.2 req/s, ITL p50 at 0.5 req/s: the decode round is not linear in the batch on this
+# host, so the light load's per-sequence price over-charges the heavier batch. Today +29 % to
+# +43 % (docs/simulator.md); never under-predicted past the ±25 %, never over by more than 50 %.
+CROSS_LOAD_ITL = (-TOLERANCE, 0.50)
+# `none` on seeds 1-2, fitted on seed 0: the light runs shared the two cores with other work,
+# so a round's live cost moved more than the seeds' workloads do. Today within ±45 %; ±50 %.
+NONE_ACROSS_SEEDS = 0.50
+
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "bench"
 BENCHES = [DOCS / "live_below.json", DOCS / "live_past.json"]
 SCRAPES = [DOCS / "scrapes" / "below", DOCS / "scrapes" / "past"]
@@ -45,8 +56,9 @@ def test_a_fit_on_one_load_predicts_the_other_loads_ttft_not_its_itl(tmp_path: P
     for row in predicted:
         if row["figure"] == "TTFT p50":
             assert abs(row["error"]) <= TOLERANCE, row
-        else:
-            assert row["error"] > 0.15, row  # the named miss: over-predicted, as documented
+        else:  # the named miss, bounded: over-predicted at most, as documented
+            low, high = CROSS_LOAD_ITL
+            assert low <= row["error"] <= high, row
 
 
 def test_a_fit_bench_that_is_not_given_is_refused(tmp_path: Path) -> None:
@@ -66,9 +78,8 @@ def test_a_seed_0_fit_predicting_seeds_1_and_2_holds_the_gates_ttft_and_names_it
 ) -> None:
     # Later runs on today's code (the gate and none, both loads, seeds 0-2): fitted on seed 0's
     # two runs, the other seeds' arrivals are predicted. The gate's TTFT p50 and ITL p50 hold
-    # the ±25 % on all four predicted runs; `none` misses on five of its eight P50 figures, all
-    # but one by the simulator under-pricing (seed 1's and seed 2's light runs shared the two
-    # cores with other work: a round's live cost moved more than the seeds' workloads do).
+    # the ±25 % on all four predicted runs; `none` stays within NONE_ACROSS_SEEDS (today it
+    # misses the ±25 % on five of its eight P50 figures, all but one by under-pricing).
     benches, scrapes = zip(*SEEDS, strict=True)
     fit = {"live_below_seed0.json", "live_past_seed0.json"}
     _, rows = predict(list(benches), list(scrapes), None, tmp_path / "costs.json", fit)
@@ -78,6 +89,7 @@ def test_a_seed_0_fit_predicting_seeds_1_and_2_holds_the_gates_ttft_and_names_it
     assert len(gate) == 8
     for row in gate:
         assert abs(row["error"]) <= TOLERANCE, row
-    misses = [r for r in predicted if abs(r["error"]) > TOLERANCE]
-    assert {r["policy"] for r in misses} == {"none"}, misses
-    assert sum(r["error"] < 0 for r in misses) >= len(misses) - 1, misses
+    none = [r for r in predicted if r["policy"] == "none"]
+    assert len(none) == 8
+    for row in none:
+        assert abs(row["error"]) <= NONE_ACROSS_SEEDS, row

@@ -155,7 +155,8 @@ def test_resolve_reads_presets_without_touching_disk() -> None:
 
 def test_fused_expert_names_load_like_per_expert_names(tmp_path: Path) -> None:
     """transformers 5's in-memory Mixtral names (fused experts) give the same model."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     from actors.model.decoder import build_model
     from actors.model.weights import DictSource, SafetensorsSource
     from kernels.moe import ExpertPlacement

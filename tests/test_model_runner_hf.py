@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from model_driver import (
     HF_SHAPE,
     apply_result,
@@ -26,8 +27,6 @@ from actors.control.kv_pool import KVPool
 from actors.control.round import RoundPlan, ScheduledChunk
 from actors.model.config import PRESETS
 from actors.model.weights import random_hf_state, save_hf_dir
-
-transformers = pytest.importorskip("transformers")
 
 PROMPTS = [[5, 7, 9], list(range(20, 37)), [3, 1, 4, 1, 5, 9, 2, 6, 5], [250, 11, 42, 42, 7, 8]]
 ATOL = 2e-4

@@ -20,8 +20,6 @@ from actors.engine import Engine
 from actors.model.prompt_logprobs import prompt_rows
 from actors.server_args import ServerArgs
 
-pytest.importorskip("transformers")
-
 ATOL = 2e-4
 PREFIX = list(range(40, 66))  # 26 tokens: six full pages of 4 and part of a seventh
 PROMPTS = [[*PREFIX, 7, 9, 11], [5, 3], list(range(100, 131))]

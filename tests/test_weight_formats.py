@@ -19,8 +19,6 @@ from actors.control.kv_pool import KVPool
 from actors.control.round import RoundPlan, ScheduledChunk
 from actors.model.weights import SafetensorsSource
 
-pytest.importorskip("transformers")
-
 PROMPTS = [[5, 7, 9], list(range(20, 37)), [250, 11, 42, 42, 7, 8]]
 FP8_MAX = 448.0  # the largest e4m3 value
 

@@ -30,13 +30,61 @@ def sse_events(response: httpx.Response) -> Iterator[dict[str, Any] | str]:
             yield data if data == "[DONE]" else json.loads(data)
 
 
+class StreamNeverStarted(AssertionError):
+    """``BackgroundStream.started.wait`` saw the stream end before its first chunk."""
+
+
+class _Started:
+    """``BackgroundStream.started``: set on the first chunk (an event without ``error``), never
+    on failure. ``wait`` returns False on a timeout as ``threading.Event.wait`` does, but raises
+    ``StreamNeverStarted`` with the stream's own error as soon as the stream ended unstarted, so
+    a stream that fails at once fails the test at once instead of passing it."""
+
+    def __init__(self, stream: BackgroundStream) -> None:
+        self._event, self._stream = threading.Event(), stream
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self._event.is_set():
+            if self._stream.done.is_set():
+                s = self._stream
+                raise StreamNeverStarted(
+                    f"the stream ended before its first chunk: error={s.error!r}, "
+                    f"events={s.events[:3]!r}"
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._event.wait(min(remaining, 0.05))
+        return True
+
+
+class StreamHTTPError(Exception):
+    """The streaming request was answered with a non-200 status (the body says why)."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:2000]}")
+        self.status, self.body = status, body
+
+
 class BackgroundStream:
-    """A streaming completion read in a thread; ``started`` fires on the first text event."""
+    """A streaming completion read in a thread; ``started`` fires on the first chunk only.
+
+    A non-200 answer, a broken connection or any other failure lands in ``error`` (and ends
+    the stream unstarted if it came first); an in-stream ``{"error": ...}`` event is kept in
+    ``events`` for the test to read.
+    """
 
     def __init__(self, url: str, **body: Any) -> None:
         self.url, self.body = url, {**body, "stream": True}
-        self.started = threading.Event()
         self.done = threading.Event()
+        self.started = _Started(self)
         self.events: list[Any] = []
         self.error: BaseException | None = None
         self.stop = threading.Event()
@@ -50,16 +98,18 @@ class BackgroundStream:
                 httpx.Client(timeout=httpx.Timeout(300, connect=10)) as client,
                 client.stream("POST", f"{self.url}/v1/completions", json=self.body) as r,
             ):
+                if r.status_code != 200:
+                    raise StreamHTTPError(r.status_code, r.read().decode(errors="replace"))
                 for event in sse_events(r):
                     self.events.append(event)
-                    self.started.set()
+                    if isinstance(event, dict) and "error" not in event:
+                        self.started.set()
                     if self.stop.is_set():
                         break  # closing the connection aborts the request
         except BaseException as exc:
             self.error = exc
         finally:
             self.finished_at = time.monotonic()
-            self.started.set()
             self.done.set()
 
     def close(self, timeout: float = 60) -> None:

@@ -42,9 +42,15 @@ def retry_after_s(r: httpx.Response) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+# The refusals docs/operations.md documents while a gang restarts: the group's in-flight
+# requests end with ``group_unavailable``; new ones, for the seconds after, ``group_restarting``.
+RESTART_CODES = frozenset({"group_unavailable", "group_restarting"})
+
+
 def refusal_problems(r: httpx.Response) -> list[str]:
     """What is wrong with ``r`` as a refusal of a failed group (empty when it is a proper 503:
-    ``Retry-After`` in whole seconds and an OpenAI error body of type service_unavailable)."""
+    ``Retry-After`` in whole seconds and an OpenAI error body of type service_unavailable whose
+    code is one of ``RESTART_CODES``)."""
     problems = []
     if r.status_code != 503:
         problems.append(f"status {r.status_code}")
@@ -56,15 +62,28 @@ def refusal_problems(r: httpx.Response) -> list[str]:
         error = {}
     if error.get("type") != "service_unavailable" or not error.get("message"):
         problems.append(f"body {r.text[:300]!r}")
+    elif error.get("code") not in RESTART_CODES:
+        problems.append(f"code {error.get('code')!r} (want one of {sorted(RESTART_CODES)})")
     return problems
+
+
+def transport_problem(exc: httpx.HTTPError) -> str | None:
+    """Why ``exc`` is not an allowed answer during a restart (None when it is). Only a read
+    timeout is: a call pinned to a rank that Serve has not announced yet waits for it
+    (docs/operations.md), which may outlast ``PROBE_TIMEOUT_S``. A refused or reset
+    connection, or a proxy that drops the request, is never part of a restart: the HTTP
+    proxy and the ingress keep running while the rank gang restarts."""
+    if isinstance(exc, httpx.ReadTimeout):
+        return None
+    return f"transport error {exc!r}"
 
 
 class Serving:
     """One probe round: an unpinned completion and one pinned to each rank.
 
-    Every HTTP answer must be a 200 or a proper refusal; anything else is recorded in
-    ``violations``. Transport errors (the proxy may time out while the gang restarts) only mean
-    "not yet".
+    Every HTTP answer must be a 200 or a proper refusal, and the only transport error allowed
+    is a read timeout (``transport_problem``, "not yet"); anything else is recorded in
+    ``violations``.
     """
 
     def __init__(self, app: Deployment) -> None:
@@ -84,6 +103,8 @@ class Serving:
                 r = post(self.app.url, prompt="again", max_tokens=2, **pin)
             except httpx.HTTPError as exc:
                 seen[key] = repr(exc)
+                if problem := transport_problem(exc):
+                    self.violations.append(f"{key}: {problem}")
                 continue
             seen[key] = r.status_code
             if r.status_code == 200:
@@ -284,15 +305,16 @@ class Load(threading.Thread):
     """Short completions, one after another until stopped, unpinned and pinned to each rank in
     turn: the traffic a restart happens under (a pinned call arriving while the router knows
     one member of the new gang once froze the ingress's router). Every answer must be a 200 or
-    a proper refusal (``violations`` otherwise); after a refusal it waits a little, as a client
-    honouring ``Retry-After`` would, only shorter."""
+    a proper refusal, and the only transport error a read timeout (``violations`` otherwise;
+    ``statuses`` counts transport errors by name); after a refusal it waits a little, as a
+    client honouring ``Retry-After`` would, only shorter."""
 
     def __init__(self, url: str, dp_size: int) -> None:
         super().__init__(daemon=True)
         self.url = url
         self.pins = [{}] + [{"dp_rank": r} for r in range(dp_size)]
         self.stop = threading.Event()
-        self.statuses: dict[int, int] = {}
+        self.statuses: dict[int | str, int] = {}
         self.violations: list[str] = []
         self.start()
 
@@ -303,8 +325,13 @@ class Load(threading.Thread):
             sent += 1
             try:
                 r = post(self.url, prompt="under load", max_tokens=8, **pin)
-            except httpx.HTTPError:
-                continue  # the proxy may time out while the gang restarts
+            except httpx.HTTPError as exc:
+                if problem := transport_problem(exc):
+                    self.violations.append(f"{pin} {problem}")
+                name = type(exc).__name__
+                self.statuses[name] = self.statuses.get(name, 0) + 1
+                self.stop.wait(0.2)
+                continue
             self.statuses[r.status_code] = self.statuses.get(r.status_code, 0) + 1
             if r.status_code != 200:
                 if refusal_problems(r):
