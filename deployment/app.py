@@ -20,9 +20,12 @@ from deployment.config import AppArgs
 from deployment.ingress import Ingress
 from deployment.openai.api import api, json_body
 from deployment.openai.chat import create_chat_completion
+from deployment.openai.chat_batch import create_batch_chat_completion
 from deployment.openai.completions import create_completion
+from deployment.openai.invocations import invocations
 from deployment.openai.models import list_models, server_version
 from deployment.openai.protocol import ChatRequest, CompletionRequest
+from deployment.openai.responses import ResponsesRequest, create_response
 from deployment.openai.tokenization import (
     DetokenizeRequest,
     TokenizeRequest,
@@ -69,6 +72,11 @@ class OpenAIServer:
     async def version(self) -> dict[str, str]:
         return server_version()
 
+    @api.get("/load")
+    async def load(self) -> dict[str, int]:
+        """vLLM's server load: generation requests this ingress replica is serving."""
+        return self.core.load.snapshot()
+
     @api.get("/tokenizer_info")
     async def tokenizer_info(self, request: Request) -> dict[str, Any]:
         """vLLM's ``/tokenizer_info``: the tokenizer's configuration and chat template."""
@@ -89,12 +97,27 @@ class OpenAIServer:
     async def completions(self, request: Request) -> Any:
         # ``Any``: FastAPI reads a route's return annotation as its response model, and a
         # body-or-stream union is none (the body: ``create_completion``'s annotation).
-        return await create_completion(self.core, request)
+        return await self.core.load.track(create_completion(self.core, request))
 
     @api.post("/v1/chat/completions", openapi_extra=json_body(ChatRequest))
     async def chat(self, request: Request) -> Any:
         # ``Any`` for FastAPI, as for ``completions``.
-        return await create_chat_completion(self.core, request)
+        return await self.core.load.track(create_chat_completion(self.core, request))
+
+    @api.post("/v1/responses", openapi_extra=json_body(ResponsesRequest))
+    async def responses(self, request: Request) -> Any:
+        """OpenAI's Responses API on the chat path (``deployment.openai.responses``)."""
+        return await self.core.load.track(create_response(self.core, request))
+
+    @api.post("/v1/chat/completions/batch")
+    async def chat_batch(self, request: Request) -> dict[str, Any]:
+        """vLLM's batched chat: a list of conversations, one choice each."""
+        return await self.core.load.track(create_batch_chat_completion(self.core, request))
+
+    @api.post("/invocations")
+    async def invocations(self, request: Request) -> Any:
+        """SageMaker's entry point: a chat or a completion, by the body's shape (vLLM's)."""
+        return await self.core.load.track(invocations(self.core, request))
 
 
 def build_app(args: dict[str, Any]) -> Application:

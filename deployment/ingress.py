@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import fields, replace
@@ -28,7 +29,9 @@ from deployment.openai.errors import APIError
 from deployment.openai.grammar_limits import GrammarLimits, check_grammar
 from deployment.openai.logprobs import TokenTexts
 from deployment.openai.protocol import parse
-from deployment.openai.sampling import GenerateBody, sampling_params
+from deployment.openai.response_store import ResponseStore
+from deployment.openai.sampling import GenerateBody, sampling_params, whole_vocabulary
+from deployment.openai.server_load import ServerLoad
 from deployment.pd_route import PDRoute
 from deployment.request_metrics import RequestRecorder
 from deployment.serve_context import client_request_id, rank_health, set_serve_request_id
@@ -74,7 +77,7 @@ class Ingress:
             self.app_args.role_args("decode") if pd else self.app_args.server_args()
         )
         self.model_name = self.app_args.served_model_name
-        self.api_key = self.app_args.resolved_api_key
+        self.api_keys = self.app_args.resolved_api_keys
         self.tokenizer = load_tokenizer(args.model, args.chat_template)
         # The ranks' own numbers (both resolve them from the same flags and model config).
         self.max_model_len = args.max_model_len
@@ -86,6 +89,7 @@ class Ingress:
         self._health: str | None = None  # why the ranks are not healthy, or None
         self._health_at = -HEALTH_CACHE_S
         self.metrics = RequestRecorder(self.model_name)
+        self.load = ServerLoad()  # GET /load: generation requests in flight here
         self.pd: PDRoute | None = None
         if pd:
             if decode is None:
@@ -95,13 +99,23 @@ class Ingress:
         self.grammar_limits = GrammarLimits(
             **{f.name: getattr(self.app_args, f.name) for f in fields(GrammarLimits)}
         )
+        # /v1/responses' ``previous_response_id``: this replica's, bounded (docs/responses-api.md).
+        self.responses = ResponseStore()
 
     # ---- request checks ------------------------------------------------------------------
 
     def check_auth(self, request: Request) -> None:
-        if self.api_key is None:
+        """Every protected route's one check: ``Authorization: Bearer <key>`` with any of the
+        configured keys, else the same 401 body. The header is compared with every key in
+        constant time (``secrets.compare_digest``, no early exit), so neither the timing nor
+        the answer says which key, or how much of one, matched."""
+        if not self.api_keys:
             return
-        if request.headers.get("authorization", "") != f"Bearer {self.api_key}":
+        given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+        matched = False
+        for key in self.api_keys:
+            matched |= secrets.compare_digest(given, f"Bearer {key}".encode())
+        if not matched:
             raise APIError(
                 401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key"
             )
@@ -130,12 +144,18 @@ class Ingress:
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
 
-    async def read_request(self, request: Request, model: type[Body]) -> Body:
-        """An endpoint's body: the caller's key checked first, then the JSON parsed into
-        ``model`` (size-capped) and its ``model`` name checked."""
+    async def read_request(
+        self, request: Request, model: type[Body], body: object | None = None
+    ) -> Body:
+        """An endpoint's body: the caller's key checked first, then the JSON (``body`` when a
+        dispatcher such as ``/invocations`` has read it already; else read here, size-capped)
+        parsed into ``model`` and its ``model`` name checked."""
         self.check_auth(request)
-        req = parse(model, await read_json(request, self.app_args.max_request_bytes))
+        if body is None:
+            body = await read_json(request, self.app_args.max_request_bytes)
+        req = parse(model, body)
         self.check_model(getattr(req, "model", None))
+        whole_vocabulary(req, self.vocab_size)  # logprobs -1: this model's vocabulary, or 400
         return req
 
     def check_model(self, name: str | None) -> None:
@@ -150,12 +170,15 @@ class Ingress:
     # ---- limits: each checked here, once, before any rank sees the request -------------
 
     def check_vocab(self, ids: Sequence[int], param: str, what: str = "token id") -> None:
-        """A 400 naming the first id outside the model's vocabulary."""
+        """A 400 naming the first id outside the model's vocabulary (vLLM's wording first:
+        clients match on "out of vocabulary")."""
         vocab = self.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise APIError(
-                400, f"{what} {bad} is outside the model's vocabulary [0, {vocab})", param=param
+                400,
+                f"Token id {bad} is out of vocabulary ({what}; the model's ids are [0, {vocab}))",
+                param=param,
             )
 
     def sampling_of(

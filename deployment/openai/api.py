@@ -73,7 +73,18 @@ DRAIN_LIMIT_BYTES = 256 << 20
 
 
 async def read_json(request: Request, max_bytes: int) -> object:
-    """The body as JSON, or a 4xx naming what is wrong with it."""
+    """The body as JSON, or a 4xx naming what is wrong with it.
+
+    A body declared as another media type (a form, plain text) is a 415 in vLLM's words, as
+    vLLM refuses it; a body with no ``Content-Type`` at all is read as JSON."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type and media_type != "application/json":
+        await _drain(request.stream(), 0)  # read before answering (see DRAIN_LIMIT_BYTES)
+        raise APIError(
+            415,
+            "Unsupported Media Type: Only 'application/json' is allowed",
+            code="unsupported_media_type",
+        )
     too_large = APIError(413, f"request body exceeds {max_bytes} bytes", code="body_too_large")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:

@@ -14,7 +14,12 @@ from actors.model.tokenizer import ChatOptions, Tokenizer
 from deployment.ingress import Ingress
 from deployment.openai.choices import Choice, Delta, token_ids_of, usage
 from deployment.openai.errors import APIError
-from deployment.openai.logprobs import TokenTexts, chat_logprobs, vllm_prompt_logprobs
+from deployment.openai.logprobs import (
+    TokenTexts,
+    chat_logprobs,
+    logprob_texts,
+    vllm_prompt_logprobs,
+)
 from deployment.openai.protocol import ChatMessage, ChatRequest
 from deployment.openai.sse import drain, stream
 from deployment.openai.tool_calls import ToolStream, parse_calls, render_inputs
@@ -22,10 +27,11 @@ from deployment.serve_context import new_request_id
 
 
 async def create_chat_completion(
-    core: Ingress, request: Request
+    core: Ingress, request: Request, body: object | None = None
 ) -> dict[str, Any] | StreamingResponse:
-    """The route's body: the chat's prompt ids, one rank request, the answer."""
-    req = await core.read_request(request, ChatRequest)
+    """The route's body: the chat's prompt ids, one rank request, the answer (``body``: the
+    JSON when ``/invocations`` has read it already)."""
+    req = await core.read_request(request, ChatRequest, body)
     # ``tool_choice: none``: the tools are neither rendered nor parsed.
     tools = None if req.tool_choice == "none" else req.tools
     ids = req.truncated(chat_prompt_ids(core.tokenizer, req.messages, tools, chat_options(req)))
@@ -71,25 +77,49 @@ def chat_prompt_ids(
         raise APIError(400, str(exc), param="messages") from None
 
 
+def answer_role(req: ChatRequest) -> str:
+    """The answer's role, as vLLM: the assistant's after a generation prompt, else the last
+    message's (the turn being continued)."""
+    return "assistant" if req.add_generation_prompt else req.messages[-1].role
+
+
+def echoed(req: ChatRequest) -> str:
+    """What vLLM's ``echo`` puts before each answer: the last message's text when that message
+    has the answer's role (``continue_final_message``: the turn continued), else nothing."""
+    last = req.messages[-1]
+    return last.text() if req.echo and last.role == answer_role(req) else ""
+
+
+# A message's OpenAI keys roundgate never fills, sent as null as vLLM sends them.
+UNUSED = {"refusal": None, "annotations": None, "audio": None, "function_call": None}
+
+
 class ChatResponder:
     """Builds one chat request's answer; with ``tools`` (and ``tool_choice`` not ``none``)
-    Hermes-style ``<tool_call>`` blocks become ``tool_calls`` and the finish ``tool_calls``."""
+    Hermes-style ``<tool_call>`` blocks become ``tool_calls`` and the finish ``tool_calls``.
+    With ``echo``, each choice's content starts with ``echoed(req)`` (streamed: in the choice's
+    first chunk), outside the tool-call parsing."""
 
     def __init__(self, head: dict[str, Any], req: ChatRequest, texts: TokenTexts) -> None:
         self.head = head
         self.req = req
         self.texts = texts
+        self.role = answer_role(req)
+        self.echo = echoed(req)
         self.parses_tools = bool(req.tools) and req.tool_choice != "none"
         # ``parallel_tool_calls: false``: the first call only.
         self.max_calls = 1 if req.parallel_tool_calls is False else None
         self.tool_streams: dict[int, ToolStream] = {}
         self.started: set[int] = set()
         self.prompt_ids: dict[int, list[int]] = {}  # by choice index, for the first chunk
+        self.sent_prompt_ids = False
 
     def _logprobs(self, ids: list[int], lps: list[TokenLogprobs] | None) -> dict[str, Any] | None:
         if lps is None or not self.req.logprobs:
             return None
-        return chat_logprobs(self.texts, ids, lps)
+        return chat_logprobs(
+            logprob_texts(self.texts, self.req.return_tokens_as_token_ids), ids, lps
+        )
 
     def chunk(self, d: Delta) -> dict[str, Any]:
         """One stream event for a delta of one choice."""
@@ -97,7 +127,7 @@ class ChatResponder:
         first = d.index not in self.started
         if first:
             self.started.add(d.index)
-            delta["role"] = "assistant"
+            delta["role"] = self.role
         finish = d.finish_reason
         if self.parses_tools:
             tools = self.tool_streams.setdefault(d.index, ToolStream())
@@ -114,28 +144,38 @@ class ChatResponder:
                 finish = "tool_calls"
         else:
             delta["content"] = d.text
+        if first and self.echo:
+            delta["content"] = self.echo + (delta["content"] or "")
         choice: dict[str, Any] = {
             "index": d.index,
             "delta": delta,
             "logprobs": self._logprobs(d.token_ids, d.logprobs),
             "finish_reason": finish,
         }
+        event = {**self.head, "choices": [choice]}
         if self.req.return_token_ids:  # vLLM: the prompt's ids in the first chunk, then deltas
             if first:
                 choice["prompt_token_ids"] = self.prompt_ids.get(d.index)
+            if not self.sent_prompt_ids:  # and at the top of the stream's first chunk (vLLM)
+                self.sent_prompt_ids = True
+                event["prompt_token_ids"] = self.prompt_ids.get(d.index)
             choice["token_ids"] = d.token_ids
-        return {**self.head, "choices": [choice]}
+        return event
 
     def _message(self, c: Choice) -> tuple[dict[str, Any], str | None]:
+        # vLLM's message keys, null when unused (``tool_calls`` only when there are calls).
+        message: dict[str, Any] = {"role": self.role, "content": self.echo + c.text, **UNUSED}
         if not self.parses_tools:
-            return {"role": "assistant", "content": c.text}, c.finish_reason
+            return message, c.finish_reason
         content, calls = parse_calls(c.text)
         if self.max_calls is not None:
             calls = calls[: self.max_calls]
         if not calls:
-            return {"role": "assistant", "content": c.text}, c.finish_reason
+            return message, c.finish_reason
         finish = "tool_calls" if c.finish_reason == "stop" else c.finish_reason
-        return {"role": "assistant", "content": content, "tool_calls": calls}, finish
+        if self.echo:
+            content = self.echo + (content or "")
+        return {**message, "content": content, "tool_calls": calls}, finish
 
     def body(self, choices: list[Choice]) -> dict[str, Any]:
         """The whole (non-streamed) answer."""
@@ -152,6 +192,10 @@ class ChatResponder:
                 }
             )
         body = {**self.head, "object": "chat.completion", "choices": out, "usage": usage(choices)}
+        # vLLM's answer keys, null unless asked for.
+        body.update(system_fingerprint=None, service_tier=None, prompt_logprobs=None)
+        asked = self.req.return_token_ids
+        body["prompt_token_ids"] = choices[0].prompt_token_ids if asked else None
         k = self.req.prompt_logprobs
         if k is not None:  # vLLM's: the response's, one prompt for every choice
             first = choices[0]

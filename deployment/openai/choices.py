@@ -246,8 +246,9 @@ def usage(choices: list[Choice]) -> dict[str, int]:
     }
 
 
-def token_ids_of(choice: Choice, return_token_ids: bool) -> dict[str, list[int]]:
-    """The ids a choice's body carries when the request asked for them (``return_token_ids``)."""
+def token_ids_of(choice: Choice, return_token_ids: bool) -> dict[str, list[int] | None]:
+    """The ids a choice's body carries: its prompt's and its own when the request asked for
+    them (``return_token_ids``), else ``null`` (vLLM's choices always carry both keys)."""
     if not return_token_ids:
-        return {}
+        return {"prompt_token_ids": None, "token_ids": None}
     return {"prompt_token_ids": choice.prompt_token_ids, "token_ids": choice.output_token_ids}

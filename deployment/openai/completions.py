@@ -12,15 +12,23 @@ from actors.model.tokenizer import Tokenizer
 from deployment.ingress import Ingress
 from deployment.openai.choices import Choice, Delta, token_ids_of, usage
 from deployment.openai.errors import APIError
-from deployment.openai.logprobs import EchoedPrompt, completion_logprobs, vllm_prompt_logprobs
+from deployment.openai.logprobs import (
+    EchoedPrompt,
+    completion_logprobs,
+    logprob_texts,
+    vllm_prompt_logprobs,
+)
 from deployment.openai.protocol import CompletionRequest
 from deployment.openai.sse import drain, stream
 from deployment.serve_context import new_request_id
 
 
-async def create_completion(core: Ingress, request: Request) -> dict[str, Any] | StreamingResponse:
-    """The route's body: each prompt's ids, one rank request per prompt, the answer."""
-    req = await core.read_request(request, CompletionRequest)
+async def create_completion(
+    core: Ingress, request: Request, body: object | None = None
+) -> dict[str, Any] | StreamingResponse:
+    """The route's body: each prompt's ids, one rank request per prompt, the answer
+    (``body``: the JSON when ``/invocations`` has read it already)."""
+    req = await core.read_request(request, CompletionRequest, body)
     prompts = [req.truncated(ids) for ids in prompt_ids(req, core.tokenizer)]
     # ``max_tokens: 0`` scores the prompt: the rank generates one token, which is dropped.
     max_tokens = 1 if req.max_tokens == 0 else (req.max_tokens or 16)
@@ -29,6 +37,7 @@ async def create_completion(core: Ingress, request: Request) -> dict[str, Any] |
     # After ``generate_each``'s checks: an id outside the vocabulary is a 400, not a decode error.
     echoes = echo_texts(req, prompts, core.tokenizer) if req.echo else None
     texts = core.token_texts
+    named = logprob_texts(texts, req.return_tokens_as_token_ids)  # how logprobs name tokens
 
     def logprobs(c: Choice, d: Delta | None) -> dict[str, Any] | None:
         """Delta ``d``'s logprobs (streamed), else the whole choice's; with ``echo`` the
@@ -46,10 +55,11 @@ async def create_completion(core: Ingress, request: Request) -> dict[str, Any] |
             prompt = EchoedPrompt(
                 c.prompt_token_ids, c.prompt_logprobs or [], req.logprobs, len(echo)
             )
-        return completion_logprobs(texts, ids, lps, offsets, prompt)
+        return completion_logprobs(named, ids, lps, offsets, prompt)
 
     def extras(c: Choice) -> dict[str, Any]:
         out = token_ids_of(c, req.return_token_ids)
+        out["prompt_logprobs"] = None  # present, as vLLM's choices carry it, null unless asked
         if req.prompt_logprobs is not None:
             out["prompt_logprobs"] = vllm_prompt_logprobs(
                 texts, c.prompt_token_ids, c.prompt_logprobs or [], req.prompt_logprobs
@@ -96,11 +106,17 @@ async def create_completion(core: Ingress, request: Request) -> dict[str, Any] |
             for c in choices
         ],
         "usage": usage(choices),
+        "system_fingerprint": None,  # vLLM's key, null
     }
 
 
+# vLLM's wording, which clients match on (roundgate takes no ``prompt_embeds``).
+EMPTY_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty."
+
+
 def prompt_ids(req: CompletionRequest, tokenizer: Tokenizer) -> list[list[int]]:
-    """Each prompt's token ids (texts tokenized, ids as sent), or a 400 for an empty one.
+    """Each prompt's token ids (texts tokenized, ids as sent), or a 400 for a missing or empty
+    one.
 
     Their limits (count, vocabulary, context length) are the ingress's to check."""
     p = req.prompt
@@ -115,15 +131,17 @@ def prompt_ids(req: CompletionRequest, tokenizer: Tokenizer) -> list[list[int]]:
     else:
         prompts = []
     if not prompts or any(not ids for ids in prompts):
-        raise APIError(400, "prompt must not be empty", param="prompt")
+        raise APIError(400, EMPTY_PROMPT, param="prompt")
     return prompts
 
 
 def echo_texts(req: CompletionRequest, prompts: list[list[int]], tokenizer: Tokenizer) -> list[str]:
-    """What ``echo`` puts before each choice's text: the prompt as sent, text or ids."""
+    """What ``echo`` puts before each choice's text: the prompt as sent; token ids as their
+    text with special tokens kept (as vLLM, and the tokenizer's own ``decode``, write them: a
+    prompt of special tokens echoes as their text, not as nothing)."""
     p = req.prompt
     if isinstance(p, str):
         return [p]
     if p and all(isinstance(x, str) for x in p):
         return list(p)
-    return [tokenizer.decode(ids) for ids in prompts]
+    return [tokenizer.decode(ids, skip_special_tokens=False) for ids in prompts]

@@ -32,6 +32,20 @@ class TokenTexts:
         return text
 
 
+class TokenIdTexts(TokenTexts):
+    """vLLM's ``return_tokens_as_token_ids``: each token of a ``logprobs`` object named
+    ``token_id:N``, so a client maps it back to its id even where the text cannot say which
+    (a token that ends inside a UTF-8 character, two tokens with the same text)."""
+
+    def __call__(self, token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+
+def logprob_texts(texts: TokenTexts, as_token_ids: bool | None) -> TokenTexts:
+    """How a request's ``logprobs`` name tokens: their text, or ``token_id:N``."""
+    return TokenIdTexts(texts.tokenizer) if as_token_ids else texts
+
+
 def _finite(value: float) -> float:
     return max(value, MIN_LOGPROB)
 

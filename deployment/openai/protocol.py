@@ -3,28 +3,35 @@
 No field is silently dropped. Unknown fields are a 400 naming them (``extra="forbid"``); a
 field of OpenAI's schema that roundgate does not implement is declared, marked
 ``x-roundgate-supported: false`` in the OpenAPI document, and refused with a 400 naming it
-unless its value asks for nothing (``REFUSED``); a few fields that change no output
-(``metadata``, ``safety_identifier``, ...) are accepted and documented as ignored. ``user`` is
-implemented: the cache-aware router's session key.
+unless its value asks for nothing (``REFUSED``); vLLM's own fields that roundgate does not
+implement are accepted at the value that asks for nothing (``vllm_default``: vLLM's default,
+so a client sending vLLM's full request works) and refused otherwise; a few fields that change
+no output (``metadata``, ``safety_identifier``, ...) are accepted and documented as ignored.
+``user`` is implemented: the cache-aware router's session key.
+
+Scalars are parsed as vLLM's pydantic models parse them (lax mode: ``"true"`` is a boolean,
+``"5"`` an integer); a value that would be lost in the conversion (``2.5`` as an integer) is
+still a 400. docs/api.md states the whole policy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
 from actors.control.request import MAX_LOGPROBS, MAX_N
-from deployment.openai.errors import APIError, describe_error
+from deployment.openai.errors import APIError
+from deployment.openai.field_policy import ignored, refused, vllm_default
+from deployment.openai.field_policy import parse as parse  # re-exported: the routes' parser
 
 MAX_INT32 = 2**31 - 1
 MIN_INT64, MAX_INT64 = -(2**63), 2**63 - 1  # vLLM's seed range
@@ -32,7 +39,10 @@ MAX_STOP_CHARS = 256  # the detokenizer holds back up to this many characters
 
 
 def _integral(value: object) -> object:
-    """``2.0`` is an integer in JSON (and in JSON Schema); ``2.5`` and ``true`` are not."""
+    """``2.0`` is an integer in JSON (and in JSON Schema); ``2.5`` and ``true`` are not (lax
+    parsing would read ``true`` as 1: a token id or a count sent as a boolean is a mistake)."""
+    if isinstance(value, bool):
+        raise ValueError("Input should be a valid integer, not a boolean")
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
@@ -43,34 +53,19 @@ StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
-def refused(what: str) -> Any:
-    """A declared field roundgate does not implement (``what``: the values it accepts)."""
-    return Field(
-        None,
-        description=f"Not supported: refused with a 400 unless {what}.",
-        json_schema_extra={"x-roundgate-supported": False},
-    )
-
-
-def ignored(description: str) -> Any:
-    """A field accepted and ignored on purpose: it changes nothing in the output."""
-    return Field(
-        None,
-        description=f"Accepted and ignored: {description}.",
-        json_schema_extra={"x-roundgate-supported": "ignored"},
-    )
-
-
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    include_usage: bool = False
-    continuous_usage_stats: bool = Field(
-        False, description="vendor (vLLM): every chunk carries the usage so far"
+    """How a stream is framed (never what it says): keys beyond these (OpenAI's
+    ``include_obfuscation``, vLLM's later additions) are accepted and ignored, as vLLM does."""
+
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = Field(
+        False, description="vendor (vLLM): with include_usage, every chunk carries the usage"
     )
 
 
 class JSONSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     name: str | None = None
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
@@ -84,7 +79,7 @@ class JSONSchemaFormat(BaseModel):
 class ResponseFormat(BaseModel):
     """``text``, ``json_object`` (any JSON object) or ``json_schema`` (that schema)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
 
@@ -98,7 +93,7 @@ class ResponseFormat(BaseModel):
 class StructuredOutputs(BaseModel):
     """vLLM's ``structured_outputs``: exactly one constraint on the output."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
     json_: dict[str, Any] | str | None = Field(None, alias="json", description="a JSON schema")
     regex: str | None = None
     choice: Annotated[list[str], Field(min_length=1, max_length=256)] | None = None
@@ -125,7 +120,7 @@ class StructuredOutputs(BaseModel):
 class _Common(BaseModel):
     """Fields shared by completions and chat. Unknown fields are refused."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
 
     # Declared but not implemented: field -> whether a value asks for nothing (then it is
     # accepted). Everything else in the models is implemented.
@@ -165,9 +160,10 @@ class _Common(BaseModel):
     )
     prompt_logprobs: Int | None = Field(
         None,
-        ge=0,
+        ge=-1,
         le=MAX_LOGPROBS,
-        description="vendor (vLLM): each prompt token's logprob and the top k (not streamed)",
+        description="vendor (vLLM): each prompt token's logprob and the top k (not streamed); "
+        "-1: the whole vocabulary (refused past the server's maximum, as vLLM's)",
     )
     truncate_prompt_tokens: Int | None = Field(
         None, ge=1, description="vendor (vLLM): keep this many prompt tokens"
@@ -191,6 +187,27 @@ class _Common(BaseModel):
     safety_identifier: str | None = ignored("an end-user id for the caller's own records")
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # vLLM's fields roundgate does not implement: accepted at the value that asks for nothing.
+    use_beam_search: bool | None = vllm_default(False, None)
+    length_penalty: float | None = vllm_default(1.0, None)
+    early_stopping: bool | None = vllm_default(False, None)
+    watermarking: bool | None = vllm_default(False, None)
+    allowed_token_ids: list[Int] | None = vllm_default(None)
+    bad_words: list[str] | None = vllm_default([], None)
+    priority: Int | None = vllm_default(0, None)
+    cache_salt: str | None = vllm_default(None)
+    logprob_token_ids: list[Int] | None = vllm_default(None)
+    return_tokens_as_token_ids: bool | None = Field(
+        None, description="vendor (vLLM): logprobs name each token 'token_id:N', not its text"
+    )
+    kv_transfer_params: dict[str, Any] | None = vllm_default(None)
+    vllm_xargs: dict[str, Any] | None = vllm_default(None)
+    repetition_detection: dict[str, Any] | None = vllm_default(None)
+    stream_interval: Int | None = vllm_default(1, None)
+    request_id: str | None = ignored("the response's id is the server's own")
+    min_characters: Int | None = ignored(
+        "no OpenAI or vLLM field: vLLM's test suite sends it and vLLM ignores it"
+    )
     dp_rank: Int | None = Field(None, ge=0, description="vendor field: pin to one DP rank")
     return_token_ids: bool = Field(False, description="vendor field: add token ids to choices")
     user: str | None = Field(
@@ -202,15 +219,31 @@ class _Common(BaseModel):
     def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
         return [value] if isinstance(value, str) else value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        """``null`` for a field with a default means that default, as in vLLM's models (its
+        sampling fields are optional, ``None`` standing for the server's default)."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {
+            k: v
+            for k, v in data.items()
+            if v is not None
+            or k not in fields
+            or fields[k].is_required()
+            or fields[k].default is None
+        }
+
     def check_combinations(self) -> None:
         """Fields that are valid alone but not together: a 400 naming the second."""
         options = self.stream_options
-        if options is not None and not self.stream:
-            raise APIError(400, "stream_options needs stream: true", param="stream_options")
-        if options is not None and options.continuous_usage_stats and not options.include_usage:
+        # vLLM's rule and wording: empty options are no options.
+        if options is not None and options.model_fields_set and not self.stream:
             raise APIError(
                 400,
-                "stream_options.continuous_usage_stats needs include_usage: true",
+                "Stream options can only be defined when `stream=True`.",
                 param="stream_options",
             )
         if self.prompt_logprobs is not None and self.stream:
@@ -231,14 +264,20 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[Int] | list[list[Int]] = Field(
+    # Required, but ``null`` is a value (vLLM's ``prompt_embeds`` requests send it): an empty
+    # or null prompt is a 400 in vLLM's wording.
+    prompt: str | list[str] | list[Int] | list[list[Int]] | None = Field(
         description="text, texts, token ids (within the tokenizer's vocabulary) or lists of them"
     )
+    prompt_embeds: str | list[Any] | None = vllm_default(None, [], "")
+    add_special_tokens: bool | None = vllm_default(True, None)
     max_tokens: Int | None = Field(
         None, ge=0, description="0: score the prompt only (with echo or prompt_logprobs)"
     )
     echo: bool = False
-    logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: Int | None = Field(
+        None, ge=-1, le=MAX_LOGPROBS, description="-1 (vLLM's): the whole vocabulary"
+    )
     best_of: Int | None = refused("null or 1")
     suffix: str | None = refused("null or empty")
 
@@ -262,8 +301,10 @@ class ChatMessage(BaseModel):
     """One chat message. Unknown keys are accepted and ignored (as vLLM: SDKs and agent
     frameworks attach their own), so they never reach the template."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    model_config = ConfigDict(extra="ignore")
+    # Any role, as vLLM (its ``CustomChatCompletionMessageParam``): the template sees it as
+    # sent, and a template that does not know it says so (a 400 naming ``messages``).
+    role: str = Field(min_length=1)
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_call_id: str | None = None
@@ -357,8 +398,10 @@ def _check_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, A
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: Int | None = Field(None, ge=0, le=20, description="needs logprobs: true")
+    logprobs: bool | None = False
+    top_logprobs: Int | None = Field(
+        None, ge=-1, le=MAX_LOGPROBS, description="needs logprobs: true; -1: the whole vocabulary"
+    )
     tools: list[dict[str, Any]] | None = Field(
         None, description="rendered by the chat template; <tool_call> output is parsed"
     )
@@ -389,6 +432,18 @@ class ChatRequest(_Common):
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="vendor (vLLM): extra variables for the chat template"
     )
+    echo: bool | None = Field(
+        False,
+        description="vendor (vLLM): the answer starts with the last message's content when "
+        "that message has the answer's role (with continue_final_message: the whole turn)",
+    )
+    add_special_tokens: bool | None = vllm_default(False, None)
+    documents: list[dict[str, Any]] | None = vllm_default(None)
+    chat_template: str | None = vllm_default(None)
+    mm_processor_kwargs: dict[str, Any] | None = vllm_default(None)
+    media_io_kwargs: dict[str, Any] | None = vllm_default(None)
+    include_reasoning: bool | None = vllm_default(True, None)
+    thinking_token_budget: Int | None = vllm_default(None)
 
     _tools = field_validator("tools")(check_tools)
     _tool_choice = field_validator("tool_choice")(_check_tool_choice)
@@ -427,24 +482,3 @@ class ChatRequest(_Common):
         "web_search_options": lambda v: v is None,
         "moderation": lambda v: v is None,
     }
-
-
-Body = TypeVar("Body", bound=BaseModel)
-
-
-def parse(model: type[Body], body: object) -> Body:
-    """``body`` (decoded JSON) as ``model``, or a 400 naming the first bad or refused field."""
-    if not isinstance(body, dict):
-        raise APIError(400, "request body must be a JSON object")
-    try:
-        req = model.model_validate(body)
-    except ValidationError as exc:
-        param, message = describe_error(exc)
-        raise APIError(400, message, param=param) from None
-    for name, accepts in getattr(model, "REFUSED", {}).items():
-        if name in req.model_fields_set and not accepts(getattr(req, name)):
-            raise APIError(400, f"{name} is not supported by roundgate", param=name)
-    check = getattr(req, "check_combinations", None)
-    if check is not None:
-        check()
-    return req

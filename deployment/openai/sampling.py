@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from actors.control.request import SamplingParams
+from actors.control.request import MAX_LOGPROBS, SamplingParams
 from actors.model.generation_config import GenerationConfig
 from deployment.openai.errors import APIError
 from deployment.openai.protocol import ChatRequest, CompletionRequest, StructuredOutputs
@@ -130,8 +130,10 @@ def _check_parses(name: str, grammar: tuple[str, str]) -> None:
 
 
 def _dump(schema: dict[str, Any]) -> str:
-    """One spelling per schema, so the rank's compiled-grammar cache sees equal schemas once."""
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    """One compact spelling per schema as the client wrote it (the rank's compiled-grammar cache
+    keys on it). Keys keep their order: the grammar generates properties in the order it reads
+    them, and a schema's property order is part of what the client asked for."""
+    return json.dumps(schema, separators=(",", ":"))
 
 
 def logit_bias_of(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
@@ -151,6 +153,30 @@ def logit_bias_of(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...
     return tuple(pairs)  # a repeated id is refused by ``SamplingParams``
 
 
+def whole_vocabulary(req: object, vocab_size: int) -> None:
+    """vLLM's ``-1`` for ``logprobs``, ``top_logprobs`` (with ``logprobs: true``) or
+    ``prompt_logprobs``: every token of the vocabulary, ``vocab_size`` of them, set on ``req``.
+
+    As vLLM at its default ``--max-logprobs`` (20), more than the ``MAX_LOGPROBS`` a rank
+    reports per position is a 400 in vLLM's words: a whole vocabulary is up to hundreds of
+    thousands of entries per token, and nothing fewer than asked is ever returned silently."""
+    names = [("logprobs", "sample"), ("prompt_logprobs", "prompt")]
+    if getattr(req, "logprobs", None) is True:  # without it, logprobs_of names the mistake
+        names.append(("top_logprobs", "sample"))
+    for name, what in names:
+        value = getattr(req, name, None)
+        if value != -1 or type(value) is not int:
+            continue
+        if vocab_size > MAX_LOGPROBS:
+            raise APIError(
+                400,
+                f"Requested {what} logprobs of {vocab_size}, which is greater than max "
+                f"allowed: {MAX_LOGPROBS}",
+                param=name,
+            )
+        setattr(req, name, vocab_size)
+
+
 def prompt_logprobs_of(req: GenerateBody) -> int | None:
     """How many top logprobs a request wants per prompt token (None: none): its
     ``prompt_logprobs``, and ``echo`` with ``logprobs`` asks for the prompt's too (vLLM)."""
@@ -164,6 +190,8 @@ def logprobs_of(req: GenerateBody) -> int | None:
     """How many top logprobs a request wants per token (None: no logprobs at all)."""
     if isinstance(req, CompletionRequest):
         return req.logprobs
-    if req.top_logprobs is not None and not req.logprobs:
-        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    if req.top_logprobs and not req.logprobs:  # vLLM's rule (0 asks for nothing) and wording
+        raise APIError(
+            400, "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
+        )
     return (req.top_logprobs or 0) if req.logprobs else None

@@ -3,10 +3,11 @@
 ``/tokenize`` takes a ``prompt`` (as ``/v1/completions`` would tokenize it) or chat
 ``messages`` (rendered by the model's template as ``/v1/chat/completions`` would, with the
 same ``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``), and
-answers ``{count, max_model_len, tokens, token_strs}``; ``token_strs`` are each token's own
-decoded text. ``/detokenize`` answers ``{prompt}``. ``/tokenizer_info`` is the tokenizer's
-configuration (its ``init_kwargs`` as JSON, its class and the chat template), which clients
-such as lm-evaluation-harness read instead of downloading the tokenizer.
+answers ``{count, max_model_len, tokens, token_strs}``; ``token_strs`` are each token's
+vocabulary piece, as vLLM's (``convert_ids_to_tokens``). ``/detokenize`` answers
+``{prompt}``. ``/tokenizer_info`` is the tokenizer's configuration (its ``init_kwargs`` as
+JSON, its class and the chat template), which clients such as lm-evaluation-harness read
+instead of downloading the tokenizer.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from deployment.openai.protocol import ChatMessage, ChatRequest, Int, check_tool
 class TokenizeRequest(BaseModel):
     """``/tokenize``: exactly one of ``prompt`` and ``messages``."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
@@ -42,7 +43,7 @@ class TokenizeRequest(BaseModel):
 class DetokenizeRequest(BaseModel):
     """``/detokenize``: token ids to text."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     tokens: list[Int]
 
@@ -89,8 +90,19 @@ def tokenize(core: Ingress, req: TokenizeRequest) -> dict[str, Any]:
         "count": len(ids),
         "max_model_len": core.max_model_len,
         "tokens": ids,
-        "token_strs": [core.token_texts(t) for t in ids] if req.return_token_strs else None,
+        "token_strs": token_strs(core, ids) if req.return_token_strs else None,
     }
+
+
+def token_strs(core: Ingress, ids: list[int]) -> list[str]:
+    """Each id's vocabulary piece, as vLLM's ``/tokenize`` answers (``convert_ids_to_tokens``:
+    ``'Ġis'`` for a byte-level BPE's `` is``); a tokenizer without pieces (the byte
+    tokenizer) answers each token's own text."""
+    hf = getattr(core.tokenizer, "_tok", None)
+    convert = getattr(hf, "convert_ids_to_tokens", None)
+    if convert is not None:
+        return [str(piece) for piece in convert(ids)]
+    return [core.token_texts(t) for t in ids]
 
 
 def detokenize(core: Ingress, req: DetokenizeRequest) -> dict[str, Any]:

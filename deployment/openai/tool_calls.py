@@ -100,7 +100,9 @@ def tool_grammar(
         for f in functions
     ]
     schema = options[0] if len(options) == 1 else {"anyOf": options}
-    return ("tool_call", json.dumps(schema, sort_keys=True))
+    # Keys in the order written: the call comes out as {"name": ..., "arguments": ...} (the
+    # format the model was tuned on) and the arguments in the tool's own property order.
+    return ("tool_call", json.dumps(schema))
 
 
 def parse_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:

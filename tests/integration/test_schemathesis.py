@@ -53,6 +53,8 @@ def cap_cost(body: Any) -> None:
         return
     for key in ("max_tokens", "max_completion_tokens"):
         value = body.get(key)
+        if isinstance(value, str) and value.isdigit():  # lax parsing (vLLM's) reads "9" as 9
+            value = body[key] = int(value)
         if is_int(value) and MAX_NEW_TOKENS < value < CONTEXT:
             body[key] = MAX_NEW_TOKENS
     if all(body.get(key) is None for key in ("max_tokens", "max_completion_tokens")):
