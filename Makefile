@@ -19,7 +19,18 @@ LLAMACPP_VENV := .venv-llamacpp
 LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed
 XLLAMACPP_VERSION := 2026.10.11549
 
-.PHONY: setup tools lm-eval llamacpp serve test lint format bench clean
+# The client libraries users point at an OpenAI-compatible server, each in its own venv
+# (.venv-langchain, .venv-litellm, .venv-instructor: their pins are not ours, nor each other's),
+# for tests/integration/test_served_client_libraries.py. Exact versions, so a release of
+# theirs cannot turn the suite red on its own.
+CLIENT_LIBS := langchain litellm instructor
+CLIENT_VENVS := $(foreach lib,$(CLIENT_LIBS),.venv-$(lib))
+CLIENT_STAMPS := $(foreach venv,$(CLIENT_VENVS),$(venv)/.installed)
+CLIENT_PINS_langchain := langchain-openai==1.8.1 langchain-core==1.8.3
+CLIENT_PINS_litellm := litellm==1.110.2
+CLIENT_PINS_instructor := instructor==1.17.0
+
+.PHONY: setup tools lm-eval llamacpp clients serve test lint format bench clean
 
 setup: $(STAMP)
 
@@ -65,10 +76,19 @@ $(LLAMACPP_STAMP): Makefile
 	$(LLAMACPP_VENV)/bin/python -m pip install --quiet 'xllamacpp==$(XLLAMACPP_VERSION)'
 	@touch $(LLAMACPP_STAMP)
 
+clients: $(CLIENT_STAMPS)
+
+# One rule for the three venvs ($* is the library); constraints.txt keeps any torch a
+# dependency might ask for on the CPU wheel.
+$(CLIENT_STAMPS): .venv-%/.installed: constraints.txt Makefile
+	@test -x .venv-$*/bin/python || $(PYTHON) -m venv .venv-$*
+	.venv-$*/bin/python -m pip install --quiet -c constraints.txt $(CLIENT_PINS_$*)
+	@touch $@
+
 serve: setup
 	$(VENV)/bin/roundgate serve
 
-test: setup tools lm-eval llamacpp
+test: setup tools lm-eval llamacpp clients
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup
@@ -79,5 +99,11 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# vLLM's own OpenAI-entrypoint tests (the subset that needs no vLLM internals) against the
+# server `make serve` runs: VLLM=<a vLLM checkout or bare git dir>; builds .venv-vllmtests on
+# first use. Extra options (--tokenizer, --groups, --timeout) in VLLM_TESTS_ARGS.
+vllm-tests: setup
+	$(PY) benchmarks/vllm_entrypoints.py --vllm $(VLLM) $(VLLM_TESTS_ARGS)
+
 clean:
-	rm -rf $(VENV) $(LMEVAL_VENV) $(LLAMACPP_VENV) *.egg-info
+	rm -rf $(VENV) $(LMEVAL_VENV) $(LLAMACPP_VENV) $(CLIENT_VENVS) *.egg-info
