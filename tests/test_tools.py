@@ -121,3 +121,27 @@ def test_malformed_tools_are_a_400_at_parse(body, param) -> None:
     with pytest.raises(APIError) as info:
         parse(ChatRequest, {"messages": [{"role": "user", "content": "x"}], **body})
     assert (info.value.status, info.value.param) == (400, param)
+
+
+def test_nested_pydantic_tools_compile_with_their_defs_at_the_root() -> None:
+    """A tool whose parameters reference ``#/$defs/...`` (pydantic's nested models) gets a
+    grammar that compiles: the definitions move to the call schema's root, where refs resolve."""
+    from xgrammar import Grammar
+
+    opts = {"type": "object", "properties": {"unit": {"type": "string"}}, "required": ["unit"]}
+    params = {
+        "type": "object",
+        "properties": {"opts": {"$ref": "#/$defs/Opts"}},
+        "required": ["opts"],
+        "$defs": {"Opts": opts},
+    }
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params}}]
+    _, text = tool_grammar(tools, "required")
+    schema = json.loads(text)
+    assert schema["$defs"] == {"Opts": opts}
+    assert "$defs" not in schema["properties"]["arguments"]
+    Grammar.from_json_schema(text)  # raised "Cannot find field '$defs'" when nested
+    clash = {**params, "$defs": {"Opts": {"type": "integer"}}}
+    tools.append({"type": "function", "function": {"name": "other", "parameters": clash}})
+    with pytest.raises(APIError, match=r"define \$defs/Opts differently"):
+        tool_grammar(tools, "required")

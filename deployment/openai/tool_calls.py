@@ -68,6 +68,27 @@ def _call_json(call: dict[str, Any]) -> dict[str, Any]:
     return {"name": fn.get("name"), "arguments": args}
 
 
+def _hoist_definitions(function: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
+    """A tool's parameters schema, its ``$defs`` moved to ``definitions`` (the call schema's
+    root): pydantic writes nested models as ``#/$defs/Name`` references, which resolve from
+    the root of the schema the grammar compiles, not from where the parameters sit in it."""
+    parameters = function.get("parameters") or {"type": "object"}
+    if not isinstance(parameters, dict) or "$defs" not in parameters:
+        return parameters
+    own = parameters["$defs"]
+    if not isinstance(own, dict):
+        raise APIError(400, "a tool's parameters.$defs must be an object", param="tools")
+    for name, definition in own.items():
+        if definitions.setdefault(name, definition) != definition:
+            raise APIError(
+                400,
+                f"tools {function.get('name')!r} and another define $defs/{name} differently: "
+                "with tool_choice 'required' their definitions share one namespace",
+                param="tools",
+            )
+    return {k: v for k, v in parameters.items() if k != "$defs"}
+
+
 def tool_grammar(
     tools: list[dict[str, Any]] | None, choice: str | dict[str, Any] | None
 ) -> tuple[str, str] | None:
@@ -87,12 +108,13 @@ def tool_grammar(
                 "{'type': 'function', 'function': {'name': <one of the tools>}}",
                 param="tool_choice",
             )
+    definitions: dict[str, Any] = {}
     options = [
         {
             "type": "object",
             "properties": {
                 "name": {"const": f.get("name")},
-                "arguments": f.get("parameters") or {"type": "object"},
+                "arguments": _hoist_definitions(f, definitions),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
@@ -100,6 +122,8 @@ def tool_grammar(
         for f in functions
     ]
     schema = options[0] if len(options) == 1 else {"anyOf": options}
+    if definitions:
+        schema = {**schema, "$defs": definitions}
     # Keys in the order written: the call comes out as {"name": ..., "arguments": ...} (the
     # format the model was tuned on) and the arguments in the tool's own property order.
     return ("tool_call", json.dumps(schema))
