@@ -47,18 +47,25 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def cap_cost(body: Any) -> None:
-    """Shrink generation work in place; leaves wrong types and context overflows as they are."""
+def cap_cost(body: Any, path: str = "") -> None:
+    """Shrink generation work in place; leaves wrong types and context overflows as they are.
+    The Responses API names its limit ``max_output_tokens``: a ``max_tokens`` added there
+    would make every case a cheap 400 and leave the route unfuzzed."""
     if not isinstance(body, dict):
         return
-    for key in ("max_tokens", "max_completion_tokens"):
+    keys = (
+        ("max_output_tokens",)
+        if path.endswith("/responses")
+        else ("max_tokens", "max_completion_tokens")
+    )
+    for key in keys:
         value = body.get(key)
         if isinstance(value, str) and value.isdigit():  # lax parsing (vLLM's) reads "9" as 9
             value = body[key] = int(value)
         if is_int(value) and MAX_NEW_TOKENS < value < CONTEXT:
             body[key] = MAX_NEW_TOKENS
-    if all(body.get(key) is None for key in ("max_tokens", "max_completion_tokens")):
-        body["max_tokens"] = MAX_NEW_TOKENS  # unset or null: the rest of the context
+    if all(body.get(key) is None for key in keys):
+        body[keys[0]] = MAX_NEW_TOKENS  # unset or null: the rest of the context
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and not all(is_int(t) for t in prompt):
         del prompt[MAX_PROMPTS:]
@@ -72,7 +79,7 @@ def cap_cost(body: Any) -> None:
     suppress_health_check=list(HealthCheck),
 )
 def test_no_server_errors(case, app) -> None:
-    cap_cost(case.body)
+    cap_cost(case.body, case.path)
     response = case.call(base_url=app.url, timeout=60)
     case.validate_response(response, checks=[not_a_server_error])
     if 400 <= response.status_code < 500:
