@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 
-from actors.control.handoff import Handoff, HandoffReleased, KVArrived
+from actors.control.handoff import Handoff, HandoffReleased, KVArrived, TransferEnd
 from actors.control.rank_loop import RoundOutcome
 from actors.control.request import Request
 from actors.disaggregated import check_roles
@@ -97,6 +98,14 @@ class _Group:
         if self.channel is not None:
             self.channel.tick(self.rounds, self.clock)
         return start, outcomes
+
+    def end_due(self, ends: list, message: Callable[[str], TransferEnd]) -> None:
+        """Apply the transfer ends (``(time, rank, request id)`` heap) due by this group's
+        clock, in time order: each rank's connector takes ``message(request id)``."""
+        while ends and ends[0][0] <= self.clock:
+            _, rank, rid = heapq.heappop(ends)
+            self.schedulers[rank].connector.end_transfer(message(rid))
+            self.stalled = False
 
 
 class _Transfers:
@@ -174,10 +183,7 @@ class _DecodeGroup(_Group):
             self.routed[rank] -= 1
             self.schedulers[rank].connector.add_handoff(handoff)
             self.stalled = False
-        while arrived and arrived[0][0] <= self.clock:
-            _, rank, rid = heapq.heappop(arrived)
-            self.schedulers[rank].connector.end_transfer(KVArrived(rid))
-            self.stalled = False
+        self.end_due(arrived, KVArrived)
 
     def step(self, loop: SimLoop) -> int:
         start, outcomes = self._round()
@@ -217,11 +223,7 @@ class _PrefillGroup(_Group):
         self._move_to(at)
         loop.send_due(self.clock)
         loop.admit_due(self.clock)
-        released = self.transfers.released
-        while released and released[0][0] <= self.clock:
-            _, rank, rid = heapq.heappop(released)
-            self.schedulers[rank].connector.end_transfer(HandoffReleased(rid))
-            self.stalled = False
+        self.end_due(self.transfers.released, HandoffReleased)
 
     def step(self, loop: SimLoop) -> int:
         _, outcomes = self._round()
