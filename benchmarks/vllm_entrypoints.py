@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import fnmatch
 import json
 import shutil
@@ -30,14 +31,14 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.vllm_entrypoints_run import GROUP_ARGS, VENV, launched, needs, report, run_pytest
+
 REPO = Path(__file__).resolve().parents[1]
-VENV = REPO / ".venv-vllmtests"
 # Only what the chosen tests import (torch: module-level in test_chat/test_prompt_validation;
 # fastapi: test_basic's module-level import). Pinned to the project venv's versions.
 VENV_PACKAGES = (
@@ -75,6 +76,7 @@ PICKS: tuple[Pick, ...] = (
     Pick(
         "openai/chat_completion/test_chat_echo.py|openai/basic/test_chat_echo.py",
         "echo with continue_final_message, prompt_logprobs=-1, top_logprobs=-1",
+        group="max-logprobs",  # launched with --max-logprobs past the vocabulary
     ),
     Pick(
         "openai/chat_completion/test_chat_completion.py",
@@ -386,51 +388,21 @@ def write_scratch(work: Path, config: dict) -> None:
     (work / "roundgate_harness.json").write_text(json.dumps(config, indent=1))
 
 
-def run_pytest(work: Path, files: list[str], extra: list[str]) -> list[dict]:
-    """pytest in the tests' venv; the shim records each test's outcome in ``results.json``."""
-    flags = "-p no:cacheprovider -q -rN --continue-on-collection-errors -o verbosity_assertions=2"
-    cmd = [str(VENV / "bin/python"), "-m", "pytest", *flags.split()]
-    print("$", " ".join([*cmd, *extra, *files]), flush=True)
-    subprocess.run([*cmd, *extra, *files], cwd=work)
-    return json.loads((work / "results.json").read_text())
-
-
-def report(work: Path, meta: dict, results: list[dict], groups: dict[str, str], out: Path) -> None:
-    """Counts per group, printed; the JSON (everything) and markdown (failures) reports."""
-    deselected = json.loads((work / "deselected.json").read_text())
-
-    def bad(r: dict) -> bool:
-        return r["outcome"] in ("failed", "error")
-
-    counts: dict[str, dict[str, int]] = {}
-    for r in results:
-        c = counts.setdefault(groups.get(r["id"].split("::")[0], "core"), {})
-        c[r["outcome"]] = c.get(r["outcome"], 0) + 1
-    summary = [
-        f"{g}: {c.get('passed', 0)} of {sum(c.values()) - c.get('skipped', 0)} pass {c}"
-        for g, c in counts.items()
-    ]
-    meta = {**meta, "counts": counts, "deselected": deselected, "tests": results}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "vllm_entrypoints.json").write_text(json.dumps(meta, indent=1))
-    md = [
-        f"# vLLM entrypoint tests against roundgate, {time.strftime('%Y-%m-%d %H:%M UTC')}",
-        f"\nvLLM `{meta['vllm']}` at `{meta['commit']}`; model `{meta['model']}`\n",
-        *[f"- {line}" for line in summary],
-        f"- deselected (vLLM internals, LoRA, vLLM's version): {len(deselected)}",
-        "\n## Failures\n",
-        *[f"- `{r['id']}` ({r['outcome']}): {r['message']}" for r in results if bad(r)],
-    ]
-    (out / "vllm_entrypoints.md").write_text("\n".join(md) + "\n")
-    print("\n".join(summary), f"\nreport: {out}/vllm_entrypoints.md, .json", sep="")
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm", type=Path, required=True, help="a vLLM checkout or bare git dir")
     ap.add_argument("--rev", default="HEAD", help="the revision, for a git tree")
     ap.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    ap.add_argument("--groups", default="core,responses", help="core, responses (comma list)")
+    ap.add_argument(
+        "--groups",
+        default=",".join(GROUP_ARGS),
+        help=f"comma list of {', '.join(GROUP_ARGS)} (vllm_entrypoints_run.py)",
+    )
+    ap.add_argument(
+        "--launch",
+        action="store_true",
+        help="start roundgate serve per group with its settings (else use --base-url's server)",
+    )
     ap.add_argument(
         "--work", type=Path, default=Path(tempfile.gettempdir()) / "roundgate-vllm-tests"
     )
@@ -445,7 +417,29 @@ def main(argv: list[str] | None = None) -> None:
     vllm = args.vllm.resolve()
     files = tree_files(vllm, args.rev)
     picked, excluded, unclassified = classify(files)
-    picked = [(p, path) for p, path in picked if p.group in args.groups.split(",")]
+    groups = [g for g in GROUP_ARGS if g in args.groups.split(",")]
+    picked = [(p, path) for p, path in picked if p.group in groups]
+    results: list[dict] = []
+    for i, group in enumerate(groups):
+        paths = [path for p, path in picked if p.group == group]
+        if not args.launch and needs(group):
+            print(f"group {group} expects a server with {needs(group)} (or use --launch)")
+        with launched(group, args.base_url) if args.launch else contextlib.nullcontext():
+            if i == 0:  # the served model names the rewrites: after the first launch
+                meta = start(args, vllm, files, picked, excluded, unclassified)
+            results += run_pytest(args.work, paths, args.pytest_args)
+    report(args.work, meta, results, {path: p.group for p, path in picked}, args.out)
+
+
+def start(
+    args: argparse.Namespace,
+    vllm: Path,
+    files: list[str],
+    picked: list[tuple[Pick, str]],
+    excluded: list[dict],
+    unclassified: list[str],
+) -> dict:
+    """The run's scratch directory, from the served model's name and vocabulary."""
     url_root = args.base_url.rsplit("/v1", 1)[0]
     model = served_model(args.base_url)
     shimmed = SHIMMED | ({"get_tokenizer"} if args.tokenizer else set())
@@ -459,8 +453,7 @@ def main(argv: list[str] | None = None) -> None:
     config = {**meta, "url_root": url_root, "timeout": args.timeout, "deselect": deselect}
     write_scratch(args.work, config)
     print(f"model {model}, vocab {meta['vocab_size']}, {len(picked)} files; new: {unclassified}")
-    results = run_pytest(args.work, [path for _, path in picked], args.pytest_args)
-    report(args.work, meta, results, {path: p.group for p, path in picked}, args.out)
+    return meta
 
 
 def prepare(

@@ -25,7 +25,13 @@ from deployment.openai.completions import create_completion
 from deployment.openai.invocations import invocations
 from deployment.openai.models import list_models, server_version
 from deployment.openai.protocol import ChatRequest, CompletionRequest
-from deployment.openai.responses import ResponsesRequest, create_response
+from deployment.openai.responses import create_response
+from deployment.openai.responses_background import (
+    cancel_response,
+    delete_response,
+    retrieve_response,
+)
+from deployment.openai.responses_request import ResponsesRequest
 from deployment.openai.tokenization import (
     DetokenizeRequest,
     TokenizeRequest,
@@ -108,6 +114,26 @@ class OpenAIServer:
     async def responses(self, request: Request) -> Any:
         """OpenAI's Responses API on the chat path (``deployment.openai.responses``)."""
         return await self.core.load.track(create_response(self.core, request))
+
+    @api.get("/v1/responses/{response_id}")
+    async def get_response(
+        self, response_id: str, request: Request, stream: bool = False
+    ) -> dict[str, Any]:
+        """A stored response as it stands (a background one: queued until it ends)."""
+        self.core.check_auth(request)
+        return retrieve_response(self.core.responses, response_id, stream)
+
+    @api.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(self, response_id: str, request: Request) -> dict[str, Any]:
+        """Stop a background response that has not ended."""
+        self.core.check_auth(request)
+        return await cancel_response(self.core.responses, response_id)
+
+    @api.delete("/v1/responses/{response_id}")
+    async def delete_response(self, response_id: str, request: Request) -> dict[str, Any]:
+        """Forget a stored response (cancelling it if it still runs)."""
+        self.core.check_auth(request)
+        return delete_response(self.core.responses, response_id)
 
     @api.post("/v1/chat/completions/batch")
     async def chat_batch(self, request: Request) -> dict[str, Any]:

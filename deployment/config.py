@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, create_model, model_validator
 
+from actors.control.request import DEFAULT_MAX_LOGPROBS
 from actors.server_args import ServerArgs, engine_arg_names
 from deployment.openai.grammar_limits import GrammarLimits
 from deployment.pd_config import ROLES, RoleArgs, role_server_args, split_role
@@ -59,6 +60,12 @@ class AppArgs(RouterArgs):
         "default $ROUNDGATE_API_KEY",
     )
     max_request_bytes: int = Field(1 << 20, ge=1024)
+    max_logprobs: int = Field(
+        DEFAULT_MAX_LOGPROBS,
+        ge=-1,
+        description="top logprobs a request may ask for per token (vLLM's --max-logprobs); "
+        "-1: the whole vocabulary",
+    )
     max_prompts_per_request: int = Field(
         256, ge=1, description="prompts one completion request may batch (400 past it)"
     )

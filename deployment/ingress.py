@@ -30,7 +30,7 @@ from deployment.openai.grammar_limits import GrammarLimits, check_grammar
 from deployment.openai.logprobs import TokenTexts
 from deployment.openai.protocol import parse
 from deployment.openai.response_store import ResponseStore
-from deployment.openai.sampling import GenerateBody, sampling_params, whole_vocabulary
+from deployment.openai.sampling import GenerateBody, check_logprobs, sampling_params
 from deployment.openai.server_load import ServerLoad
 from deployment.pd_route import PDRoute
 from deployment.request_metrics import RequestRecorder
@@ -155,8 +155,13 @@ class Ingress:
             body = await read_json(request, self.app_args.max_request_bytes)
         req = parse(model, body)
         self.check_model(getattr(req, "model", None))
-        whole_vocabulary(req, self.vocab_size)  # logprobs -1: this model's vocabulary, or 400
+        self.check_logprobs(req)
         return req
+
+    def check_logprobs(self, req: object) -> None:
+        """Top-logprob counts within ``max_logprobs`` (-1: this model's vocabulary), or 400."""
+        limit = self.app_args.max_logprobs
+        check_logprobs(req, self.vocab_size, self.vocab_size if limit == -1 else limit)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
@@ -204,6 +209,7 @@ class Ingress:
             )
         # What the rank would refuse is refused here: an exception on the rank reads as a
         # group failure (503 for everyone), never as this client's mistake.
+        self.check_logprobs(req)
         try:
             sampling = sampling_params(req, max_tokens or room, self.defaults, self.eos_token_ids)
             sampling.check_vocab(self.vocab_size)
@@ -251,7 +257,7 @@ class Ingress:
             outputs = sum(len(c.output_token_ids) for c in choices)
             timer.finish(first.finish_reason, len(first.prompt_token_ids), outputs)
 
-    def _check_choices(self, num_prompts: int, req: GenerateBody) -> None:
+    def check_choices(self, num_prompts: int, req: GenerateBody) -> None:
         """``dp_rank`` within the group, and ``num_prompts`` x ``n`` choices within the cap."""
         if req.dp_rank is not None and self.pd is not None:
             raise APIError(
@@ -324,7 +330,7 @@ class Ingress:
         the id a client sees is the one in the rank's scheduler, metrics and logs.
         """
         self.check_vocab(prompt_ids, param, "prompt token id")
-        self._check_choices(1, req)
+        self.check_choices(1, req)
         choices, message = self._rank_request(request_id, 0, prompt_ids, req, max_tokens, param)
         self.check_available()
         return choices, self._choice_stream(choices, message)
@@ -353,7 +359,7 @@ class Ingress:
             return self.generate(request_id, prompts[0], req, max_tokens, param)
         for ids in prompts:
             self.check_vocab(ids, param, "prompt token id")
-        self._check_choices(len(prompts), req)
+        self.check_choices(len(prompts), req)
         plans = [
             self._rank_request(f"{request_id}-{i}", i * req.n, ids, req, max_tokens, param)
             for i, ids in enumerate(prompts)

@@ -41,7 +41,7 @@ def test_sampling_fields_reach_the_rank(body: dict[str, Any], want: dict[str, An
         ({"logit_bias": {"1": 101}}, "logit_bias", "less than or equal"),
         ({"stop_token_ids": [600]}, "stop_token_ids", "outside the vocabulary"),
         ({"min_tokens": 9, "max_tokens": 4}, "min_tokens", "max_tokens"),
-        ({"logprobs": 21}, "logprobs", "less than or equal"),
+        ({"logprobs": 21}, "logprobs", "greater than max allowed: 20"),
         ({"presence_penalty": 2.5}, "presence_penalty", "less than or equal"),
         ({"repetition_penalty": 0}, "repetition_penalty", "greater than"),
         ({"stop": ["x" * 257]}, "stop", "at most 256"),

@@ -111,6 +111,13 @@ def test_rows_are_found_only_for_prefill_chunks_that_ask() -> None:
     assert prompt_rows([ScheduledChunk(plain, 0, 10, True)]) is None
 
 
-def test_prompt_logprobs_above_the_limit_are_refused() -> None:
+def test_prompt_logprobs_below_zero_or_past_the_vocabulary_are_refused() -> None:
+    """The deployment's ``max_logprobs`` is the ingress's check; a rank refuses only what it
+    cannot compute: a negative count, or more entries than the vocabulary has."""
     with pytest.raises(ValueError, match="prompt_logprobs"):
-        SamplingParams(prompt_logprobs=21)
+        SamplingParams(prompt_logprobs=-1)
+    SamplingParams(prompt_logprobs=21).check_vocab(21)
+    with pytest.raises(ValueError, match="prompt_logprobs: 22 exceeds the vocabulary size 21"):
+        SamplingParams(prompt_logprobs=22).check_vocab(21)
+    with pytest.raises(ValueError, match="logprobs: 22 exceeds"):
+        SamplingParams(logprobs=22).check_vocab(21)

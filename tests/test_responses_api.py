@@ -269,7 +269,7 @@ def test_the_store_drops_the_least_recently_used_past_its_bound() -> None:
         ({"input": "Hi", "max_output_tokens": 2.5}, "max_output_tokens", ""),
         ({"input": "Hi", "frequency": 1}, "frequency", "unknown field"),
         ({"input": "Hi", "reasoning": {"effort": "high"}}, "reasoning", "not supported"),
-        ({"input": "Hi", "background": True}, "background", "not supported"),
+        ({"input": "Hi", "truncation": "auto"}, "truncation", "not supported"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input", "input.0"),
         ({"input": [{"type": "reasoning", "summary": []}]}, "input", "'reasoning'"),
         ({"input": [{"type": "function_call", "name": "f"}]}, "input", "call_id"),

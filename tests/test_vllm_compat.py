@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from vllm_http import MESSAGES, App, content, error
 
-from actors.control.request import MAX_LOGPROBS
+from actors.control.request import DEFAULT_MAX_LOGPROBS as MAX_LOGPROBS
 from deployment.openai.field_policy import default_only
 from deployment.openai.protocol import ChatRequest, CompletionRequest
 
@@ -88,6 +88,35 @@ def test_minus_one_within_the_maximum_is_the_whole_vocabulary(app) -> None:
     assert status == 200 and body["choices"][0]["prompt_logprobs"][0] is None
     sampling = app.sent[-1].sampling
     assert (sampling.prompt_logprobs, sampling.logprobs) == (16, 16)
+
+
+def with_max_logprobs(app, limit: int) -> None:
+    app.core.app_args = app.core.app_args.model_copy(update={"max_logprobs": limit})
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_max_logprobs_is_the_deployment_s_bound_as_vllm_s_flag(app, path: str) -> None:
+    """``max_logprobs`` moves the bound both ways: 25 passes at 30, 31 is vLLM's refusal
+    naming 30, and -1 lets the whole vocabulary through (vLLM's ``--max-logprobs -1``)."""
+    chat = "chat" in path
+    base = {"messages": MESSAGES, "logprobs": True} if chat else {"prompt": "ab"}
+    field = "top_logprobs" if chat else "logprobs"
+    with_max_logprobs(app, 30)
+    assert app.post(path, **base, **{field: 25}, max_tokens=1)[0] == 200
+    assert app.sent[-1].sampling.logprobs == 25
+    status, param, message = error(app.post(path, **base, **{field: 31}, max_tokens=1))
+    assert (status, param) == (400, field)
+    assert message == "Requested sample logprobs of 31, which is greater than max allowed: 30"
+    with_max_logprobs(app, -1)
+    assert app.post(path, **base, **{field: -1}, max_tokens=1)[0] == 200
+    assert app.sent[-1].sampling.logprobs == app.core.vocab_size
+
+
+def test_max_logprobs_below_minus_one_is_refused_by_name() -> None:
+    from deployment.config import AppArgs
+
+    with pytest.raises(ValueError, match="max_logprobs"):
+        AppArgs.model_validate({"model": "tiny-moe", "max_logprobs": -2})
 
 
 def test_top_logprobs_rules_are_vllm_s(app) -> None:
@@ -164,8 +193,6 @@ def test_the_answer_has_the_continued_message_s_role(app) -> None:
 
 # A value of each vLLM default-only field that would change the output.
 ASKING = {
-    "use_beam_search": True,
-    "length_penalty": 0.5,
     "early_stopping": True,
     "watermarking": True,
     "allowed_token_ids": [1, 2],
@@ -292,6 +319,16 @@ def test_token_id_keys_are_always_there_and_null_unless_asked(app) -> None:
         k: message[k] for k in ("refusal", "annotations", "audio", "function_call")
     } == dict.fromkeys(("refusal", "annotations", "audio", "function_call"))
     assert "tool_calls" not in message  # only when there are calls, as vLLM
+
+
+def test_chat_answer_has_every_key_of_the_sdk_s_chat_completion(app) -> None:
+    """vLLM's ``test_invocations`` compares the SDK's ``model_dump()`` keys with the raw
+    JSON's: every field of the installed SDK's ``ChatCompletion`` is in the answer."""
+    from openai.types.chat import ChatCompletion
+
+    _, body = app.chat(max_tokens=1)
+    assert set(ChatCompletion.model_fields) <= set(body)
+    assert (body["metadata"], body["moderation"]) == (None, None)
 
 
 def test_chat_return_token_ids_put_the_prompt_s_at_the_top(app) -> None:

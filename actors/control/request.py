@@ -54,7 +54,9 @@ class TokenLogprobs(NamedTuple):
     rank: int | None = None
 
 
-MAX_LOGPROBS = 20
+# How many top logprobs a request may ask for per token unless the deployment says otherwise
+# (``max_logprobs``), vLLM's default; a rank computes any number up to its vocabulary.
+DEFAULT_MAX_LOGPROBS = 20
 MAX_N = 64  # sequences per prompt
 _SEQUENCE_SEED_MIX = 0xD1B54A32D192ED03  # spreads a seed's sequences apart
 
@@ -120,12 +122,10 @@ class SamplingParams:
             raise ValueError(
                 f"repetition_penalty must be in (0, 100], got {self.repetition_penalty}"
             )
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
-            raise ValueError(
-                f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0 (or None), got {value}")
         if not 1 <= self.n <= MAX_N:
             raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}")
         if len({t for t, _ in self.logit_bias}) != len(self.logit_bias):
@@ -150,7 +150,12 @@ class SamplingParams:
         return replace(self, n=1, seed=seed)
 
     def check_vocab(self, vocab_size: int) -> None:
-        """Refuse token ids (bias, stop ids) outside the model's vocabulary, naming one."""
+        """Refuse token ids (bias, stop ids) outside the model's vocabulary, naming one, and
+        more top logprobs per token than the vocabulary has."""
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value > vocab_size:
+                raise ValueError(f"{name}: {value} exceeds the vocabulary size {vocab_size}")
         for name, ids in (
             ("logit_bias", [t for t, _ in self.logit_bias]),
             ("stop_token_ids", self.stop_token_ids),

@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 from actors.control.request import TokenLogprobs
 from actors.model.tokenizer import ChatOptions, Tokenizer
 from deployment.ingress import Ingress
+from deployment.openai.beam_search import beam_search_choices, check_beam_request, drained
 from deployment.openai.choices import Choice, Delta, token_ids_of, usage
 from deployment.openai.errors import APIError
 from deployment.openai.logprobs import (
@@ -37,7 +38,13 @@ async def create_chat_completion(
     ids = req.truncated(chat_prompt_ids(core.tokenizer, req.messages, tools, chat_options(req)))
     max_tokens = req.max_completion_tokens or req.max_tokens
     rid, created = new_request_id(), int(time.time())
-    choices, deltas = core.generate(rid, ids, req, max_tokens, "messages")
+    check_beam_request(req)
+    if req.use_beam_search:
+        room = core.max_model_len - len(ids)
+        choices = await beam_search_choices(core, rid, [ids], req, max_tokens or room, "messages")
+        deltas = drained()
+    else:
+        choices, deltas = core.generate(rid, ids, req, max_tokens, "messages")
     head = {
         "id": f"chatcmpl-{rid}",
         "object": "chat.completion.chunk",
@@ -192,8 +199,15 @@ class ChatResponder:
                 }
             )
         body = {**self.head, "object": "chat.completion", "choices": out, "usage": usage(choices)}
-        # vLLM's answer keys, null unless asked for.
-        body.update(system_fingerprint=None, service_tier=None, prompt_logprobs=None)
+        # vLLM's answer keys, null unless asked for; metadata and moderation are keys of the
+        # openai SDK's ChatCompletion (3.x) that roundgate never fills.
+        body.update(
+            system_fingerprint=None,
+            service_tier=None,
+            metadata=None,
+            moderation=None,
+            prompt_logprobs=None,
+        )
         asked = self.req.return_token_ids
         body["prompt_token_ids"] = choices[0].prompt_token_ids if asked else None
         k = self.req.prompt_logprobs

@@ -20,7 +20,6 @@ from deployment.openai.api import read_json
 from deployment.openai.chat import ChatResponder, chat_options, chat_prompt_ids
 from deployment.openai.errors import APIError
 from deployment.openai.protocol import ChatRequest, parse
-from deployment.openai.sampling import whole_vocabulary
 from deployment.openai.sse import drain
 from deployment.serve_context import new_request_id
 
@@ -52,7 +51,6 @@ async def create_batch_chat_completion(core: Ingress, request: Request) -> dict[
     reqs = [parse(ChatRequest, {**body, "messages": c}) for c in conversations]
     first = reqs[0]
     core.check_model(first.model)
-    whole_vocabulary(first, core.vocab_size)
     tools = None
     prompts = [
         req.truncated(chat_prompt_ids(core.tokenizer, req.messages, tools, chat_options(req)))

@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from actors.model.tokenizer import Tokenizer
 from deployment.ingress import Ingress
+from deployment.openai.beam_search import beam_search_choices, check_beam_request, drained
 from deployment.openai.choices import Choice, Delta, token_ids_of, usage
 from deployment.openai.errors import APIError
 from deployment.openai.logprobs import (
@@ -33,7 +34,12 @@ async def create_completion(
     # ``max_tokens: 0`` scores the prompt: the rank generates one token, which is dropped.
     max_tokens = 1 if req.max_tokens == 0 else (req.max_tokens or 16)
     rid, created = new_request_id(), int(time.time())
-    choices, deltas = core.generate_each(rid, prompts, req, max_tokens, "prompt")
+    check_beam_request(req)
+    if req.use_beam_search:
+        choices = await beam_search_choices(core, rid, prompts, req, max_tokens, "prompt")
+        deltas = drained()
+    else:
+        choices, deltas = core.generate_each(rid, prompts, req, max_tokens, "prompt")
     # After ``generate_each``'s checks: an id outside the vocabulary is a 400, not a decode error.
     echoes = echo_texts(req, prompts, core.tokenizer) if req.echo else None
     texts = core.token_texts

@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from actors.control.request import MAX_LOGPROBS, MAX_N
+from actors.control.request import MAX_N
 from deployment.openai.errors import APIError
 from deployment.openai.field_policy import ignored, refused, vllm_default
 from deployment.openai.field_policy import parse as parse  # re-exported: the routes' parser
@@ -161,7 +161,7 @@ class _Common(BaseModel):
     prompt_logprobs: Int | None = Field(
         None,
         ge=-1,
-        le=MAX_LOGPROBS,
+        le=MAX_INT32,
         description="vendor (vLLM): each prompt token's logprob and the top k (not streamed); "
         "-1: the whole vocabulary (refused past the server's maximum, as vLLM's)",
     )
@@ -188,8 +188,15 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM's fields roundgate does not implement: accepted at the value that asks for nothing.
-    use_beam_search: bool | None = vllm_default(False, None)
-    length_penalty: float | None = vllm_default(1.0, None)
+    use_beam_search: bool = Field(
+        False, description="vendor (vLLM): beam search of width n (not streamed)"
+    )
+    length_penalty: float = Field(
+        1.0,
+        ge=-10.0,
+        le=10.0,
+        description="vendor (vLLM): beam score = logprob / length ** length_penalty",
+    )
     early_stopping: bool | None = vllm_default(False, None)
     watermarking: bool | None = vllm_default(False, None)
     allowed_token_ids: list[Int] | None = vllm_default(None)
@@ -276,7 +283,10 @@ class CompletionRequest(_Common):
     )
     echo: bool = False
     logprobs: Int | None = Field(
-        None, ge=-1, le=MAX_LOGPROBS, description="-1 (vLLM's): the whole vocabulary"
+        None,
+        ge=-1,
+        le=MAX_INT32,
+        description="-1 (vLLM's): the whole vocabulary; at most the server's max_logprobs",
     )
     best_of: Int | None = refused("null or 1")
     suffix: str | None = refused("null or empty")
@@ -400,7 +410,10 @@ class ChatRequest(_Common):
     max_completion_tokens: Int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: Int | None = Field(
-        None, ge=-1, le=MAX_LOGPROBS, description="needs logprobs: true; -1: the whole vocabulary"
+        None,
+        ge=-1,
+        le=MAX_INT32,
+        description="needs logprobs: true; -1: the whole vocabulary; at most max_logprobs",
     )
     tools: list[dict[str, Any]] | None = Field(
         None, description="rendered by the chat template; <tool_call> output is parsed"

@@ -1,11 +1,13 @@
-"""The Responses API's memory for ``previous_response_id``: each stored response's conversation,
-bounded, in this ingress replica's process.
+"""The Responses API's memory: each stored response's object (for ``GET /v1/responses/{id}``)
+and conversation (for ``previous_response_id``), bounded, in this ingress replica's process.
 
 A follow-up request names an earlier response instead of resending the conversation; the
-server renders the earlier turns from here. The store is deliberately small and local:
+server renders the earlier turns from here. A ``background`` response lives here while it
+runs, so a client can poll it and cancel it. The store is deliberately small and local:
 
-- at most ``max_entries`` responses; past that the least recently used is dropped (a
-  ``previous_response_id`` naming it gets a 404 that names the id);
+- at most ``max_entries`` responses; past that the least recently used finished one is
+  dropped (an id naming it gets a 404 that names the id). A response still queued or running
+  is never dropped: its client is polling it;
 - one per ingress replica and never persisted: with ``ingress_replicas > 1`` a follow-up may
   reach a replica that never saw the first response (a 404 too), and a restart forgets all.
 
@@ -15,29 +17,49 @@ does for chat completions).
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MAX_STORED_RESPONSES = 1024
+UNFINISHED = ("queued", "in_progress")
 
 
-@dataclass(frozen=True)
+@dataclass
 class StoredResponse:
-    """What a follow-up needs: the conversation (chat messages, the response's own output
-    last) without its ``instructions``, which OpenAI does not carry over to a follow-up."""
+    """A response as the store keeps it.
 
-    messages: tuple[dict[str, Any], ...]
+    ``messages``: the conversation for a follow-up (chat messages, the response's own output
+    last) without its ``instructions``, which OpenAI does not carry over; empty until the
+    response is done. ``body``: the response object as it stands (its ``status`` moves from
+    ``queued`` on while a background response runs). ``background``: whether it was created
+    with ``background: true`` (only those can be cancelled)."""
+
+    messages: tuple[dict[str, Any], ...] = ()
+    body: dict[str, Any] = field(default_factory=dict)
+    background: bool = False
+
+    @property
+    def status(self) -> str | None:
+        return self.body.get("status")
+
+    @property
+    def finished(self) -> bool:
+        return self.status not in UNFINISHED
 
 
 class ResponseStore:
-    """Response id -> ``StoredResponse``, least recently used dropped past ``max_entries``."""
+    """Response id -> ``StoredResponse``; the least recently used finished one dropped past
+    ``max_entries``."""
 
     def __init__(self, max_entries: int = MAX_STORED_RESPONSES) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self.max_entries = max_entries
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+        # Background responses still running: id -> their task (for cancel).
+        self.tasks: dict[str, asyncio.Task[None]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -45,8 +67,11 @@ class ResponseStore:
     def put(self, response_id: str, stored: StoredResponse) -> None:
         self._entries[response_id] = stored
         self._entries.move_to_end(response_id)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        excess = len(self._entries) - self.max_entries
+        if excess > 0:
+            oldest = [k for k, v in self._entries.items() if v.finished and k != response_id]
+            for key in oldest[:excess]:
+                del self._entries[key]
 
     def get(self, response_id: str) -> StoredResponse | None:
         """The stored response (now the most recently used), or None when it is not here."""
@@ -54,3 +79,7 @@ class ResponseStore:
         if stored is not None:
             self._entries.move_to_end(response_id)
         return stored
+
+    def delete(self, response_id: str) -> bool:
+        """Forget a response; whether it was here."""
+        return self._entries.pop(response_id, None) is not None

@@ -31,8 +31,8 @@ def item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[Any] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 class OutputItems:
@@ -51,6 +51,9 @@ class OutputItems:
         self._message: dict[str, Any] | None = None  # the open message item
         self._message_index = 0
         self._text = ""
+        # With ``include`` logprobs: every token's, and those not yet sent with a delta.
+        self._logprobs: list[Any] = []
+        self._unsent_logprobs: list[Any] = []
         # Blank text before the message opens: it may only separate tool calls, and an item
         # of whitespace is noise; it opens the message together with the next real text.
         self._held = ""
@@ -63,10 +66,21 @@ class OutputItems:
     def calls(self) -> list[dict[str, Any]]:
         return [item for item in self.items if item["type"] == "function_call"]
 
-    def feed(self, text: str, final: bool, incomplete: bool = False) -> list[Event]:
-        """Take the next text; the events it makes (with ``final``, those that end the items)."""
+    def feed(
+        self,
+        text: str,
+        final: bool,
+        incomplete: bool = False,
+        logprobs: list[Any] | None = None,
+    ) -> list[Event]:
+        """Take the next text (and its tokens' logprobs, when asked for); the events it makes
+        (with ``final``, those that end the items). A token's logprob goes out with the first
+        message text at or after it: text held back (a tool call, blank text) holds it too."""
         if self.finished:
             return []
+        if logprobs:
+            self._logprobs += logprobs
+            self._unsent_logprobs += logprobs
         content, calls = text, []
         if self.tools is not None:
             before = self.tools.num_calls
@@ -96,13 +110,14 @@ class OutputItems:
     def _delta(self, content: str) -> Event:
         assert self._message is not None  # opened by the caller
         self._text += content
+        logprobs, self._unsent_logprobs = self._unsent_logprobs, []
         return {
             "type": "response.output_text.delta",
             "item_id": self._message["id"],
             "output_index": self._message_index,
             "content_index": 0,
             "delta": content,
-            "logprobs": [],
+            "logprobs": logprobs,
         }
 
     def _open_message(self) -> list[Event]:
@@ -157,14 +172,14 @@ class OutputItems:
         item = self._message
         if item is None:
             return events
-        part = _text_part(self._text)
+        part = _text_part(self._text, self._logprobs)
         item["content"] = [part]
         item["status"] = "incomplete" if incomplete else "completed"
         where = {"item_id": item["id"], "output_index": self._message_index}
         return [
             *events,
             {"type": "response.output_text.done", **where, "content_index": 0,
-             "text": self._text, "logprobs": []},
+             "text": self._text, "logprobs": self._logprobs},
             {"type": "response.content_part.done", **where, "content_index": 0, "part": part},
             {"type": "response.output_item.done", "output_index": self._message_index,
              "item": dict(item)},
@@ -197,11 +212,14 @@ def stream_response(
     output: OutputItems,
     body: BodyOf,
     on_done: Callable[[dict[str, Any]], None],
+    logprobs_of: Callable[[list[int], list[Any] | None], list[Any] | None],
 ) -> StreamingResponse:
     """The Responses event stream: ``response.created`` and ``response.in_progress``, the
     items' events as text arrives, then ``response.completed`` (``response.incomplete`` when
     ``max_output_tokens`` ended it). An error after the headers went out travels as an
-    ``error`` event and ``response.failed``. ``on_done`` gets the final response."""
+    ``error`` event and ``response.failed``. ``on_done`` gets the final response;
+    ``logprobs_of(token_ids, logprobs)``: a delta's logprobs in the Responses shape (None
+    when not asked for)."""
     numbers = itertools.count()
 
     def sse(event: Event) -> str:
@@ -214,7 +232,8 @@ def stream_response(
         try:
             async for d in deltas:
                 final = d.finish_reason is not None
-                for event in output.feed(d.text, final, d.finish_reason == "length"):
+                lps = logprobs_of(d.token_ids, d.logprobs)
+                for event in output.feed(d.text, final, d.finish_reason == "length", lps):
                     yield sse(event)
         except APIError as exc:
             error = _error_of(exc)

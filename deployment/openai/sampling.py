@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from actors.control.request import MAX_LOGPROBS, SamplingParams
+from actors.control.request import SamplingParams
 from actors.model.generation_config import GenerationConfig
 from deployment.openai.errors import APIError
 from deployment.openai.protocol import ChatRequest, CompletionRequest, StructuredOutputs
@@ -153,28 +153,31 @@ def logit_bias_of(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...
     return tuple(pairs)  # a repeated id is refused by ``SamplingParams``
 
 
-def whole_vocabulary(req: object, vocab_size: int) -> None:
-    """vLLM's ``-1`` for ``logprobs``, ``top_logprobs`` (with ``logprobs: true``) or
-    ``prompt_logprobs``: every token of the vocabulary, ``vocab_size`` of them, set on ``req``.
+def check_logprobs(req: object, vocab_size: int, max_logprobs: int) -> None:
+    """How many top logprobs ``req`` asks for per token (``logprobs``, ``top_logprobs`` with
+    ``logprobs: true``, ``prompt_logprobs``), against the deployment's ``max_logprobs``.
 
-    As vLLM at its default ``--max-logprobs`` (20), more than the ``MAX_LOGPROBS`` a rank
-    reports per position is a 400 in vLLM's words: a whole vocabulary is up to hundreds of
-    thousands of entries per token, and nothing fewer than asked is ever returned silently."""
+    vLLM's ``-1`` is the whole vocabulary, ``vocab_size``, set on ``req``. More than
+    ``max_logprobs`` is a 400 in vLLM's words (as vLLM's ``--max-logprobs``, default 20): a
+    whole vocabulary is up to hundreds of thousands of entries per token, an operator's
+    choice, and nothing fewer than asked is ever returned silently."""
     names = [("logprobs", "sample"), ("prompt_logprobs", "prompt")]
     if getattr(req, "logprobs", None) is True:  # without it, logprobs_of names the mistake
         names.append(("top_logprobs", "sample"))
     for name, what in names:
         value = getattr(req, name, None)
-        if value != -1 or type(value) is not int:
+        if type(value) is not int:  # chat's logprobs is a bool
             continue
-        if vocab_size > MAX_LOGPROBS:
+        if value == -1:
+            value = vocab_size
+        if value > max_logprobs:
             raise APIError(
                 400,
-                f"Requested {what} logprobs of {vocab_size}, which is greater than max "
-                f"allowed: {MAX_LOGPROBS}",
+                f"Requested {what} logprobs of {value}, which is greater than max "
+                f"allowed: {max_logprobs}",
                 param=name,
             )
-        setattr(req, name, vocab_size)
+        setattr(req, name, value)
 
 
 def prompt_logprobs_of(req: GenerateBody) -> int | None:
