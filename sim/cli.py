@@ -5,18 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from gate import registry
 from routing import registry as routers
 from routing.spec import Option
+from sim import regime_cli
 from sim.disaggregated import (
     describe_transfers,
     disaggregated_namespace,
     parse_split,
     simulate_pd,
 )
+from sim.goodput import DEFAULT_ITL_SLO_MS, DEFAULT_TTFT_SLO_MS, Slo, format_goodputs, goodput
 from sim.kv_channel import ChannelSpec
 from sim.options import (
     BASE_LENGTHS,
@@ -29,6 +31,8 @@ from sim.options import (
 )
 from sim.plots import steady_state
 from sim.records import SimResult
+from sim.regime_report import format_reports, regime_report
+from sim.regimes import REGIMES
 from sim.report import format_table, ratios_to, summarize, write_plots
 from sim.round_costs import PRESETS, RoundCosts
 from sim.scenarios import SCENARIOS, format_rows, replay
@@ -163,6 +167,37 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
             )
 
 
+def add_slo_args(g: argparse._ArgumentGroup, *aliases: tuple[str, str]) -> None:
+    """``--slo-ttft-ms`` and ``--slo-itl-ms`` (goodput, ``sim.goodput``); ``aliases`` adds
+    older spellings (``tune``'s). Unset: a regime scenario's own SLO, else the defaults."""
+    names = dict(aliases)
+    g.add_argument(
+        "--slo-ttft-ms",
+        *([names["ttft"]] if "ttft" in names else []),
+        dest="slo_ttft_ms",
+        type=float,
+        default=None,
+        help=f"goodput: a good request's TTFT bound ({DEFAULT_TTFT_SLO_MS:g}; a regime "
+        "scenario's own)",
+    )
+    g.add_argument(
+        "--slo-itl-ms",
+        *([names["itl"]] if "itl" in names else []),
+        dest="slo_itl_ms",
+        type=float,
+        default=None,
+        help=f"goodput: the bound on a good request's own ITL p99 ({DEFAULT_ITL_SLO_MS:g}; a "
+        "regime scenario's own)",
+    )
+
+
+def slo_of(ns: argparse.Namespace) -> Slo:
+    """The SLO the flags give (each unset one at its default)."""
+    ttft = DEFAULT_TTFT_SLO_MS if ns.slo_ttft_ms is None else ns.slo_ttft_ms
+    itl = DEFAULT_ITL_SLO_MS if ns.slo_itl_ms is None else ns.slo_itl_ms
+    return Slo(ttft, itl)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "simulate",
@@ -175,7 +210,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--scenario",
         default=None,
         help="replay a published measurement on its own setup and print published vs "
-        f"simulated ({', '.join(SCENARIOS)}); --costs overrides its preset",
+        f"simulated ({', '.join(SCENARIOS)}), or run a regime's arms with goodput and a "
+        f"healthy/LOW regime report ({', '.join(REGIMES)}; --compare replaces its arms); "
+        "--costs overrides its preset",
     )
     p.add_argument(
         "--scenario-requests",
@@ -191,6 +228,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="compare fused (none), fused + gate (roundgate) and prefill/decode "
         "disaggregation with P prefill and D decode ranks; the fused runs get P+D ranks (the "
         "same GPUs) and --max-num-seqs per rank is kept (docs/pd.md)",
+    )
+    g = p.add_argument_group("goodput and regime")
+    add_slo_args(g)
+    g.add_argument(
+        "--regime-report",
+        action="store_true",
+        help="print each run's regime report (healthy or LOW: mixed rounds, windows per "
+        "second, per-rank prefill progress; sim/regime_report.py); keeps every round, slower",
     )
     g = p.add_argument_group("output")
     g.add_argument("--max-rounds", type=int, default=None, help="stop after this many rounds")
@@ -221,9 +266,10 @@ def simulate_with_progress(spec: SimSpec, progress: bool = False) -> SimResult:
 
 def run_scenario(ns: argparse.Namespace) -> int:
     """``--scenario NAME``: every arm of a published measurement, with each figure's error."""
-    if ns.scenario not in SCENARIOS:
-        ns.parser.error(f"--scenario must be one of {', '.join(SCENARIOS)}, got {ns.scenario!r}")
-    scenario = SCENARIOS[ns.scenario]
+    if ns.scenario not in SCENARIOS and ns.scenario not in REGIMES:
+        known = ", ".join([*SCENARIOS, *REGIMES])
+        ns.parser.error(f"--scenario must be one of {known}, got {ns.scenario!r}")
+    scenario = SCENARIOS.get(ns.scenario) or REGIMES[ns.scenario]
     overrides = {name: getattr(ns, name, None) for name in COST_FLAGS}
     costs = None
     # The cost flags override the scenario's own preset unless --costs names another (its
@@ -237,6 +283,11 @@ def run_scenario(ns: argparse.Namespace) -> int:
     requests = ns.scenario_requests
     if requests is not None and requests < 10:
         ns.parser.error(f"--scenario-requests must be >= 10, got {requests}")
+    if ns.scenario in REGIMES:
+        try:
+            return regime_cli.run(ns, costs, base)
+        except ValueError as exc:
+            ns.parser.error(str(exc))
     rows, summaries = replay(ns.scenario, costs, requests, seed=ns.seed)
     print(f"{ns.scenario}: {scenario.source}; costs {base}{' with overrides' if costs else ''}")
     print(f"published run: {scenario.published_stability}")
@@ -274,10 +325,13 @@ def run(ns: argparse.Namespace) -> int:
         return run_scenario(ns)
     split = None
     try:
+        slo = slo_of(ns)
         if ns.disaggregate is not None:
             split = parse_split(ns.disaggregate)
             ns = disaggregated_namespace(ns, split)
-        specs = sim_specs(ns)
+        # The regime report reads every round (the timeline), which the fast path skips.
+        keep = {"keep_timeline": True} if getattr(ns, "regime_report", False) else {}
+        specs = [replace(spec, itl_slo_ms=slo.itl_ms, **keep) for spec in sim_specs(ns)]
     except ValueError as exc:
         ns.parser.error(str(exc))
     results = [simulate_with_progress(spec, not ns.no_progress) for spec in specs]
@@ -286,10 +340,24 @@ def run(ns: argparse.Namespace) -> int:
         results.append(pd)
         print(f"P/D {split[0]}:{split[1]}: {describe_transfers(sim)}")
     summaries = [summarize(r) for r in results]
+    goodputs = {r.policy: goodput(r, slo) for r in results}
     baseline = "none" if len(summaries) > 1 else None
     print(format_table(summaries, baseline=baseline))
+    print(format_goodputs(goodputs, baseline))
+    regimes = {}
+    if getattr(ns, "regime_report", False):
+        chunk = specs[0].args.max_scheduled_tokens
+        regimes = {r.policy: regime_report(r, chunk) for r in results if r.timeline is not None}
+        print("regime:")
+        print(format_reports(regimes))
     if ns.json is not None:
-        report = {"config": _config(ns, specs[0].costs), "results": summaries}
+        report = {
+            "config": _config(ns, specs[0].costs),
+            "results": summaries,
+            "goodput": {name: g.as_dict() for name, g in goodputs.items()},
+        }
+        if regimes:
+            report["regime"] = {name: r.as_dict() for name, r in regimes.items()}
         if baseline is not None:
             report["ratios_to_none"] = ratios_to(summaries, baseline)
         ns.json.parent.mkdir(parents=True, exist_ok=True)

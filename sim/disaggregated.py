@@ -299,7 +299,12 @@ class PDSimulator:
         """Per transfer: reserved -> arrived."""
         return self.transfers.transfer_ms
 
-    def run(self, arrivals: list[Arrival] | tuple[Arrival, ...], concurrency: int | None = None):
+    def run(
+        self,
+        arrivals: list[Arrival] | tuple[Arrival, ...],
+        concurrency: int | None = None,
+        itl_slo_ms: float = float("inf"),
+    ):
         """Simulate until every request finishes; a ``SimResult`` like a fused run's."""
         p, d = self.prefill, self.decode
         loop = SimLoop(
@@ -307,6 +312,7 @@ class PDSimulator:
             self._prompts,
             self.costs.schedule_lag_ms / 1000.0,
             p.args.dp_size,
+            itl_slo_ms=itl_slo_ms,
         )
         loop.run([p, d])
         return loop.result(
@@ -369,7 +375,7 @@ def simulate_pd(spec, num_prefill: int, num_decode: int) -> tuple[SimResult, PDS
         spec.router.build(num_prefill, spec.seed, prefill.page_size),
         label=f"pd {num_prefill}:{num_decode}",
     )
-    return sim.run(arrivals_of(spec), spec.concurrency), sim
+    return sim.run(arrivals_of(spec), spec.concurrency, spec.itl_slo_ms), sim
 
 
 def disaggregated_namespace(ns, split: tuple[int, int]):

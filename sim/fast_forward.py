@@ -160,9 +160,11 @@ def advance(
     records: dict[str, RequestRecord],
     itl: array,
     starts: deque,
+    itl_slo_ms: float = float("inf"),
 ) -> tuple[int, float, list[Request]]:
     """Apply up to ``limit`` steady rounds, if the group is steady; returns (rounds applied,
-    clock after them, the requests the last of them finished, in the full round's order)."""
+    clock after them, the requests the last of them finished, in the full round's order).
+    Each record counts its gaps above ``itl_slo_ms`` (``RequestRecord.slow_gaps``)."""
     for loop in loops:
         # A vote that admits a held prompt this very round (the common way a skip ends):
         # found before the scan, as ``_held_rounds`` would find it after.
@@ -190,6 +192,9 @@ def advance(
     # previous round's end, so a round's samples are all one value.
     first = ends[0]
     end_s = ends[-1]
+    gaps = [(end - prev) * 1000.0 for prev, end in pairwise(ends)]
+    # Rounds after the first give every request the same gap: count the slow ones once.
+    slow_later = sum(1 for gap in gaps if gap > itl_slo_ms)
     samples = array("d")
     add = samples.append
     finished: list[Request] = []
@@ -197,7 +202,12 @@ def advance(
         s = loop.scheduler
         for req in s.queues.running:
             rec = records[req.request_id]
-            add((first - rec.last_token_s) * 1000.0)
+            gap = (first - rec.last_token_s) * 1000.0
+            add(gap)
+            if gap > itl_slo_ms:
+                rec.slow_gaps += 1
+            if slow_later:
+                rec.slow_gaps += slow_later
             rec.last_token_s = end_s
             rec.num_output += k
         for req in skip_decode_rounds(s, k, grants, SIM_TOKEN, left):
@@ -206,7 +216,7 @@ def advance(
         loop.policy.advance_quiet(k)
         loop.last_rows = rows
     itl.extend(samples)
-    for prev, end in pairwise(ends):
-        itl.extend(array("d", [(end - prev) * 1000.0]) * len(samples))
+    for gap in gaps:
+        itl.extend(array("d", [gap]) * len(samples))
     starts.extend(ends)
     return k, end_s, finished

@@ -127,6 +127,7 @@ class SimLoop:
         step_times: bool = False,
         max_rounds: int | None = None,
         on_round: Callable[[int, int], None] | None = None,
+        itl_slo_ms: float = INF,
     ) -> None:
         self.source = source
         self.closed = not isinstance(source, OpenLoop)  # finishes send follow-ups
@@ -139,6 +140,8 @@ class SimLoop:
         self.in_flight = [0] * num_ranks  # per rank of the entry group: sent, not admitted
         self.records: dict[str, RequestRecord] = {}
         self.itl = array("d")
+        # Each record counts its gaps above this (goodput's ITL-p99 SLO, sim/goodput.py).
+        self.itl_slo_ms = itl_slo_ms
         self.finished = 0
         self.rounds = 0
         self.step_times = step_times
@@ -257,6 +260,7 @@ class SimLoop:
         give a first token's admission wait, ``collector`` counts the finishes per rank."""
         records = self.records
         itl_append = self.itl.append
+        slo = self.itl_slo_ms
         for rank, rank_events in enumerate(events):
             for request, token_id, done in rank_events:
                 rec = records[request.request_id]
@@ -266,7 +270,10 @@ class SimLoop:
                         if schedulers is not None:
                             rec.admission_wait = schedulers[rank].admission_wait(request)
                     else:
-                        itl_append((now - rec.last_token_s) * 1000.0)
+                        gap = (now - rec.last_token_s) * 1000.0
+                        itl_append(gap)
+                        if gap > slo:
+                            rec.slow_gaps += 1
                     rec.last_token_s = now
                     rec.num_output += 1
                 if done:
@@ -293,5 +300,6 @@ class SimLoop:
             unfinished=len(self.records) - self.finished,
             step_end_s=self.step_end_s,
             step_itl_count=self.step_itl,
+            itl_slo_ms=self.itl_slo_ms,
             **group,  # type: ignore[arg-type]
         )

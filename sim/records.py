@@ -20,6 +20,9 @@ class Timeline:
     kinds: bytearray = field(default_factory=bytearray)  # dp_size codes per round
     points: bytearray = field(default_factory=bytearray)  # POINT_CODES
     opened: bytearray = field(default_factory=bytearray)
+    # Prompt tokens each rank prefilled, dp_size per round (the regime report's per-rank
+    # prefill progress, sim/regime_report.py).
+    prefill_tokens: array = field(default_factory=lambda: array("q"))
 
 
 @dataclass
@@ -33,6 +36,10 @@ class RequestRecord:
     num_output: int = 0
     admission_wait: int | None = None
     turn: int = 0  # a session's turn (0: its first, or not a session)
+    # Inter-token gaps above the run's ITL SLO (``SimResult.itl_slo_ms``): a request meets an
+    # ITL-p99 SLO when at most 1 % of its gaps exceed it (sim/goodput.py). Counted as the
+    # tokens come, so no request keeps its gaps.
+    slow_gaps: int = 0
 
 
 @dataclass
@@ -58,3 +65,5 @@ class SimResult:
     # sample was taken (to the step), for a steady-state window (sim/steady.py).
     step_end_s: array = field(default_factory=lambda: array("d"))
     step_itl_count: array = field(default_factory=lambda: array("q"))
+    # The ITL SLO the records' ``slow_gaps`` were counted against (inf: none counted).
+    itl_slo_ms: float = float("inf")

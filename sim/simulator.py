@@ -92,6 +92,7 @@ class GroupSimulator:
         # Collections: each rank's requests until its next one (sim/round_costs.py).
         self._collector = Collector.of(costs, self.args.dp_size)
         self.busy_rounds = self.prefill_rounds = self.decode_rounds = 0
+        self._itl_slo_ms = INF
 
     def run(
         self,
@@ -99,14 +100,17 @@ class GroupSimulator:
         max_rounds: int | None = None,
         on_round: Callable[[int, int], None] | None = None,
         concurrency: int | None = None,
+        itl_slo_ms: float = INF,
     ) -> SimResult:
         """Simulate until every request finishes (or ``max_rounds``).
 
         ``concurrency`` N: N closed-loop clients (the arrivals' lengths, in order). A request
         reaches its scheduler ``schedule_lag_ms`` after it is sent, and is first planned
-        ``plan_ahead_rounds`` round starts after that.
+        ``plan_ahead_rounds`` round starts after that. Each record counts its inter-token
+        gaps above ``itl_slo_ms`` (goodput, ``sim.goodput``).
         """
         self._reset()
+        self._itl_slo_ms = itl_slo_ms
         self.clock = 0.0
         loop = SimLoop(
             arrival_source(arrivals, concurrency),
@@ -116,6 +120,7 @@ class GroupSimulator:
             step_times=True,
             max_rounds=max_rounds,
             on_round=on_round,
+            itl_slo_ms=itl_slo_ms,
         )
         loop.run([self])
         schedulers = self.schedulers
@@ -210,6 +215,7 @@ class GroupSimulator:
             loop.records,
             loop.itl,
             self._starts,
+            self._itl_slo_ms,
         )
         if k:
             self.clock = clock
@@ -262,6 +268,7 @@ class GroupSimulator:
             timeline.start_s.append(start)
             timeline.duration_ms.append(round_ms)
             timeline.kinds.extend(KIND_CODES[o.plan.kind] for o in outcomes)
+            timeline.prefill_tokens.extend(o.plan.num_prefill_tokens for o in outcomes)
             vote = outcomes[0].vote
             timeline.points.append(POINT_CODES[vote.point])
             timeline.opened.append(vote.open)

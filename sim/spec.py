@@ -43,10 +43,15 @@ class SimSpec:
     concurrency: int | None = None
     max_rounds: int | None = None  # stop after this many group rounds (None: until all finish)
     keep_timeline: bool = False  # record every round (plots); slower, no fast-forward
+    # Each request counts its inter-token gaps above this as it runs, so goodput's ITL-p99
+    # SLO can be judged without keeping every request's gaps (sim/goodput.py).
+    itl_slo_ms: float = float("inf")
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if not self.itl_slo_ms > 0:
+            raise ValueError(f"--slo-itl-ms must be > 0, got {self.itl_slo_ms}")
         if self.max_rounds is not None and self.max_rounds < 1:
             raise ValueError(f"--max-rounds must be >= 1, got {self.max_rounds}")
         self.router.build(
@@ -118,4 +123,10 @@ def simulate(spec: SimSpec, on_round: Callable[[int, int], None] | None = None) 
         spec.policy,
         keep_timeline=spec.keep_timeline,
     )
-    return sim.run(arrivals, spec.max_rounds, on_round, concurrency=spec.concurrency)
+    return sim.run(
+        arrivals,
+        spec.max_rounds,
+        on_round,
+        concurrency=spec.concurrency,
+        itl_slo_ms=spec.itl_slo_ms,
+    )

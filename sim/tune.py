@@ -1,20 +1,25 @@
 """``roundgate tune``: search the gate's two intervals for the best goodput under an SLO.
 
 Every candidate ``(attempt_interval, any_interval)`` with ``any >= attempt`` runs the same
-seeded workload in the simulator. A request is *good* when its TTFT and its mean inter-token
-latency (TPOT) both meet the SLO; goodput is good requests per simulated second (DistServe's
-definition). The best pair is printed with a runner-up table and the ``none`` baseline.
+seeded workload in the simulator. A request is *good* when its TTFT and its own ITL p99 both
+meet the SLO; goodput is good requests per simulated second (``sim.goodput``). The best pair
+is printed with a runner-up table and the ``none`` baseline, then each policy of ``--pareto``
+with its TTFT-ITL Pareto front over its own parameter range (``sim.pareto``): the gate's
+from the same grid, the others' from runs of their own settings.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from sim.cli import add_common_args
+from sim.cli import add_common_args, add_slo_args, slo_of
+from sim.goodput import Slo, goodput
 from sim.options import sim_specs
+from sim.pareto import Point, format_fronts, pareto_front, policies_of, settings
 from sim.records import SimResult
 from sim.report import summarize
 from sim.spec import SimSpec, simulate
@@ -39,21 +44,6 @@ class Candidate:
         return f"roundgate {self.attempt_interval}/{self.any_interval}"
 
 
-def goodput(result: SimResult, ttft_slo_ms: float, itl_slo_ms: float) -> tuple[float, float]:
-    """(good requests per second, fraction of requests that were good)."""
-    good = 0
-    for rec in result.records:
-        if rec.finish_s is None or rec.first_token_s is None:
-            continue
-        ttft = (rec.first_token_s - rec.arrival_s) * 1000
-        tpot = 0.0
-        if rec.num_output > 1 and rec.last_token_s is not None:
-            tpot = (rec.last_token_s - rec.first_token_s) * 1000 / (rec.num_output - 1)
-        good += ttft <= ttft_slo_ms and tpot <= itl_slo_ms
-    total = max(1, len(result.records))
-    return (good / result.duration_s if result.duration_s else 0.0), good / total
-
-
 def _ints(text: str, flag: str) -> list[int]:
     try:
         values = sorted({int(v) for v in text.split(",") if v.strip()})
@@ -72,11 +62,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_common_args(p)
     g = p.add_argument_group("search")
-    g.add_argument("--ttft-slo-ms", type=float, default=2000.0, help="TTFT bound of a request")
-    g.add_argument("--itl-slo-ms", type=float, default=100.0, help="bound of its mean ITL")
+    add_slo_args(g, ("ttft", "--ttft-slo-ms"), ("itl", "--itl-slo-ms"))
     g.add_argument("--attempt-intervals", default="1,2,4,8", help="ALL-point spacings to try")
     g.add_argument("--any-intervals", default="4,8,16,32,64", help="ANY-point spacings to try")
     g.add_argument("--top", type=int, default=8, help="rows of the runner-up table")
+    g.add_argument(
+        "--pareto",
+        default="",
+        help="policies whose TTFT-ITL Pareto front to print, each over its own parameter "
+        "range (comma-separated, or 'all'); the gate's comes from the grid above (no runs)",
+    )
     g.add_argument("--json", type=Path, default=None, help="write every candidate here")
     p.set_defaults(func=run, parser=p, num_requests=300, compare=None, policy="none")
 
@@ -94,63 +89,122 @@ def candidates(attempt_intervals: str, any_intervals: str) -> list[tuple[int, in
 
 
 def search(
-    base: SimSpec, pairs: list[tuple[int, int]], ttft_slo_ms: float, itl_slo_ms: float
+    base: SimSpec, pairs: list[tuple[int, int]], slo: Slo
 ) -> tuple[Candidate, list[Candidate]]:
     """``base`` (the ``none`` run) measured, and the gate at every pair, best goodput first
     (ties: the lower TTFT p99, then the smaller intervals)."""
-    baseline = _measure(simulate(base), ttft_slo_ms, itl_slo_ms, None)
+    base = replace(base, itl_slo_ms=slo.itl_ms)
+    baseline = _measure(simulate(base), slo, None)
     found = []
     for attempt, any_ in pairs:
         given = {"prefill_attempt_interval": attempt, "prefill_any_attempt_interval": any_}
         result = simulate(base.with_policy("roundgate", given))
-        found.append(_measure(result, ttft_slo_ms, itl_slo_ms, (attempt, any_)))
+        found.append(_measure(result, slo, (attempt, any_)))
     found.sort(key=lambda c: (-c.goodput_rps, c.ttft_p99_ms or 0.0, c.attempt_interval))
     return baseline, found
 
 
-def _measure(
-    result: SimResult, ttft_slo_ms: float, itl_slo_ms: float, pair: tuple[int, int] | None
-) -> Candidate:
+def _measure(result: SimResult, slo: Slo, pair: tuple[int, int] | None) -> Candidate:
     summary = summarize(result)
-    rps, fraction = goodput(result, ttft_slo_ms, itl_slo_ms)
+    good = goodput(result, slo)
     return Candidate(
         pair[0] if pair else None,
         pair[1] if pair else None,
-        round(rps, 4),
-        round(fraction, 4),
+        round(good.requests_per_s, 4),
+        round(good.fraction, 4),
         summary["ttft_ms"]["p99"],
         summary["itl_ms"]["p99"],
         summary["output_tokens_per_s"],
     )
 
 
+def fronts(
+    base: SimSpec,
+    policies: list[str],
+    pairs: list[tuple[int, int]],
+    found: list[Candidate],
+    slo: Slo,
+) -> dict[str, list[Point]]:
+    """Each policy's Pareto front over its own settings (``sim.pareto``); the gate's pairs
+    are the grid's runs (``found``), not run again."""
+    base = replace(base, itl_slo_ms=slo.itl_ms)
+    out = {}
+    for policy in policies:
+        points = []
+        if policy == "roundgate":
+            for c in found:
+                setting = (("prefill_attempt_interval", c.attempt_interval),)
+                setting += (("prefill_any_attempt_interval", c.any_interval),)
+                points.append(_point(policy, setting, c.ttft_p99_ms, c.itl_p99_ms, c.goodput_rps))
+        else:
+            for given in settings(policy, pairs):
+                result = simulate(base.with_policy(policy, given))
+                summary = summarize(result)
+                points.append(
+                    _point(
+                        policy,
+                        tuple(given.items()),
+                        summary["ttft_ms"]["p99"],
+                        summary["itl_ms"]["p99"],
+                        goodput(result, slo).requests_per_s,
+                    )
+                )
+        out[policy] = pareto_front(p for p in points if p is not None)
+    return out
+
+
+def _point(
+    policy: str,
+    setting: tuple[tuple[str, Any], ...],
+    ttft: float | None,
+    itl: float | None,
+    rps: float,
+) -> Point | None:
+    """A front's point; None for a run with no TTFT or no ITL sample (nothing to place)."""
+    if ttft is None or itl is None:
+        return None
+    return Point(policy, setting, ttft, itl, round(rps, 4))
+
+
 def run(ns: argparse.Namespace) -> int:
     try:
-        for flag, value in (("--ttft-slo-ms", ns.ttft_slo_ms), ("--itl-slo-ms", ns.itl_slo_ms)):
-            if not value > 0:
+        for flag, value in (
+            ("--slo-ttft-ms (--ttft-slo-ms)", ns.slo_ttft_ms),
+            ("--slo-itl-ms (--itl-slo-ms)", ns.slo_itl_ms),
+        ):
+            if value is not None and not value > 0:
                 raise ValueError(f"{flag} must be > 0, got {value}")
+        slo = slo_of(ns)
         if ns.top < 1:
             raise ValueError(f"--top must be >= 1, got {ns.top}")
         (base,) = sim_specs(ns)  # the ``none`` run (tune's --policy default)
         pairs = candidates(ns.attempt_intervals, ns.any_intervals)
+        pareto = policies_of(ns.pareto)
     except ValueError as exc:
         ns.parser.error(str(exc))
-    baseline, found = search(base, pairs, ns.ttft_slo_ms, ns.itl_slo_ms)
+    baseline, found = search(base, pairs, slo)
     best = found[0]
     print(
         f"recommended: --prefill-attempt-interval {best.attempt_interval} "
         f"--prefill-any-attempt-interval {best.any_interval}  (goodput {best.goodput_rps:.3f} "
-        f"req/s, {best.good_fraction:.1%} of requests within TTFT <= {ns.ttft_slo_ms:g} ms "
-        f"and mean ITL <= {ns.itl_slo_ms:g} ms; none: {baseline.goodput_rps:.3f} req/s)"
+        f"req/s, {best.good_fraction:.1%} of requests within {slo.describe()}; "
+        f"none: {baseline.goodput_rps:.3f} req/s)"
     )
     print(format_candidates([*found[: ns.top], baseline]))
+    front = fronts(base, pareto, pairs, found, slo) if pareto else {}
+    if front:
+        print(format_fronts(front))
     if ns.json is not None:
         ns.json.parent.mkdir(parents=True, exist_ok=True)
         report = {
-            "slo": {"ttft_ms": ns.ttft_slo_ms, "itl_ms": ns.itl_slo_ms},
+            "slo": {"ttft_ms": slo.ttft_ms, "itl_ms": slo.itl_ms, "itl_statistic": "p99"},
             "recommended": asdict(best),
             "baseline_none": asdict(baseline),
             "candidates": [asdict(c) for c in found],
+            "pareto": {
+                name: [asdict(p) | {"label": p.label} for p in points]
+                for name, points in front.items()
+            },
         }
         ns.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return 0

@@ -106,6 +106,7 @@ class RankReplica:
         model = self.metrics_model = os.path.basename(self.args.model.rstrip("/"))
         self.metrics = RankMetrics(self.gang_id, model, self.rank)
         self.metrics.note_weight_path(self._runner.weight_path)
+        self.metrics.note_prefill_policy(self.args.prefill_policy_name)
         self._pusher = Pusher(
             f"rank:{self.gang_id}:{self.rank}",
             lambda: snapshot(self.metrics.set.registry),

@@ -142,6 +142,14 @@ class RankMetricSet:
             (*RANK, "path"),
             registry=r,
         )
+        # 1 on the prefill policy the rank runs (--prefill-policy, or the one its flags imply):
+        # a scrape says which policy produced the gate's series next to it.
+        self.prefill_policy = Gauge(
+            _n("rank_prefill_policy"),
+            "Prefill policy the rank runs (1 on the one in use)",
+            (*RANK, "policy"),
+            registry=r,
+        )
         # vLLM's prefix_cache_queries / prefix_cache_hits, in tokens: hits / queries is the
         # rank's hit rate.
         self.prefix_cache_queries = Counter(

@@ -80,6 +80,10 @@ class RankMetrics:
         """Which weights the rank's linear layers run on (``ModelRunner.weight_path``)."""
         self.set.weight_path.labels(*self._labels, path).set(1)
 
+    def note_prefill_policy(self, name: str) -> None:
+        """Which prefill policy the rank runs (``ServerArgs.prefill_policy_name``)."""
+        self.set.prefill_policy.labels(*self._labels, name).set(1)
+
     def note_arrival(self, request_id: str) -> None:
         self._arrivals[request_id] = time.monotonic()
 

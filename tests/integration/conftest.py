@@ -27,14 +27,17 @@ TEST_PORT = int(os.environ.get("ROUNDGATE_TEST_PORT", "18765"))
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Integration tests after every unit test; among them, the modules that use ``pd_app``
-    last (each module kept whole and in order), since pd.yaml replaces the shared app for good.
+    last (each module kept whole and in order), since pd.yaml replaces the shared app for good,
+    and before them those that use ``real_model``, which keeps its model to the end.
     """
     here = Path(__file__).parent
     integration = [item for item in items if here in Path(item.fspath).parents]
     for item in integration:
         item.add_marker(pytest.mark.integration)
     pd_modules = {item.fspath for item in integration if "pd_app" in item.fixturenames}
-    integration.sort(key=lambda item: item.fspath in pd_modules)  # stable: order kept
+    real_modules = {item.fspath for item in integration if "real_model" in item.fixturenames}
+    # Stable: order kept within each group.
+    integration.sort(key=lambda item: (item.fspath in pd_modules, item.fspath in real_modules))
     chosen = {id(item) for item in integration}
     items[:] = [item for item in items if id(item) not in chosen] + integration
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -165,6 +166,24 @@ def wait_until(predicate: Any, timeout_s: float = 30.0, interval_s: float = 0.2)
         time.sleep(interval_s)
 
 
+def rank_prompt_tokens(url: str, group: str | None = None) -> dict[int, float]:
+    """Prompt tokens each dp rank admitted, from ``/metrics`` (``prefix_cache_queries``:
+    counted at admission while prefix caching is on, the default); ``group``: that gang's
+    series only (a redeployed gang's series linger a while)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=30).raise_for_status().text
+    tokens: dict[int, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name != "roundgate_prefix_cache_queries_total":
+                continue
+            if group is None or s.labels["group"] == group:
+                rank = int(s.labels["dp_rank"])
+                tokens[rank] = tokens.get(rank, 0.0) + s.value
+    return tokens
+
+
 def stream_tokens(ranks: Any, rank: int, prompt: list[int], max_tokens: int) -> list[int]:
     """Greedy tokens straight from one rank replica (no HTTP, no stop on EOS)."""
     from actors.control.messages import GenerateRequest
@@ -208,8 +227,10 @@ def served_client(deployment: Any) -> Any:
     )
 
 
+@functools.cache
 def default_model_reference(model: str) -> Any:
-    """transformers' model on the packaged GGUF the deployment serves (the reference)."""
+    """transformers' model on the packaged GGUF the deployment serves (the reference), loaded
+    once per session: a load takes seconds, and the served modules only read it."""
     import torch
     from transformers import AutoModelForCausalLM
 

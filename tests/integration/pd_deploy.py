@@ -120,23 +120,30 @@ def seeded(url: str) -> list[dict[str, Any]]:
     return r.json()["choices"]
 
 
-def role_call(role: str, method: str, *call_args: Any, timeout_s: float = 30.0) -> Any:
-    """``method`` on rank 0 of ``role`` (``prefill`` or ``decode``)."""
+def role_call(
+    role: str, method: str, *call_args: Any, rank: int = 0, timeout_s: float = 30.0
+) -> Any:
+    """``method`` on rank ``rank`` of ``role`` (``prefill`` or ``decode``)."""
     from ray import serve
 
     from actors.control.messages import RankTarget
 
     handle = serve.get_deployment_handle(f"{role.capitalize()}Rank", app_name="roundgate")
-    return getattr(handle, method).remote(RankTarget(0), *call_args).result(timeout_s=timeout_s)
+    call = getattr(handle, method).remote(RankTarget(rank), *call_args)
+    return call.result(timeout_s=timeout_s)
 
 
-def pools_settled(timeout_s: float = 30.0) -> dict[str, dict[str, Any]]:
-    """Both roles' rank 0 once idle: pools intact, no page held (nothing pinned or leaked)."""
+def pools_settled(timeout_s: float = 30.0, num_decode_ranks: int = 1) -> dict[str, dict[str, Any]]:
+    """Both roles' ranks once idle: pools intact, no page held (nothing pinned or leaked).
+    Keyed ``prefill`` and ``decode`` (rank 0), then ``decode-1``... for further decode ranks."""
+    ranks = [("prefill", "prefill", 0)] + [
+        ("decode" if r == 0 else f"decode-{r}", "decode", r) for r in range(num_decode_ranks)
+    ]
 
     def settled() -> dict[str, dict[str, Any]] | None:
-        stats = {role: role_call(role, "stats_snapshot") for role in ("prefill", "decode")}
-        for role in stats:
-            assert role_call(role, "check_pool") is True
+        stats = {key: role_call(role, "stats_snapshot", rank=r) for key, role, r in ranks}
+        for _, role, r in ranks:
+            assert role_call(role, "check_pool", rank=r) is True
         idle = all(s["kv_occupancy"] == 0 and s["running"] == 0 for s in stats.values())
         return stats if idle else None
 

@@ -1,7 +1,8 @@
 """Killing a rank mid-request: every caller in flight is told (an error event in a stream that
 already started, a 503 with ``Retry-After`` for a unary call), new requests are refused with 503
 and ``Retry-After`` until the gang has restarted (a fresh process group), and then every rank
-answers again.
+answers again. ``/health`` answers 503 soon after the kill (within Serve's health check and
+the ingress's cache of it) and 200 again once the gang has re-formed.
 
 The test breaks the session's shared deployment on purpose, so it may run in any order: the
 ``restored`` fixture returns only once one fresh gang serves on every rank again (unpinned and
@@ -11,6 +12,7 @@ pinned to each rank), and redeploys the application if it never does.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +33,11 @@ TEARDOWN_DEADLINE_S = 120.0  # the test itself has already waited, unless it fai
 PROBE_TIMEOUT_S = 30.0
 LONG = {"max_tokens": 3000, "ignore_eos": True}  # far longer than the test runs
 KILLS = 10  # restarts in a row under load; each must leave every rank routable
+HEALTH_POLL_S = 0.2
+# deployment/app.py's ``health_check_period_s`` for the rank replicas (their timeout is
+# ``max(10, --collective-timeout-s)``): with the ingress's cache of Serve's status, what bounds
+# how long a dead rank can go unreported by /health (``health_deadline_s``).
+SERVE_HEALTH_CHECK_PERIOD_S = 2.0
 
 
 def post(url: str, **body: Any) -> httpx.Response:
@@ -208,6 +215,78 @@ class Unary(threading.Thread):
             self.error = exc
 
 
+# /health's refusals: Serve reports a rank replica not running (the gang re-forming), or the
+# ingress has just seen the group fail (``check_available``, the same window as requests).
+HEALTH_CODES = frozenset({"ranks_unhealthy", "group_restarting"})
+
+
+def health_deadline_s(app: Deployment) -> float:
+    """How long after a rank dies /health may still answer 200: one of Serve's health
+    checks (period plus timeout) and the ingress's cached reading of Serve's status."""
+    from deployment.ingress import HEALTH_CACHE_S
+
+    check_timeout_s = max(10.0, app.args["collective_timeout_s"])
+    return SERVE_HEALTH_CHECK_PERIOD_S + check_timeout_s + HEALTH_CACHE_S + HEALTH_POLL_S
+
+
+class HealthWatch(threading.Thread):
+    """``GET /health`` polled until it has answered 503 and then 200 again.
+
+    ``answers`` keeps each change of answer (seconds since start, status, error code);
+    ``answered``, ``refused`` and ``recovered`` fire on the first answer, the first 503 and
+    the first 200 after it. A 503 that is not a proper refusal (``Retry-After``, a
+    service_unavailable body with one of ``HEALTH_CODES``) lands in ``violations``.
+    """
+
+    def __init__(self, url: str, deadline_s: float) -> None:
+        super().__init__(daemon=True)
+        self.url, self.deadline = url, time.monotonic() + deadline_s  # never outlives a test
+        self.answers: list[tuple[float, int | str, str | None]] = []
+        self.violations: list[str] = []
+        self.answered, self.refused = threading.Event(), threading.Event()
+        self.recovered, self.stop = threading.Event(), threading.Event()
+        self.started_at = time.monotonic()
+        self.refused_at = self.recovered_at = 0.0
+        self.start()
+
+    def __repr__(self) -> str:
+        return f"HealthWatch(answers={self.answers}, violations={self.violations})"
+
+    def run(self) -> None:
+        while not self.recovered.is_set() and time.monotonic() < self.deadline:
+            status, code = self.probe()
+            now = time.monotonic()
+            if not self.answers or self.answers[-1][1:] != (status, code):
+                self.answers.append((round(now - self.started_at, 2), status, code))
+            self.answered.set()
+            if status == 503 and not self.refused.is_set():
+                self.refused_at = now
+                self.refused.set()
+            elif status == 200 and self.refused.is_set():
+                self.recovered_at = now
+                self.recovered.set()
+            if self.stop.wait(HEALTH_POLL_S):
+                return
+
+    def probe(self) -> tuple[int | str, str | None]:
+        try:
+            r = httpx.get(f"{self.url}/health", timeout=PROBE_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            return type(exc).__name__, None
+        if r.status_code != 503:
+            return r.status_code, None
+        try:
+            error = r.json().get("error") or {}
+        except ValueError:
+            error = {}
+        code = error.get("code")
+        if code not in HEALTH_CODES or error.get("type") != "service_unavailable":
+            self.violations.append(f"body {r.text[:300]!r}")
+        if not retry_after_s(r):
+            self.violations.append(f"Retry-After {r.headers.get('retry-after')!r}")
+        return 503, code
+
+
 def test_killing_a_rank_fails_the_requests_in_flight_and_the_gang_restarts(restored) -> None:
     app = restored
     wait_serving(app)  # whatever ran before, start from a serving group
@@ -224,8 +303,13 @@ def test_killing_a_rank_fails_the_requests_in_flight_and_the_gang_restarts(resto
     )
     assert unary.is_alive(), f"the unary request ended before the kill: {unary.response}"
     assert not stream.done.is_set(), f"the stream ended before the kill: {stream.events[-3:]}"
+    # /health, watched from before the kill: 200, then 503 while the gang re-forms, then 200.
+    health = HealthWatch(app.url, RESTART_DEADLINE_S)
+    assert health.answered.wait(PROBE_TIMEOUT_S), f"/health never answered: {health}"
+    assert health.answers[0][1] == 200, f"/health refused a serving group: {health}"
 
     ray.kill(ray.get_actor(victim["actor_name"], namespace="serve"), no_restart=False)
+    killed_at = time.monotonic()
 
     unary.join(PROBE_TIMEOUT_S + 60)
     assert not unary.is_alive(), "the unary request on the killed rank hung"
@@ -253,6 +337,11 @@ def test_killing_a_rank_fails_the_requests_in_flight_and_the_gang_restarts(resto
     assert finished == [], f"a failed stream must not claim to have finished: {finished}"
 
     assert refusal_problems(first_after) == [], (first_after.status_code, first_after.text[:500])
+    unreported_s = health_deadline_s(app)
+    health.refused.wait(max(0.0, killed_at + unreported_s - time.monotonic()))
+    assert health.refused.is_set() and health.refused_at - killed_at <= unreported_s, (
+        f"/health did not answer 503 within {unreported_s:.0f}s of the kill: {health}"
+    )
 
     probe = Serving(app)
     wait_for(
@@ -264,6 +353,14 @@ def test_killing_a_rank_fails_the_requests_in_flight_and_the_gang_restarts(resto
     )
     wait_serving(app, probe, deadline_s=TEARDOWN_DEADLINE_S)
     assert probe.violations == [], f"answers while restarting, not 200 nor a proper 503: {probe}"
+    assert health.recovered.wait(max(0.0, killed_at + RESTART_DEADLINE_S - time.monotonic())), (
+        f"/health never answered 200 again after its 503: {health}"
+    )
+    assert health.violations == [], f"/health's 503s are not proper refusals: {health}"
+    print(
+        f"/health after the kill: 503 after {health.refused_at - killed_at:.1f} s, 200 again "
+        f"after {health.recovered_at - killed_at:.1f} s; answers {health.answers}"
+    )
 
     wait_fresh_gang(app, victim["gang_id"])
 
@@ -274,7 +371,6 @@ def test_a_hung_rank_is_declared_failed_and_the_gang_restarts(restored) -> None:
     a 503 with ``Retry-After`` (or an error event), and a fresh gang serves again."""
     import os
     import signal
-    import time
 
     app = restored
     wait_serving(app)
@@ -343,7 +439,6 @@ def test_a_rank_killed_ten_times_under_load_leaves_every_rank_routable(restored)
     """After each of ``KILLS`` restarts (the victim alternating between the ranks, traffic
     flowing throughout) an unpinned call and a call pinned to each rank answer 200 through the
     ingress, and every rank reports the same fresh gang."""
-    import time
 
     app = restored
     wait_serving(app)

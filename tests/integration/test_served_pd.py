@@ -3,19 +3,19 @@ model) answers exactly as the fused deployment (local.yaml) does: greedy chat an
 streamed and not, a seeded ``n = 2`` with logprobs, prompts across several KV pages, several
 requests at once. Afterwards both roles' pools are intact and hold no page, and the transfer
 metrics count what moved. The deployment and the fused answers come from conftest's ``pd_app``
-(``pd_deploy.py``), shared with the P/D fault module, which runs first."""
+(``pd_deploy.py``), shared with the P/D fault module, which runs first. Last, ``router:
+kv-aware`` on two decode ranks must hand each request to the one with less to decode."""
 
 from __future__ import annotations
 
-import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
 
-from bench.sessions import hit_rate, read_hit_counters, run_sessions
-from sim.sessions import SessionSpec, make_sessions
-from tests.integration.helpers import SMALL_CHAT_SESSIONS
+from actors.control.page_keys import page_keys
+from tests.integration.helpers import BackgroundStream, complete, wait_for
 from tests.integration.pd_deploy import (
     CASES,
     GREEDY,
@@ -23,6 +23,7 @@ from tests.integration.pd_deploy import (
     answer,
     pd_config,
     pools_settled,
+    role_call,
     run_all,
     seeded,
 )
@@ -79,32 +80,95 @@ def test_seeded_n2_with_logprobs_equals_the_fused_deployment(pd_app: PDApp) -> N
     pools_settled()
 
 
-def test_kv_aware_routes_both_roles_on_what_they_report(pd_app: PDApp) -> None:
-    """Last in the session (it replaces pd.yaml): ``router: kv-aware`` under P/D, on the tiny
-    preset for time. Both roles publish to the KV-event hub: the prefill rank its page keys
-    (the prefill router's index), the decode rank its load with the handoffs it received (the
-    decode router's in-flight sends settle on that count). Multi-turn sessions complete and
-    reuse the prefill rank's cached prefixes."""
+PAGE_SIZE = 16  # pd.yaml's
+NUM_SHORT = 4
+
+
+def hub_snapshots() -> list[Any]:
     import ray
 
     from actors.control.kv_events import HUB_NAME, HUB_NAMESPACE
+
+    hub = ray.get_actor(HUB_NAME, namespace=HUB_NAMESPACE)
+    return ray.get(hub.snapshots.remote(), timeout=30)
+
+
+def decode_received() -> tuple[str | None, dict[str, int]]:
+    """The decode rank running a request (None unless exactly one does), and each decode
+    rank's handoffs received, as the ranks last reported them (a rank that never ran a round
+    has not reported: it received none)."""
+    loads = {s.source: s.load for s in hub_snapshots() if "DecodeRank" in s.source}
+    running = [source for source, load in loads.items() if load.num_running > 0]
+    busy = running[0] if len(running) == 1 else None
+    return busy, {source: load.num_received for source, load in loads.items()}
+
+
+def one_busy(seen: tuple[str | None, dict[str, int]]) -> bool:
+    busy, received = seen
+    return busy is not None and received[busy] >= 1
+
+
+def test_kv_aware_hands_each_request_to_the_decode_rank_with_less_to_decode(
+    pd_app: PDApp,
+) -> None:
+    """Last in the session (it replaces pd.yaml): ``router: kv-aware`` under P/D, on the tiny
+    preset for time, with one prefill rank and two decode ranks, so the decode router has a
+    wrong choice to make. A long stream holds one decode rank's pool; every short request
+    after it must go to the other (the least decode load the ranks report: round-robin sends
+    half of them, a first-candidate pick all, to the busy one). Both roles publish to the
+    KV-event hub: the prefill rank its page keys, the decode ranks their load with the handoffs
+    they received. The short prompts share two pages, which the prefill rank reuses."""
+    import random
+
     from deployment.local import deploy, wait_ready
 
-    port = int(pd_app.url.rsplit(":", 1)[1])
-    deploy(pd_config(port, model="tiny-moe", router="kv-aware", enable_prefix_caching=True))
-    wait_ready(pd_app.url)
-    preset = SMALL_CHAT_SESSIONS
-    sessions = make_sessions(SessionSpec(preset, num_sessions=4, rate=20.0, vocab_size=256))
-    before = read_hit_counters(pd_app.url, settle=True)
-    results, _ = asyncio.run(run_sessions(pd_app.url, "tiny-moe", sessions, timeout_s=300))
-    assert len(results) == 4 * preset.turns and all(r.ok for r in results)
-    rate = hit_rate(before, read_hit_counters(pd_app.url, settle=True))
-    assert rate is not None and rate > 0.2
-    pools_settled()
-    hub = ray.get_actor(HUB_NAME, namespace=HUB_NAMESPACE)
-    snapshots = {s.source: s for s in ray.get(hub.snapshots.remote(), timeout=30)}
-    prefill = [s for src, s in snapshots.items() if "PrefillRank" in src]
-    decode = [s for src, s in snapshots.items() if "DecodeRank" in src]
-    assert len(prefill) == 1 and len(decode) == 1, list(snapshots)
-    assert prefill[0].keys  # the prompts' pages, as the prefill rank reported them
-    assert decode[0].load.num_received >= len(results)
+    url = pd_app.url
+    port = int(url.rsplit(":", 1)[1])
+    two_decode_ranks = {"dp_size": 2}
+    deploy(
+        pd_config(
+            port,
+            model="tiny-moe",
+            router="kv-aware",
+            enable_prefix_caching=True,
+            decode=two_decode_ranks,
+        )
+    )
+    wait_ready(url)
+    rng = random.Random(3921)
+    shared = [rng.randrange(1, 256) for _ in range(2 * PAGE_SIZE)]
+    prompts = [shared + [rng.randrange(1, 256) for _ in range(6)] for _ in range(NUM_SHORT)]
+    stream = BackgroundStream(
+        url,
+        prompt=[rng.randrange(1, 256) for _ in range(4 * PAGE_SIZE)],
+        max_tokens=4000,
+        ignore_eos=True,
+        temperature=0,
+    )
+    try:
+        assert stream.started.wait(60)
+        busy, before = wait_for(
+            decode_received, 30, "the long stream's decode rank reporting it", until=one_busy
+        )
+        hits_before = role_call("prefill", "stats_snapshot")["prefix_hits"]
+        for prompt in prompts:
+            complete(url, prompt=prompt, max_tokens=4, ignore_eos=True, temperature=0)
+        _, after = wait_for(
+            decode_received,
+            30,
+            "the decode ranks reporting the short requests",
+            until=lambda seen: sum(seen[1].values()) - sum(before.values()) >= NUM_SHORT,
+        )
+        hits = role_call("prefill", "stats_snapshot")["prefix_hits"] - hits_before
+        assert not stream.done.is_set(), "the long stream ended before the short requests"
+    finally:
+        stream.close()
+    assert after[busy] == before[busy], (busy, before, after)
+    assert sum(after.values()) - sum(before.values()) == NUM_SHORT, (before, after)
+    # Every short prompt after the first finds the shared pages on the one prefill rank.
+    assert hits >= (NUM_SHORT - 1) * len(shared), hits
+    pools_settled(num_decode_ranks=2)
+    prefill = [s for s in hub_snapshots() if "PrefillRank" in s.source]
+    assert len(prefill) == 1
+    for prompt in prompts:  # the prompts' pages, as the prefill rank reported them
+        assert set(page_keys(prompt, PAGE_SIZE)) <= prefill[0].keys
