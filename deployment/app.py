@@ -116,11 +116,11 @@ class OpenAIServer:
         return await self.core.load.track(create_response(self.core, request))
 
     @api.get("/v1/responses/{response_id}")
-    async def get_response(
-        self, response_id: str, request: Request, stream: bool = False
-    ) -> dict[str, Any]:
-        """A stored response as it stands (a background one: queued until it ends)."""
+    async def get_response(self, response_id: str, request: Request) -> dict[str, Any]:
+        """A stored response as it stands (a background one: queued until it ends).
+        ``?stream`` is read here, not declared: FastAPI's own 422 is not the OpenAI body."""
         self.core.check_auth(request)
+        stream = request.query_params.get("stream")
         return retrieve_response(self.core.responses, response_id, stream)
 
     @api.post("/v1/responses/{response_id}/cancel")

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from nccl_samples import cases, sample_path
 from prometheus_client import generate_latest
 
 from actors.telemetry.metrics import RankMetricSet
@@ -15,13 +16,6 @@ from sim.calibration import gather_columns
 from sim.cost_fit import kind_totals
 from sim.gather_fit import interpolate_time_us
 from sim.round_costs import load_costs
-
-CANDIDATES = [  # shared/ beside the checkout (as tests/test_nccl_tests.py), or inside it
-    Path(__file__).resolve().parents[2] / "shared" / "nccl-tests-samples",
-    Path(__file__).resolve().parents[1] / "shared" / "nccl-tests-samples",
-]
-SAMPLES = next((p for p in CANDIDATES if p.is_dir()), None)
-needs_samples = pytest.mark.skipif(SAMPLES is None, reason="nccl-tests samples not found")
 
 
 def scrape(
@@ -59,11 +53,18 @@ def test_the_gathered_row_counts_the_policys_columns(policy: str, columns: int) 
     assert gather_columns(policy, 8) == columns
 
 
-@needs_samples
-@pytest.mark.parametrize("sample", ["sample_1.txt", "sample_5.txt"])
-def test_gather_cost_from_an_all_gather_sample(sample: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "key",
+    cases(
+        "repo:allgather_4gpu_ok.txt",
+        "repo:allgather_2gpu_novalid.txt",
+        "shared:sample_1.txt",
+        "shared:sample_5.txt",
+    ),
+)
+def test_gather_cost_from_an_all_gather_sample(key: str, tmp_path: Path) -> None:
     out = tmp_path / "costs.json"
-    log = SAMPLES / sample
+    log = sample_path(key)
     argv = ["calibrate", "--nccl-log", str(log), "--dp-size", "8", "--policy", "sglang-delayer"]
     assert main([*argv, "--base", "gb200-dsv3", "--out", str(out)]) == 0
     written = json.loads(out.read_text())
@@ -76,10 +77,13 @@ def test_gather_cost_from_an_all_gather_sample(sample: str, tmp_path: Path) -> N
     assert costs.decode_base_ms == load_costs("gb200-dsv3").decode_base_ms
 
 
-@needs_samples
-def test_an_all_reduce_log_is_refused_naming_the_flag(capsys) -> None:
+@pytest.mark.parametrize(
+    "key",
+    cases("repo:allreduce_2host_ok.txt", "repo:allreduce_8gpu_wrong.txt", "shared:sample_2.txt"),
+)
+def test_an_all_reduce_log_is_refused_naming_the_flag(key: str, capsys) -> None:
     with pytest.raises(SystemExit):
-        main(["calibrate", "--nccl-log", str(SAMPLES / "sample_2.txt")])
+        main(["calibrate", "--nccl-log", str(sample_path(key))])
     assert "--nccl-log" in capsys.readouterr().err
 
 

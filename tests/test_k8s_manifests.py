@@ -1,8 +1,10 @@
 """Every rendered manifest under k8s/ validated offline, as the API server would see it.
 
-Custom resources go against the KubeRay v1.7.0 CRDs in ../shared/kuberay-crds (strict: unknown
-fields fail), serveConfigV2 against Ray's ServeDeploySchema plus a typo check, core objects
-through kubernetes-validate --strict, the PodMonitor through a bundled schema subset.
+Custom resources go against the KubeRay v1.7.0 CRDs (strict: unknown fields fail): the full ones
+in ../shared/kuberay-crds when present, else (and always, in a second test) the repo's pruned
+subset in tests/data/kuberay-crds; serveConfigV2 against Ray's ServeDeploySchema plus a typo
+check, core objects through kubernetes-validate --strict, the PodMonitor through a bundled
+schema subset.
 """
 
 from __future__ import annotations
@@ -15,15 +17,19 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+from shared_data import DATA, shared_dir
 
 from k8s.tools.crd_schema import CrdValidator, load_crd
+from k8s.tools.crd_subset import subset_text
 from k8s.tools.podmonitor_schema import PODMONITOR_SCHEMA
 from k8s.tools.render import load_documents, render
 from k8s.tools.serve_config import check_serve_config
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "k8s"
-CRDS = REPO.parent / "shared" / "kuberay-crds"
+SHARED_CRDS = shared_dir("kuberay-crds")
+SUBSET_CRDS = DATA / "kuberay-crds"
+CRDS = SHARED_CRDS or SUBSET_CRDS  # never skipped: the subset ships with the repo
 K8S_VERSION = "1.33.0"
 CRD_FILES = {
     "RayService": "ray.io_rayservices.yaml",
@@ -53,8 +59,6 @@ def object_id(pair: tuple[str, dict[str, Any]]) -> str:
 
 @pytest.fixture(scope="session")
 def crd_validators() -> dict[str, CrdValidator]:
-    if not CRDS.is_dir():
-        pytest.skip(f"KubeRay CRDs not found at {CRDS} (shared/ must sit beside the repo)")
     return {kind: CrdValidator(load_crd(CRDS / name)) for kind, name in CRD_FILES.items()}
 
 
@@ -81,6 +85,24 @@ def test_custom_resources_pass_the_kuberay_crds(
     validator = crd_validators[obj["kind"]]
     assert validator.errors(obj, strict=False) == []
     assert validator.errors(obj, strict=True) == []
+
+
+@pytest.mark.parametrize("pair", objects_of(set(CRD_FILES)), ids=object_id)
+def test_custom_resources_pass_the_repo_crd_subset(pair: tuple[str, dict[str, Any]]) -> None:
+    _, obj = pair
+    validator = CrdValidator(load_crd(SUBSET_CRDS / CRD_FILES[obj["kind"]]))
+    assert validator.errors(obj, strict=True) == []
+
+
+@pytest.mark.skipif(SHARED_CRDS is None, reason="../shared/kuberay-crds absent (the full CRDs)")
+@pytest.mark.parametrize("name", sorted(CRD_FILES.values()))
+def test_the_repo_crd_subset_is_current(name: str) -> None:
+    """Rerun ``python -m k8s.tools.crd_subset ../shared/kuberay-crds tests/data/kuberay-crds``
+    when this fails: a manifest now uses a schema level the subset cut."""
+    assert SHARED_CRDS is not None
+    objects = [obj for d in KUSTOMIZATIONS for obj in rendered(d)]
+    expected = subset_text(load_crd(SHARED_CRDS / name), objects, name)
+    assert (SUBSET_CRDS / name).read_text(encoding="utf-8") == expected
 
 
 @pytest.mark.parametrize("pair", objects_of({"RayService"}), ids=object_id)

@@ -1,5 +1,8 @@
 """Deliberately broken copies of the manifests fail validation, naming the path; the renderer's
-JSON6902 and image handling behave like kustomize's."""
+JSON6902 and image handling behave like kustomize's.
+
+The RayService cases run against the full KubeRay CRD in ../shared when present and always
+against the repo's pruned subset (tests/data/kuberay-crds), which must refuse the same."""
 
 from __future__ import annotations
 
@@ -11,22 +14,29 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from shared_data import DATA, shared_dir
 
-from k8s.tools.crd_schema import CrdValidator, load_crd, prepare, to_json_schema
+from k8s.tools.crd_schema import PRESERVE, CrdValidator, load_crd, prepare, to_json_schema
 from k8s.tools.podmonitor_schema import PODMONITOR_SCHEMA
 from k8s.tools.render import apply_operation, render
 from k8s.tools.serve_config import check_serve_config
 
 REPO = Path(__file__).resolve().parents[1]
-CRDS = REPO.parent / "shared" / "kuberay-crds"
+SHARED_CRDS = shared_dir("kuberay-crds")
+CRD_DIRS = [
+    pytest.param(DATA / "kuberay-crds", id="repo-subset"),
+    pytest.param(
+        SHARED_CRDS,
+        id="shared-full",
+        marks=pytest.mark.skipif(SHARED_CRDS is None, reason="../shared/kuberay-crds absent"),
+    ),
+]
 WORKER = "spec.rayClusterConfig.workerGroupSpecs[0]"
 
 
-@pytest.fixture(scope="module")
-def service_validator() -> CrdValidator:
-    if not CRDS.is_dir():
-        pytest.skip(f"KubeRay CRDs not found at {CRDS} (shared/ must sit beside the repo)")
-    return CrdValidator(load_crd(CRDS / "ray.io_rayservices.yaml"))
+@pytest.fixture(scope="module", params=CRD_DIRS)
+def service_validator(request: pytest.FixtureRequest) -> CrdValidator:
+    return CrdValidator(load_crd(request.param / "ray.io_rayservices.yaml"))
 
 
 @pytest.fixture()
@@ -84,6 +94,49 @@ def test_broken_rayservice_fails_naming_the_path(
     assert strict_error in service_validator.errors(broken, strict=True)
     lenient = service_validator.errors(broken, strict=False)
     assert lenient == ([lenient_error] if lenient_error else [])
+
+
+def closed_levels(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Dotted paths (``format_path`` style) of every mapping in ``value`` whose schema lists its
+    properties and does not preserve unknown fields: where strict validation refuses a typo."""
+    found = []
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        if props is not None and not schema.get(PRESERVE):
+            found.append(path)
+        for key, item in value.items():
+            sub = (props or {}).get(key)
+            if isinstance(sub, dict):
+                found += closed_levels(item, sub, f"{path}.{key}" if path else key)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            found += closed_levels(item, schema["items"], f"{path}[{index}]")
+    return found
+
+
+def test_an_unknown_field_is_refused_at_every_level_the_manifest_uses(
+    service: dict[str, Any], service_validator: CrdValidator
+) -> None:
+    levels = closed_levels(service, service_validator.schema)
+    assert len(levels) > 20 and "spec.rayClusterConfig.headGroupSpec.template.spec" in levels
+    for level in levels:
+        broken = copy.deepcopy(service)
+        target: Any = broken
+        for part in level.replace("[", ".[").split(".") if level else []:
+            target = target[int(part[1:-1])] if part.startswith("[") else target[part]
+        target["zzTypo"] = 1
+        where = f"{level or '<root>'}.zzTypo"
+        assert service_validator.errors(broken, strict=True) == [f"{where}: unknown field"]
+
+
+@pytest.mark.skipif(SHARED_CRDS is None, reason="../shared/kuberay-crds absent")
+def test_the_subset_closes_the_same_levels_as_the_full_crd(service: dict[str, Any]) -> None:
+    assert SHARED_CRDS is not None
+    full, subset = (
+        CrdValidator(load_crd(d / "ray.io_rayservices.yaml"))
+        for d in (SHARED_CRDS, DATA / "kuberay-crds")
+    )
+    assert closed_levels(service, subset.schema) == closed_levels(service, full.schema)
 
 
 def test_required_fields_with_defaults_are_defaulted(

@@ -1,56 +1,40 @@
-"""nccl-tests parser and verdict, table-driven over the real outputs in ../shared."""
+"""nccl-tests parser and verdict, table-driven over the repo's samples (tests/data/nccl-tests,
+written here) and, when present, the real outputs in ../shared."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from nccl_samples import (
+    EXPECTED,
+    REPO_SAMPLES,
+    SHARED_SAMPLES,
+    VERDICTS,
+    cases,
+    needs_shared,
+    read,
+)
 
 from k8s.tools.nccl_tests import check_fabric, parse, parse_text
 from nccl_log.text import strip_prefix
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "nccl-tests-samples"
-needs_samples = pytest.mark.skipif(
-    not SAMPLES.is_dir(),
-    reason=f"nccl-tests samples not found at {SAMPLES} (shared/ must sit beside the repo)",
-)
 
-# name: (collective, ranks, sizes, empty rows, first B, last B, footer avg, total wrong)
-EXPECTED = {
-    "sample_1.txt": (None, 2, 26, 2, 32, 1 << 30, 12.5463, 0),
-    "sample_2.txt": (None, 2, 24, 0, 1024, 8 << 30, 15.5188, 0),
-    "sample_3.txt": (None, 16, 31, 0, 8, 8 << 30, 70.742, 0),
-    "sample_4.txt": (None, 16, 5, 0, 1 << 30, 16 << 30, 467.089, 0),
-    "sample_5.txt": (None, 0, 28, 4, 128, 16 << 30, 207.963, 0),
-    "sample_6.txt": ("all_reduce_perf", 16, 28, 0, 1, 128 << 20, None, 3935945),
-    "sample_7.txt": ("all_reduce_perf", 16, 24, 0, 1024, 8 << 30, 21.8363, 0),
-}
-# name: (min busbw GB/s, max small latency us, expected ok, a phrase the failure must contain)
-VERDICTS = {
-    "sample_1.txt": (30.0, 20.0, True, ""),
-    "sample_2.txt": (30.0, 40.0, True, ""),
-    "sample_3.txt": (300.0, 150.0, True, ""),
-    "sample_4.txt": (450.0, None, True, ""),
-    "sample_5.txt": (600.0, 20.0, True, ""),
-    "sample_6.txt": (50.0, None, False, "wrong elements"),
-    "sample_7.txt": (40.0, 100.0, True, ""),
-}
+def test_every_repo_sample_is_in_the_table() -> None:
+    names = sorted(f"repo:{p.name}" for p in REPO_SAMPLES.glob("*.txt"))
+    assert names == sorted(k for k in EXPECTED if k.startswith("repo:"))
+    assert len(names) >= 4
 
 
-def read(name: str) -> str:
-    return (SAMPLES / name).read_text()
+@needs_shared
+def test_every_shared_sample_is_in_the_table() -> None:
+    assert SHARED_SAMPLES is not None
+    names = sorted(f"shared:{p.name}" for p in SHARED_SAMPLES.glob("sample_*.txt"))
+    assert names == sorted(k for k in EXPECTED if k.startswith("shared:"))
 
 
-@needs_samples
-def test_every_sample_is_in_the_table() -> None:
-    assert sorted(p.name for p in SAMPLES.glob("sample_*.txt")) == sorted(EXPECTED)
-
-
-@needs_samples
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_parses_sample(name: str) -> None:
-    collective, ranks, num_sizes, empty, first, last, avg, wrong = EXPECTED[name]
-    result = parse(read(name))
+@pytest.mark.parametrize("key", cases(*sorted(EXPECTED)))
+def test_parses_sample(key: str) -> None:
+    collective, ranks, num_sizes, empty, first, last, avg, wrong = EXPECTED[key]
+    result = parse(read(key))
     assert result.collective == collective
     assert result.num_ranks == ranks
     assert len(result.sizes) == num_sizes
@@ -65,42 +49,79 @@ def test_parses_sample(name: str) -> None:
         assert result.mean_busbw_gbps == pytest.approx(avg, abs=0.005)
 
 
-@needs_samples
-@pytest.mark.parametrize("name", sorted(VERDICTS))
-def test_verdict_on_sample(name: str) -> None:
-    min_busbw, max_latency, ok, phrase = VERDICTS[name]
-    verdict = check_fabric(parse(read(name)), min_busbw, max_small_latency_us=max_latency)
+@pytest.mark.parametrize("key", cases(*sorted(VERDICTS)))
+def test_verdict_on_sample(key: str) -> None:
+    min_busbw, max_latency, ok, phrase = VERDICTS[key]
+    verdict = check_fabric(parse(read(key)), min_busbw, max_small_latency_us=max_latency)
     assert verdict.ok == ok, verdict.summary()
     assert phrase in verdict.summary()
 
 
-@needs_samples
-def test_corrupted_sample_fails_for_every_reason() -> None:
-    verdict = check_fabric(parse(read("sample_6.txt")), 1.0, expected_ranks=16)
-    assert not verdict.ok
-    assert any("3935945 wrong elements at 6 sizes" in r for r in verdict.reasons)
-    assert any("footer" in r for r in verdict.reasons)
-
-
-@needs_samples
 @pytest.mark.parametrize(
-    ("kwargs", "phrase"),
-    [
-        ({"min_busbw_gbps": 40.0}, "busbw 36.67 GB/s at 1073741824 B is below"),
-        ({"min_busbw_gbps": 1.0, "expected_ranks": 8}, "2 ranks reported, expected 8"),
-        ({"min_busbw_gbps": 1.0, "max_small_latency_us": 10.0}, "latency 14.4 us is above"),
-        ({"min_busbw_gbps": 1.0, "exit_code": 3}, "exited with code 3"),
-    ],
+    ("key", "phrase"),
+    cases(
+        ("repo:allreduce_8gpu_wrong.txt", "1736570 wrong elements at 3 sizes"),
+        ("shared:sample_6.txt", "3935945 wrong elements at 6 sizes"),
+    ),
 )
-def test_verdict_reasons(kwargs: dict, phrase: str) -> None:
-    verdict = check_fabric(parse(read("sample_1.txt")), **kwargs)
+def test_corrupted_sample_fails_for_every_reason(key: str, phrase: str) -> None:
+    verdict = check_fabric(parse(read(key)), 1.0, expected_ranks=EXPECTED[key][1])
+    assert not verdict.ok
+    assert any(phrase in r for r in verdict.reasons)
+    assert any("footer" in r for r in verdict.reasons)
+    assert not any("ranks reported" in r for r in verdict.reasons)
+
+
+@pytest.mark.parametrize(
+    ("key", "kwargs", "phrase"),
+    cases(
+        (
+            "repo:allgather_4gpu_ok.txt",
+            {"min_busbw_gbps": 110.0},
+            "busbw 105.91 GB/s at 268435456 B is below",
+        ),
+        (
+            "repo:allgather_4gpu_ok.txt",
+            {"min_busbw_gbps": 1.0, "expected_ranks": 8},
+            "4 ranks reported, expected 8",
+        ),
+        (
+            "repo:allgather_4gpu_ok.txt",
+            {"min_busbw_gbps": 1.0, "max_small_latency_us": 5.0},
+            "latency 9.2 us is above",
+        ),
+        (
+            "repo:allgather_4gpu_ok.txt",
+            {"min_busbw_gbps": 1.0, "exit_code": 3},
+            "exited with code 3",
+        ),
+        (
+            "shared:sample_1.txt",
+            {"min_busbw_gbps": 40.0},
+            "busbw 36.67 GB/s at 1073741824 B is below",
+        ),
+        (
+            "shared:sample_1.txt",
+            {"min_busbw_gbps": 1.0, "expected_ranks": 8},
+            "2 ranks reported, expected 8",
+        ),
+        (
+            "shared:sample_1.txt",
+            {"min_busbw_gbps": 1.0, "max_small_latency_us": 10.0},
+            "latency 14.4 us is above",
+        ),
+        ("shared:sample_1.txt", {"min_busbw_gbps": 1.0, "exit_code": 3}, "exited with code 3"),
+    ),
+)
+def test_verdict_reasons(key: str, kwargs: dict, phrase: str) -> None:
+    verdict = check_fabric(parse(read(key)), **kwargs)
     assert not verdict.ok
     assert phrase in verdict.summary()
 
 
-@needs_samples
-def test_launcher_prefixes_and_interleaved_nccl_lines_are_ignored() -> None:
-    plain = read("sample_1.txt")
+@pytest.mark.parametrize("key", cases("repo:allgather_4gpu_ok.txt", "shared:sample_1.txt"))
+def test_launcher_prefixes_and_interleaved_nccl_lines_are_ignored(key: str) -> None:
+    plain = read(key)
     noisy = []
     for index, line in enumerate(plain.splitlines()):
         noisy.append(f"[1,0]<stdout>:{line}")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nccl_samples import cases, read, sample_path
 
 from gate.rows import NUM_COLUMNS
 from k8s.tools.nccl_tests import (
@@ -27,12 +28,6 @@ from sim.gather_fit import (
     metadata_gather_bytes,
 )
 from sim.round_costs import load_costs
-
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "nccl-tests-samples"
-needs_samples = pytest.mark.skipif(
-    not SAMPLES.is_dir(),
-    reason=f"nccl-tests samples not found at {SAMPLES} (shared/ must sit beside the repo)",
-)
 
 
 def make_report(result: NcclTestsResult, binary: str = "/usr/local/bin/all_gather_perf") -> str:
@@ -87,10 +82,17 @@ def make_report(result: NcclTestsResult, binary: str = "/usr/local/bin/all_gathe
     return json.dumps(doc, separators=(",", ":"))
 
 
-@needs_samples
-@pytest.mark.parametrize("name", ["sample_1.txt", "sample_5.txt"])
-def test_json_report_reads_like_the_text_table(name: str) -> None:
-    from_text = parse_text((SAMPLES / name).read_text())
+@pytest.mark.parametrize(
+    "key",
+    cases(
+        "repo:allgather_4gpu_ok.txt",
+        "repo:allgather_2gpu_novalid.txt",
+        "shared:sample_1.txt",
+        "shared:sample_5.txt",
+    ),
+)
+def test_json_report_reads_like_the_text_table(key: str) -> None:
+    from_text = parse_text(read(key))
     from_json = parse(make_report(from_text))
     assert from_json.sizes == from_text.sizes
     assert from_json.ranks == from_text.ranks
@@ -101,11 +103,12 @@ def test_json_report_reads_like_the_text_table(name: str) -> None:
     assert from_json.errors == ()
 
 
-@needs_samples
-def test_json_nulls_and_nan() -> None:
-    doc = json.loads(make_report(parse_text((SAMPLES / "sample_1.txt").read_text())))
-    doc["results"][2]["out_of_place"]["nwrong"] = None
-    doc["results"][3]["in_place"]["time"] = "nan"
+@pytest.mark.parametrize("key", cases("repo:allgather_4gpu_ok.txt", "shared:sample_1.txt"))
+def test_json_nulls_and_nan(key: str) -> None:
+    doc = json.loads(make_report(parse_text(read(key))))
+    empty = parse_text(read(key)).num_empty_rows  # the size-0 rows come first, then sizes[0]
+    doc["results"][empty]["out_of_place"]["nwrong"] = None
+    doc["results"][empty + 1]["in_place"]["time"] = "nan"
     result = parse_json(json.dumps(doc))
     assert result.sizes[0].out_of_place.num_wrong is None
     assert result.sizes[1].in_place.time_us != result.sizes[1].in_place.time_us  # NaN
@@ -124,26 +127,36 @@ def test_bad_json_names_the_problem(text: str, message: str) -> None:
         parse(text)
 
 
-@needs_samples
 @pytest.mark.parametrize(
-    ("name", "extra", "code", "start"),
-    [
-        ("sample_1.txt", ["--min-busbw", "30", "--ranks", "2"], 0, "OK: busbw 36.67 GB/s"),
-        ("sample_1.txt", ["--min-busbw", "40"], 1, "FAIL: busbw 36.67 GB/s"),
-        ("sample_6.txt", ["--min-busbw", "1"], 1, "FAIL: output ends before"),
-    ],
+    ("key", "extra", "code", "start"),
+    cases(
+        (
+            "repo:allgather_4gpu_ok.txt",
+            ["--min-busbw", "100", "--ranks", "4"],
+            0,
+            "OK: busbw 105.91",
+        ),
+        ("repo:allgather_4gpu_ok.txt", ["--min-busbw", "110"], 1, "FAIL: busbw 105.91 GB/s"),
+        ("repo:allreduce_8gpu_wrong.txt", ["--min-busbw", "1"], 1, "FAIL: output ends before"),
+        ("shared:sample_1.txt", ["--min-busbw", "30", "--ranks", "2"], 0, "OK: busbw 36.67 GB/s"),
+        ("shared:sample_1.txt", ["--min-busbw", "40"], 1, "FAIL: busbw 36.67 GB/s"),
+        ("shared:sample_6.txt", ["--min-busbw", "1"], 1, "FAIL: output ends before"),
+    ),
 )
-def test_cli(name: str, extra: list[str], code: int, start: str, capsys: Any) -> None:
-    assert main([str(SAMPLES / name), *extra]) == code
+def test_cli(key: str, extra: list[str], code: int, start: str, capsys: Any) -> None:
+    assert main([str(sample_path(key)), *extra]) == code
     out = capsys.readouterr().out
     assert out.startswith(start)
     assert out.count("\n") == 1
 
 
-@needs_samples
-def test_cli_reads_stdin(monkeypatch: Any, capsys: Any) -> None:
-    monkeypatch.setattr("sys.stdin", io.StringIO((SAMPLES / "sample_5.txt").read_text()))
-    assert main(["-", "--min-busbw", "600"]) == 0
+@pytest.mark.parametrize(
+    ("key", "min_busbw"),
+    cases(("repo:allreduce_2host_ok.txt", "20"), ("shared:sample_5.txt", "600")),
+)
+def test_cli_reads_stdin(key: str, min_busbw: str, monkeypatch: Any, capsys: Any) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(read(key)))
+    assert main(["-", "--min-busbw", min_busbw]) == 0
     assert capsys.readouterr().out.startswith("OK:")
 
 
@@ -169,9 +182,26 @@ def test_metadata_gather_matches_the_gate_row() -> None:
         metadata_gather_bytes(0)
 
 
-@needs_samples
-def test_calibration_interpolates_between_measured_sizes() -> None:
-    result = parse_text((SAMPLES / "sample_5.txt").read_text())  # 8 x B200, all_gather
+def test_calibration_interpolates_on_the_repo_sample() -> None:
+    result = parse_text(read("repo:allgather_4gpu_ok.txt"))  # 4 ranks, all_gather, 64 B..256 MiB
+    by_size = {s.num_bytes: s.out_of_place.time_us for s in result.sizes}
+    assert interpolate_time_us(result, 1024) == by_size[1024] == 9.24
+    assert interpolate_time_us(result, 8) == by_size[64]  # latency floor below the smallest
+    middle = interpolate_time_us(result, 1448)  # ~2**10.5: halfway in log2
+    assert middle == pytest.approx((by_size[1024] + by_size[2048]) / 2, rel=1e-3)
+    assert interpolate_time_us(result, 512 << 20) == pytest.approx(2 * by_size[256 << 20])
+    calibration = calibrate_metadata_gather(result, dp_size=8)
+    assert calibration.num_bytes == 320
+    assert calibration.time_us == pytest.approx(8.8)  # 256 B and 512 B both took 8.80 us
+    assert 8.5 < calibration.latency.latency_us < 9.5
+    overrides = gather_cost_overrides(calibration, base="gb200-dsv3")
+    costs = load_costs("calibrated.json", json.dumps(overrides))
+    assert costs.gather_ms == pytest.approx(calibration.time_us / 1000, abs=1e-6)
+
+
+@pytest.mark.parametrize("key", cases("shared:sample_5.txt"))
+def test_calibration_interpolates_between_measured_sizes(key: str) -> None:
+    result = parse_text(read(key))  # 8 x B200, all_gather
     by_size = {s.num_bytes: s.out_of_place.time_us for s in result.sizes}
     assert interpolate_time_us(result, 256) == by_size[256]
     assert interpolate_time_us(result, 8) == by_size[128]  # latency floor below the smallest
@@ -187,9 +217,9 @@ def test_calibration_interpolates_between_measured_sizes() -> None:
     assert costs.gather_ms == pytest.approx(calibration.time_us / 1000, abs=1e-6)
 
 
-@needs_samples
-def test_calibration_refuses_another_collective() -> None:
-    result = parse_text((SAMPLES / "sample_7.txt").read_text())
+@pytest.mark.parametrize("key", cases("repo:allreduce_8gpu_wrong.txt", "shared:sample_7.txt"))
+def test_calibration_refuses_another_collective(key: str) -> None:
+    result = parse_text(read(key))
     with pytest.raises(ValueError, match="all_gather_perf run, got all_reduce_perf"):
         calibrate_metadata_gather(result, dp_size=8)
     with pytest.raises(ValueError, match="no measured sizes"):

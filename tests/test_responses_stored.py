@@ -230,3 +230,12 @@ def test_chat_template_kwargs_reach_the_template_and_bad_ones_name_the_field(
         json={"input": "Hi", "chat_template_kwargs": {"add_generation_prompt": False}},
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+
+
+@pytest.mark.parametrize("value", ["null", "yes", "true"])
+def test_any_stream_query_but_false_is_the_openai_400(served: Served, value: str) -> None:
+    made = served.client.responses.create(input="Hi")
+    r = served.http.get(f"/v1/responses/{made.id}", params={"stream": value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+    ok = served.http.get(f"/v1/responses/{made.id}", params={"stream": "false"})
+    assert ok.status_code == 200 and ok.json()["id"] == made.id

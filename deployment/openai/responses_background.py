@@ -71,9 +71,12 @@ def _stored(store: ResponseStore, response_id: str) -> StoredResponse:
     return stored
 
 
-def retrieve_response(store: ResponseStore, response_id: str, stream: bool) -> dict[str, Any]:
-    """``GET /v1/responses/{id}``: the stored response as it stands."""
-    if stream:
+def retrieve_response(
+    store: ResponseStore, response_id: str, stream: str | None = None
+) -> dict[str, Any]:
+    """``GET /v1/responses/{id}``: the stored response as it stands. ``stream``: the query
+    parameter as sent; anything but absent or false asks for events, which are refused."""
+    if stream is not None and stream.strip().lower() not in ("", "false", "0"):
         raise APIError(
             400,
             "stream: retrieving a response as events is not supported by roundgate; "
