@@ -48,6 +48,16 @@ VERDICTS: dict[str, tuple[Any, ...]] = {
 }
 
 
+# The all_gather runs, the repo's and ../shared's: the collective calibrate and the JSON
+# export read from a log.
+ALL_GATHER_SAMPLES = (
+    "repo:allgather_4gpu_ok.txt",
+    "repo:allgather_2gpu_novalid.txt",
+    "shared:sample_1.txt",
+    "shared:sample_5.txt",
+)
+
+
 def sample_path(key: str) -> Path:
     """The file behind a key; only call it for a ``shared:`` key under ``needs_shared``."""
     origin, name = key.split(":", 1)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from nccl_samples import cases, sample_path
+from nccl_samples import ALL_GATHER_SAMPLES, cases, sample_path
 from prometheus_client import generate_latest
 
 from actors.telemetry.metrics import RankMetricSet
@@ -55,12 +55,7 @@ def test_the_gathered_row_counts_the_policys_columns(policy: str, columns: int) 
 
 @pytest.mark.parametrize(
     "key",
-    cases(
-        "repo:allgather_4gpu_ok.txt",
-        "repo:allgather_2gpu_novalid.txt",
-        "shared:sample_1.txt",
-        "shared:sample_5.txt",
-    ),
+    cases(*ALL_GATHER_SAMPLES),
 )
 def test_gather_cost_from_an_all_gather_sample(key: str, tmp_path: Path) -> None:
     out = tmp_path / "costs.json"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nccl_samples import cases, read, sample_path
+from nccl_samples import ALL_GATHER_SAMPLES, cases, read, sample_path
 
 from gate.rows import NUM_COLUMNS
 from k8s.tools.nccl_tests import (
@@ -84,12 +84,7 @@ def make_report(result: NcclTestsResult, binary: str = "/usr/local/bin/all_gathe
 
 @pytest.mark.parametrize(
     "key",
-    cases(
-        "repo:allgather_4gpu_ok.txt",
-        "repo:allgather_2gpu_novalid.txt",
-        "shared:sample_1.txt",
-        "shared:sample_5.txt",
-    ),
+    cases(*ALL_GATHER_SAMPLES),
 )
 def test_json_report_reads_like_the_text_table(key: str) -> None:
     from_text = parse_text(read(key))
