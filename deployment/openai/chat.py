@@ -170,8 +170,14 @@ class ChatResponder:
         return event
 
     def _message(self, c: Choice) -> tuple[dict[str, Any], str | None]:
-        # vLLM's message keys, null when unused (``tool_calls`` only when there are calls).
-        message: dict[str, Any] = {"role": self.role, "content": self.echo + c.text, **UNUSED}
+        # vLLM's message keys, null when unused, and ``tool_calls`` an empty list without
+        # calls (vLLM's default; the SDK's dump of the message then equals the raw JSON).
+        message: dict[str, Any] = {
+            "role": self.role,
+            "content": self.echo + c.text,
+            **UNUSED,
+            "tool_calls": [],
+        }
         if not self.parses_tools:
             return message, c.finish_reason
         content, calls = parse_calls(c.text)

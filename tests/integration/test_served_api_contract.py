@@ -91,7 +91,7 @@ def test_a_tool_round_trip_as_sdks_send_it(client) -> None:
     plain = client.chat.completions.create(
         messages=messages[:1], tool_choice="none", max_tokens=16, temperature=0, **kwargs
     ).choices[0]
-    assert plain.message.tool_calls is None and plain.finish_reason != "tool_calls"
+    assert not plain.message.tool_calls and plain.finish_reason != "tool_calls"
 
 
 def test_echo_logprobs_equal_transformers_for_every_prompt_token(client, reference) -> None:
