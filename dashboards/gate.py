@@ -3,6 +3,10 @@
 A healthy gate shows a high decode-round fraction with prefill rounds in short bursts (the
 windows), ALL points opening when every busy rank wants prefill, and ANY points bounding the
 wait of a lone prompt. Group-level series come from rank 0 of each group only.
+
+The regime row reads the group as ``roundgate simulate --scenario`` reports it
+(``sim/regime_report.py``): LOW when most prefill rounds are mixed *and* the mean window runs
+longer than 5 s (SGLang #35241: ranks out of step, some rank always mid-prompt).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from dashboards.panels import (
     rate,
     ratio_graph,
     state_timeline,
+    threshold_line,
+    watermark_graph,
 )
 
 # Per-rank state code: wants_prefill + 2 * has_decode_work (both are 0/1 gauges).
@@ -28,6 +34,12 @@ RANK_STATES = (
     ("decode", "green"),
     ("decode, wants prefill", "purple"),
 )
+
+
+# sim/regime_report.py's LOW verdict: mixed rounds above this share of the prefill rounds, in
+# windows longer than LOW_WINDOW_S on average (a test holds them equal).
+LOW_MIXED_FRACTION = 0.5
+LOW_WINDOW_S = 5.0
 
 
 def _max_by_rank(metric: str) -> str:
@@ -87,6 +99,84 @@ def _rounds() -> list[Panel]:
             [(rate("roundgate_moe_rounds_total", GROUP, "group, mode"), "{{group}} {{mode}}")],
             unit="cps",
             stacked=True,
+        ),
+    ]
+
+
+def _regime() -> list[Panel]:
+    prefill = rate("roundgate_prefill_rounds_total", GROUP, "group")
+    windows = rate("roundgate_prefill_windows_total", GROUP, "group")
+    extend_s = rate(
+        "roundgate_group_round_duration_seconds_sum", f'{GROUP}, kind="extend"', "group"
+    )
+    spread = rate("roundgate_prefill_progress_bin_spread_chunks_total", GROUP, "group")
+    bins = rate("roundgate_prefill_progress_bins_total", GROUP, "group")
+    return [
+        graph(
+            "Gate outcome per round",
+            "Every group round once: closed (held while a rank wanted prefill), all / any / "
+            "open or the policy's reason (opened and some rank extended), empty (opened for a "
+            "rank that wanted prefill, nobody extended), partial (held, yet some rank "
+            "extended), no_demand. Per-rank policies are read from rank 0's vote.",
+            [
+                (
+                    rate("roundgate_gate_rounds_total", GROUP, "group, outcome"),
+                    "{{group}} {{outcome}}",
+                )
+            ],
+            unit="cps",
+            stacked=True,
+        ),
+        watermark_graph(
+            "Mixed share of prefill rounds",
+            "Prefill rounds in which another busy rank only decoded (it waits for the "
+            f"extending rank's chunk). Above {LOW_MIXED_FRACTION:.0%} with windows longer "
+            f"than {LOW_WINDOW_S:g} s: the LOW regime.",
+            [(f"{rate('roundgate_mixed_rounds_total', GROUP, 'group')} / {prefill}", "{{group}}")],
+            LOW_MIXED_FRACTION,
+        ),
+        graph(
+            "Prefill windows per second",
+            "Runs of consecutive rounds in which some rank extended: how often the group "
+            "opens for prefill.",
+            [(windows, "{{group}}")],
+            unit="cps",
+        ),
+        threshold_line(
+            graph(
+                "Mean prefill window length",
+                "Seconds in prefill rounds per window. A group out of step never returns to "
+                f"plain decode rounds: its windows run past {LOW_WINDOW_S:g} s.",
+                [(f"{extend_s} / {windows}", "{{group}}")],
+                unit="s",
+            ),
+            LOW_WINDOW_S,
+        ),
+        graph(
+            "Prefill progress spread",
+            "Most minus fewest prompt tokens one rank extended in a 5 s bin, in chunks "
+            "(--max-scheduled-tokens): the last bin, and the mean over the bins in which "
+            "some rank prefilled (the simulator's figure). Ranks in step stay near 0.",
+            [
+                (
+                    f"max by (group) (roundgate_prefill_progress_spread_chunks{{{GROUP}}})",
+                    "{{group}} last bin",
+                ),
+                (f"{spread} / {bins}", "{{group}} mean"),
+            ],
+            unit="none",
+        ),
+        graph(
+            "Prefill progress per rank",
+            "Prompt tokens each rank extended per second; ranks that drift apart by whole "
+            "chunks are the LOW regime's sign.",
+            [
+                (
+                    rate("roundgate_rank_prefill_tokens_total", RANK, "group, dp_rank"),
+                    "{{group}}/{{dp_rank}}",
+                )
+            ],
+            unit="short",
         ),
     ]
 
@@ -162,9 +252,10 @@ def build() -> Dashboard:
     return dashboard(
         "roundgate-gate",
         "roundgate / gate and rounds",
-        "Group prefill gate: prefill windows, votes, rank flags and round time.",
+        "Group prefill gate: prefill windows, votes, the regime, rank flags and round time.",
         [
             ("Rounds and the gate", _rounds()),
+            ("Regime: healthy or LOW", _regime()),
             ("Ranks", _ranks()),
             ("Round time", _round_time()),
         ],

@@ -126,16 +126,19 @@ def ratio_graph(title: str, description: str, targets: Sequence[Target]) -> time
     return graph(title, description, targets, unit="percentunit").min(0).max(1)
 
 
+def threshold_line(panel: timeseries.Panel, value: float) -> timeseries.Panel:
+    """``panel`` with a red threshold line at ``value`` (green below it)."""
+    steps = [dm.Threshold(value=None, color="green"), dm.Threshold(value=value, color="red")]
+    return panel.thresholds(
+        db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps)
+    ).thresholds_style(cb.GraphThresholdsStyleConfig().mode(cm.GraphThresholdsStyleMode.LINE))
+
+
 def watermark_graph(
     title: str, description: str, targets: Sequence[Target], watermark: float
 ) -> timeseries.Panel:
     """A 0..1 ratio graph with a red threshold line at ``watermark``."""
-    steps = [dm.Threshold(value=None, color="green"), dm.Threshold(value=watermark, color="red")]
-    return (
-        ratio_graph(title, description, targets)
-        .thresholds(db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps))
-        .thresholds_style(cb.GraphThresholdsStyleConfig().mode(cm.GraphThresholdsStyleMode.LINE))
-    )
+    return threshold_line(ratio_graph(title, description, targets), watermark)
 
 
 def state_timeline(

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from actors.control.round import RoundKind
+from gate.outcome import PROGRESS_BIN_S, ProgressBins, is_mixed
 from sim.records import KIND_CODES, SimResult
 
 # Per-rank round kinds as the timeline codes them.
@@ -43,7 +44,6 @@ _DECODE = KIND_CODES[RoundKind.DECODE]
 # LOW_WINDOW_S on average (the group stays mixed).
 LOW_MIXED_FRACTION = 0.5
 LOW_WINDOW_S = 5.0
-PROGRESS_BIN_S = 5.0  # #35241: ranks' progress splits "within ~5 s"
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,8 @@ def regime_report(result: SimResult, chunk_tokens: int) -> RegimeReport:
     shares = extend_ms = 0.0
     was_extending = False
     per_rank = [0] * dp
-    bins: list[list[int]] = []
+    # The live metrics take the progress spread (and mixed rounds) the same way.
+    progress = ProgressBins(dp, PROGRESS_BIN_S)
     for i, start in enumerate(tl.start_s):
         kinds = tl.kinds[i * dp : (i + 1) * dp]
         tokens = tl.prefill_tokens[i * dp : (i + 1) * dp]
@@ -104,20 +105,17 @@ def regime_report(result: SimResult, chunk_tokens: int) -> RegimeReport:
         extending = dp - decoding - kinds.count(_IDLE)
         if extending:
             extend_rounds += 1
-            mixed_rounds += decoding > 0
+            mixed_rounds += is_mixed(extending, decoding)
             shares += extending / (extending + decoding)
             extend_ms += tl.duration_ms[i]
             windows += not was_extending
         was_extending = extending
-        b = int(start // PROGRESS_BIN_S)
-        while len(bins) <= b:
-            bins.append([0] * dp)
+        progress.add(start, tokens)
         for rank, n in enumerate(tokens):
             per_rank[rank] += n
-            bins[b][rank] += n
+    progress.close()
     duration = result.duration_s
-    active = [row for row in bins if any(row)]
-    spread = sum(max(row) - min(row) for row in active) / len(active) if active else 0.0
+    spread = progress.mean_spread
     return RegimeReport(
         duration_s=round(duration, 4),
         input_tokens_per_s=round(sum(per_rank) / duration, 1) if duration else 0.0,

@@ -18,7 +18,8 @@ from prometheus_client.metrics import MetricWrapperBase
 import dashboards
 from actors.control.scheduler import PREFILL_WATERMARK
 from actors.telemetry.metrics import RankMetricSet, RequestMetricSet
-from dashboards import build, serving
+from dashboards import build, gate, serving
+from sim.regime_report import LOW_MIXED_FRACTION, LOW_WINDOW_S
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # Grafana 11.0-11.2 write schemaVersion 39, 11.3-11.5 write 40, 11.6 writes 41; the 10.x SDK
@@ -212,4 +213,41 @@ def test_required_panels_exist() -> None:
         "MoE rounds: low-latency vs normal",
         "Finished requests by reason",
         "Token throughput",
+        "Gate outcome per round",
+        "Mixed share of prefill rounds",
+        "Prefill windows per second",
+        "Mean prefill window length",
+        "Prefill progress spread",
+        "Prefill progress per rank",
     } <= titles
+
+
+def test_regime_panels_draw_the_regime_reports_low_thresholds() -> None:
+    assert (gate.LOW_MIXED_FRACTION, gate.LOW_WINDOW_S) == (LOW_MIXED_FRACTION, LOW_WINDOW_S)
+    lines = {
+        p["title"]: [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+        for _, p in panels()
+        if p["title"] in ("Mixed share of prefill rounds", "Mean prefill window length")
+    }
+    assert lines == {
+        "Mixed share of prefill rounds": [None, LOW_MIXED_FRACTION],
+        "Mean prefill window length": [None, LOW_WINDOW_S],
+    }
+
+
+def test_the_regime_series_are_on_the_gate_dashboard() -> None:
+    """Every series the regime adds to /metrics has a panel (gate/outcome.py's readings)."""
+    exprs = " ".join(
+        t["expr"] for p in boards()["roundgate-gate.json"]["panels"] for t in p.get("targets", [])
+    )
+    for name in (
+        "roundgate_gate_rounds_total",
+        "roundgate_mixed_rounds_total",
+        "roundgate_prefill_windows_total",
+        "roundgate_prefill_progress_spread_chunks",
+        "roundgate_prefill_progress_bins_total",
+        "roundgate_prefill_progress_bin_spread_chunks_total",
+        "roundgate_rank_prefill_tokens_total",
+    ):
+        assert name in series_labels(), name
+        assert re.search(rf"\b{name}\b", exprs), name

@@ -111,6 +111,49 @@ class RankMetricSet:
             (*GROUP, "point"),
             registry=r,
         )
+        # The regime, live: the same readings of a round as the simulator's regime report
+        # (gate/outcome.py), so a scrape and `roundgate simulate --scenario` agree.
+        self.gate_rounds = Counter(
+            _n("gate_rounds"),
+            "Group rounds by the gate's outcome (they sum to group_rounds): closed (held while "
+            "a rank wanted prefill), all/any/open or the policy's reason (opened, some rank "
+            "extended), empty (opened for a rank that wanted prefill, nobody extended), "
+            "partial (held, yet some rank extended), no_demand (nobody wanted prefill)",
+            (*GROUP, "outcome"),
+            registry=r,
+        )
+        self.mixed_rounds = Counter(
+            _n("mixed_rounds"),
+            "Rounds in which some rank extended while another busy rank only decoded",
+            GROUP,
+            registry=r,
+        )
+        self.prefill_windows = Counter(
+            _n("prefill_windows"),
+            "Prefill windows: runs of consecutive rounds in which some rank extended",
+            GROUP,
+            registry=r,
+        )
+        self.progress_spread = Gauge(
+            _n("prefill_progress_spread_chunks"),
+            "Most minus fewest prompt tokens one rank of the group extended in the last 5 s "
+            "bin, in chunks (--max-scheduled-tokens); 0 when nobody prefilled in it",
+            GROUP,
+            registry=r,
+        )
+        self.progress_bins = Counter(
+            _n("prefill_progress_bins"),
+            "5 s bins in which some rank of the group extended",
+            GROUP,
+            registry=r,
+        )
+        self.progress_bin_spread = Counter(
+            _n("prefill_progress_bin_spread_chunks"),
+            "The progress spread of each bin counted by prefill_progress_bins, in chunks, "
+            "summed (over that count: the simulator's progress spread)",
+            GROUP,
+            registry=r,
+        )
         self.rounds_since_prefill = Gauge(
             _n("rounds_since_prefill"),
             "The gate's counter of rounds since the last prefill",
@@ -176,6 +219,12 @@ class RankMetricSet:
         self.aborts = Counter(_n("rank_aborts"), "Requests aborted on the rank", RANK, registry=r)
         self.local_prefill_rounds = Counter(
             _n("rank_prefill_rounds"), "Rounds in which this rank extended", RANK, registry=r
+        )
+        self.local_prefill_tokens = Counter(
+            _n("rank_prefill_tokens"),
+            "Prompt tokens this rank extended (its prefill progress)",
+            RANK,
+            registry=r,
         )
         self.admission_wait = Histogram(
             _n("admission_wait_rounds"),

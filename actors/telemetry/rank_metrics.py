@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from actors.control.rank_loop import RoundOutcome, RoundParts
 from actors.control.scheduler import Scheduler
 from actors.telemetry.metrics import ROUND_PARTS, RankMetricSet
+from actors.telemetry.regime_metrics import RegimeMetrics
 from gate import RankRow
 
 WORK_QUANTITIES = ("decodes", "prefill_tokens")
@@ -53,6 +54,7 @@ class RankMetrics:
                 for k in ("decode", "extend")
                 for q in WORK_QUANTITIES
             }
+            self._regime = RegimeMetrics(s, group, model)
         self._wants = s.wants_prefill.labels(*r)
         self._decodes = s.has_decode_work.labels(*r)
         self._running = s.running.labels(*r)
@@ -64,6 +66,7 @@ class RankMetrics:
         self._prefix_hits = s.prefix_cache_hits.labels(*r)
         self._cached_pages = s.kv_cached_pages.labels(*r)
         self._local_prefill = s.local_prefill_rounds.labels(*r)
+        self._local_prefill_tokens = s.local_prefill_tokens.labels(*r)
         self._admission = s.admission_wait.labels(*r)
         self._queue = s.queue_time.labels(*r)
         self._round_time = s.round_time.labels(*r)
@@ -109,6 +112,7 @@ class RankMetrics:
                     self._windows[vote.point].inc()
             if rounds_since_prefill is not None:
                 self._since.set(rounds_since_prefill)
+            self._regime.observe(outcome, parts.gathered_at, scheduler.args.max_scheduled_tokens)
         mine = rows[self.rank]
         self._wants.set(int(mine.wants_prefill))
         self._decodes.set(int(mine.has_decode_work))
@@ -119,6 +123,7 @@ class RankMetrics:
         self._count(scheduler)
         if outcome.plan.num_extends:
             self._local_prefill.inc()
+            self._local_prefill_tokens.inc(outcome.plan.num_prefill_tokens)
             now = time.monotonic()
             for chunk in outcome.plan.chunks:
                 # A prompt's first chunk (with prefix caching it may start past 0).
