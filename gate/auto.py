@@ -1,24 +1,37 @@
-"""``roundgate-auto``: the group gate, opening when the group's own measurements say so.
+"""``roundgate-auto``: the group gate whose intervals come from what the group measures.
 
-The gate's ALL/ANY points stay (the ANY interval is still the hard admission bound); on top,
-the gate opens early from what the gathered rows show:
+The fixed gate asks an operator for two intervals, and the right ones differ ~10x between
+workloads. This gate derives its openings from three things every rank reads alike from the
+gathered rows, with defaults meant to be left alone:
 
-- **TTFT budget** (``--prefill-max-wait-ms``): the oldest held prompt of any rank would pass
-  the budget if the gate waited one more round (its age, plus the measured cost of the
-  extend round it would then run in).
-- **Amortized** (decode vs extend cost): a prefill round costs every running decode of the
-  group the difference between an extend round and a decode round; holding costs each held
-  prompt the time it waits. Opening when the time the held prompts have waited reaches the
-  time the opening costs the decodes is the rule that minimises their sum over a
-  cycle (the economic-order-quantity argument: the held cost grows as the square of the
-  interval, the opening cost is paid once per interval).
-- **Saturation guard**: when an open round could not drain the backlog (a rank still wants
-  prefill after extending, or its backlog needs more than one round's token budget), holding
-  only adds waiting: the gate stays open until the backlog fits one round again.
+- **Keep decode rounds the common case** (``--prefill-auto-hold-rounds``, 2). A stream's ITL
+  percentiles are judged over its gaps, one per round. With two decode rounds for every
+  window, under a third of any stream's gaps are extend rounds, so its ITL median is a decode
+  round's; holding longer only moves its mean, while every held prompt pays for it in TTFT.
+  The pace is a credit (a token bucket of extend rounds: one round of credit per busy round,
+  ``hold + 1`` per window), so a quiet spell banks a little and a burst after it is not held.
+- **Align prompts when that is free.** When every rank that decodes also holds a prompt (the
+  ALL point), one window serves them all and nobody's decodes wait on another rank's lone
+  extend: the gate opens.
+- **Price a prompt's wait against its own prefill** (``--prefill-auto-wait-ratio``, 0.5). Short
+  of ALL, a window costs every running decode of the group the extend step while only some
+  ranks extend. A prompt whose prefill takes 55 ms gains nothing by waiting 500 ms for the
+  other ranks, but one whose prefill takes six seconds (chunk after chunk) loses little by
+  waiting a second for the others to join its window, and the group then runs its chunk rounds
+  together instead of "mixed". So a rank's oldest held prompt may wait ``ratio`` times its own
+  prefill time, measured (``gate.prefill_cost``: the step fitted online from round lengths),
+  before the gate opens for it.
+- **Ration slow windows against the SLO** (``--prefill-auto-itl-slo-ms`` 200,
+  ``--prefill-auto-ttft-slo-ms`` 2000). A window whose round would outlast the ITL bound
+  (the decode round plus the step of the largest backlog) gives every running stream a slow
+  gap, and a stream meets an ITL p99 bound only while under 1 % of its gaps are slow: with
+  many long streams running (reasoning), windows must be rare. Such a window waits until the
+  oldest prompt has used three quarters of its TTFT slack (the TTFT bound less its own
+  prefill), so each one carries as many prompts as the TTFT bound allows.
+- **Liveness** (``--prefill-max-wait-ms``): whatever the estimates say, no prompt waits longer.
 
-Round costs come from the shared clock (``now_ms``, the max over ranks of each rank's clock,
-in the rows) between consecutive rounds, split by whether the rows showed an extend. Every
-input is a gathered row or state derived from gathered rows, so every rank votes the same.
+An idle group (no rank decodes) has nothing to protect: the gate opens at once. Every input is
+a gathered row or state derived from gathered rows, so every rank votes the same.
 """
 
 from __future__ import annotations
@@ -28,104 +41,144 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gate.delay import PrefillDelay
-from gate.group_gate import GroupGate
 from gate.policy import RoundByRound
+from gate.prefill_cost import PrefillCost, prefill_tokens
 from gate.rows import RankRow, RoundView
 from gate.spec import PolicyContext, PolicySpec
-from gate.vote import GateVote
+from gate.vote import CLOSED, GateVote
 
-COLUMNS = ("backlog_requests", "backlog_rounds", "head_wait_rounds", "now_ms")
-_REQ, _ROUNDS, _HEAD, _NOW = range(len(COLUMNS))
-# Round start times remembered (ms): enough to date the oldest prompt the ANY bound allows.
+COLUMNS = ("head_tokens", "head_wait_rounds", "now_ms", "backlog_tokens")
+_TOKENS, _HEAD, _NOW, _BACKLOG = range(len(COLUMNS))
+# Round start times remembered (ms): enough to date the oldest prompt the liveness bound allows.
 _HISTORY = 4096
-# Weight of a round-cost estimate's newest sample (exponential moving average).
-_EWMA = 0.2
+# Windows of credit the gate may bank in quiet spells. Two let a burst that lands over a few
+# rounds take two windows back to back, instead of one merged extend round long enough to break
+# every running stream's ITL p99; under steady arrivals the credit never builds up, and the
+# hold above sets the pace.
+_BURST = 2
+# Share of a prompt's TTFT slack (the SLO less its own prefill) a slow window may hold it:
+# the rest is left for queueing behind the window and for the cost estimate's error.
+_THETA = 0.75
 
 
 @dataclass(frozen=True)
 class AutoGateConfig:
-    """The adaptive gate's flags: its two bounds and the TTFT budget."""
+    """The adaptive gate's flags; the defaults are the product, not a starting point."""
 
-    attempt_interval: int = field(
-        default=4,
+    hold_rounds: int = field(
+        default=2,
         metadata={
-            "flag": "prefill_auto_attempt_interval",
-            "help": "roundgate-auto: rounds between ALL attempt points",
+            "flag": "prefill_auto_hold_rounds",
+            "help": "roundgate-auto: decode rounds kept between prefill windows",
         },
     )
-    any_interval: int = field(
-        default=16,
+    wait_ratio: float = field(
+        default=0.5,
         metadata={
-            "flag": "prefill_auto_any_interval",
-            "help": "roundgate-auto: rounds between ANY attempt points (the admission bound)",
+            "flag": "prefill_auto_wait_ratio",
+            "help": "roundgate-auto: a held prompt may wait this fraction of its own measured "
+            "prefill time for the other ranks to join its window",
+        },
+    )
+    ttft_slo_ms: float = field(
+        default=2000.0,
+        metadata={
+            "flag": "prefill_auto_ttft_slo_ms",
+            "help": "roundgate-auto: the TTFT a prompt should meet; a slow window may hold "
+            "prompts for part of the slack it leaves",
+        },
+    )
+    itl_slo_ms: float = field(
+        default=200.0,
+        metadata={
+            "flag": "prefill_auto_itl_slo_ms",
+            "help": "roundgate-auto: the ITL p99 a stream should meet; a window whose round "
+            "would be longer is a slow window, rationed",
         },
     )
     max_wait_ms: float = field(
-        default=500.0,
+        default=10_000.0,
         metadata={
             "flag": "prefill_max_wait_ms",
-            "help": "roundgate-auto: TTFT budget; no prompt waits longer for the gate",
+            "help": "roundgate-auto: liveness bound; no prompt waits longer for the gate",
         },
     )
 
     def __post_init__(self) -> None:
+        hold = self.hold_rounds
+        if isinstance(hold, bool) or not isinstance(hold, int) or hold < 0:
+            raise ValueError(f"--prefill-auto-hold-rounds must be an integer >= 0, got {hold!r}")
         for flag, value in (
-            ("--prefill-auto-attempt-interval", self.attempt_interval),
-            ("--prefill-auto-any-interval", self.any_interval),
+            ("--prefill-auto-wait-ratio", self.wait_ratio),
+            ("--prefill-max-wait-ms", self.max_wait_ms),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{flag} must be an integer >= 1, got {value!r}")
-        if self.any_interval < self.attempt_interval:
-            raise ValueError(
-                f"--prefill-auto-any-interval ({self.any_interval}) must be >= "
-                f"--prefill-auto-attempt-interval ({self.attempt_interval})"
-            )
-        wait = self.max_wait_ms
-        if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait > 0:
-            raise ValueError(f"--prefill-max-wait-ms must be a number > 0, got {wait!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"{flag} must be a number >= 0, got {value!r}")
+        for flag, value in (
+            ("--prefill-auto-ttft-slo-ms", self.ttft_slo_ms),
+            ("--prefill-auto-itl-slo-ms", self.itl_slo_ms),
+            ("--prefill-max-wait-ms", self.max_wait_ms),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{flag} must be a number > 0, got {value!r}")
 
 
-_OPEN = {reason: GateVote(True, "any", reason=reason) for reason in ("budget", "amortized")}
-_SATURATED = GateVote(True, "any", reason="saturated")
+_VOTES = {
+    reason: GateVote(True, "all" if reason in ("all", "idle") else "any", reason=reason)
+    for reason in ("all", "idle", "budget", "liveness")
+}
 
 
 class AutoGate(RoundByRound):
-    """The group gate plus the three early openings above (see the module docstring)."""
+    """The gate of the module docstring: hold, ALL, priced waits, liveness."""
 
     extra_columns: tuple[str, ...] = COLUMNS
 
     def __init__(self, config: AutoGateConfig) -> None:
         self.config = config
-        self.gate = GroupGate(PrefillDelay(config.attempt_interval, config.any_interval))
-        self.decode_ms: float | None = None  # measured decode-only round
-        self.extend_ms: float | None = None  # measured round with an extend
-        self.saturated = False
+        self.cost = PrefillCost()
+        self.since_prefill = 0  # rounds since the last round with an extend
+        # Extend-round credit, in rounds: one per busy round, ``hold + 1`` per window, capped.
+        self._per_window = config.hold_rounds + 1
+        self._cap = _BURST * self._per_window
+        self.credit = self._cap
+        # Never two windows back to back (unless no hold is asked for): a rank that extends in
+        # both runs none of its decodes in either, and its streams see one gap of two extend
+        # rounds, which is what breaks an ITL p99 bound when prompts are long.
+        self._gap = min(1, config.hold_rounds)
         self._starts: deque[int] = deque(maxlen=_HISTORY)  # round start times, ms
-        self._last: tuple[int, bool] | None = None  # (start ms, extended) of the last round
+        self._last: tuple[int, int] | None = None  # (start ms, longest extend) of last round
+
+    @property
+    def rounds_since_prefill(self) -> int:
+        return self.since_prefill
 
     def vote(self, rows: Sequence[RankRow], local: Any = None) -> GateVote:
         wanting = [row for row in rows if row.wants_prefill]
         if not wanting:
-            return self.gate.vote(rows)
-        if self.saturated:
-            return _SATURATED
-        decode = self.decode_ms or 0.0
-        extend = self.extend_ms if self.extend_ms is not None else 2 * decode
+            return CLOSED
+        if not any(row.has_decode_work for row in rows):
+            return _VOTES["idle"]
         now = max(row.extras[_NOW] for row in rows)
-        oldest = max(self._age_ms(row.extras[_HEAD], now) for row in wanting)
-        if oldest + decode + extend >= self.config.max_wait_ms:
-            return _OPEN["budget"]
-        vote = self.gate.vote(rows)
-        if vote.open:
-            return vote
-        # Held time so far (each rank's held prompts, about half its head's age on average)
-        # against what one opening costs the group's running decodes.
-        held = sum(row.extras[_REQ] * self._age_ms(row.extras[_HEAD], now) / 2 for row in wanting)
-        decodes = sum(row.batch_size - row.num_extends for row in rows)
-        if held >= (extend - decode) * decodes:
-            return _OPEN["amortized"]
-        return vote
+        ages = [self._age_ms(row.extras[_HEAD], now) for row in wanting]
+        if max(ages) >= self.config.max_wait_ms:
+            return _VOTES["liveness"]
+        if self.credit < self._per_window or self.since_prefill < self._gap:
+            return CLOSED
+        if not any(row.has_decode_work and not row.wants_prefill for row in rows):
+            return _VOTES["all"]
+        cfg = self.config
+        step = self.cost.step_ms
+        window_ms = (self.cost.decode_ms or 0.0) + step(max(r.extras[_BACKLOG] for r in wanting))
+        slow = window_ms > cfg.itl_slo_ms
+        for row, age in zip(wanting, ages, strict=True):
+            own = step(row.extras[_TOKENS])
+            budget = cfg.wait_ratio * own
+            if slow:
+                budget = max(budget, _THETA * (cfg.ttft_slo_ms - own))
+            if age >= budget:
+                return _VOTES["budget"]
+        return CLOSED
 
     def _age_ms(self, head_rounds: int, now: int) -> float:
         """How long ago (ms) the round ``head_rounds`` before the last gathered one began."""
@@ -136,35 +189,22 @@ class AutoGate(RoundByRound):
         return float(now - starts[index])
 
     def observe(self, rows: Sequence[RankRow], view: RoundView) -> None:
-        self.gate.observe(rows, view)
         if view.all_idle:
             # An idle gap: nothing is held, and the next round's start is not this one's end.
             self._last = None
-            self.saturated = False
+            self.since_prefill = 0
             return
+        self.since_prefill = 0 if view.any_extend else self.since_prefill + 1
+        spent = self._per_window if view.any_extend else 0
+        # Floored at zero: a window the pace did not grant (idle, liveness) restarts the pace
+        # rather than putting it in debt.
+        self.credit = max(0, min(self._cap, self.credit - spent + 1))
         now = max(row.extras[_NOW] for row in rows)
         if self._last is not None:
-            start, extended = self._last
-            duration = float(now - start)
-            if duration > 0:
-                if extended:
-                    self.extend_ms = _average(self.extend_ms, duration)
-                else:
-                    self.decode_ms = _average(self.decode_ms, duration)
-        self._last = (now, view.any_extend)
+            start, tokens = self._last
+            self.cost.add_round(float(now - start), tokens)
+        self._last = (now, prefill_tokens(rows) if view.any_extend else 0)
         self._starts.append(now)
-        # The guard: an open round left backlog behind, or some backlog needs several rounds.
-        left_behind = view.any_extend and any(row.num_extends and row.wants_prefill for row in rows)
-        # One prompt longer than a round's budget is not saturation: it is chunked anyway.
-        too_big = any(row.extras[_ROUNDS] > 1 and row.extras[_REQ] > 1 for row in rows)
-        if left_behind or too_big:
-            self.saturated = True
-        elif not any(row.wants_prefill for row in rows):
-            self.saturated = False
-
-
-def _average(old: float | None, sample: float) -> float:
-    return sample if old is None else old + _EWMA * (sample - old)
 
 
 def _build(config: AutoGateConfig, ctx: PolicyContext) -> AutoGate:
@@ -173,7 +213,8 @@ def _build(config: AutoGateConfig, ctx: PolicyContext) -> AutoGate:
 
 POLICY = PolicySpec(
     name="roundgate-auto",
-    summary="the group gate, opening early on a TTFT budget, measured round costs and saturation",
+    summary="the group gate with measured intervals: decode rounds kept, ALL when free, "
+    "waits priced against each prompt's own prefill",
     config=AutoGateConfig,
     build=_build,
 )

@@ -19,7 +19,7 @@ from gate import registry
 # A policy's swept flag and its values (the others keep simulate's defaults). A policy not
 # listed (``none``, or one a plugin adds) is one point at its defaults.
 SWEEPS: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "roundgate-auto": ("prefill_max_wait_ms", (100.0, 250.0, 500.0, 1000.0, 2000.0, 5000.0)),
+    "roundgate-auto": ("prefill_auto_hold_rounds", (0, 1, 2, 3, 4, 8)),
     "local-interval": ("prefill_decode_interval", (1, 2, 4, 8, 16)),
     "sglang-delayer": ("prefill_delayer_max_delay_passes", (5, 10, 30, 60, 120)),
     # vLLM's PR uses 2; #54627 finds the best interval between 2 and 33 by workload.

@@ -1,31 +1,40 @@
-"""``roundgate-auto``: the gate's points plus three early openings, as functions of rows."""
+"""``roundgate-auto``: pacing, ALL, waits priced against each prompt's prefill and the SLO,
+liveness; and the online fit of what a prefill costs. Pure functions of rows."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 from sim_builders import make_spec, simulate
 
 from gate import RankRow, read_rows
 from gate.auto import AutoGate, AutoGateConfig
+from gate.prefill_cost import PrefillCost, prefill_tokens
 from sim.round_costs import PRESETS
+
+DECODE_MS = 30
 
 
 def auto_row(
     want: bool,
     decodes: int = 4,
-    extends: int = 0,
-    backlog: int = 1,
-    rounds: int = 1,
+    extend_tokens: int = 0,
+    head_tokens: int = 200,
     head: int = 0,
     now: int = 0,
+    backlog: int | None = None,
 ) -> RankRow:
-    """A rank's row with the auto gate's columns (backlog requests, backlog rounds, head wait
-    rounds, now ms)."""
-    b = backlog if want else 0
-    r = rounds if want else 0
-    return RankRow(
-        decodes + extends, decodes + extends, extends, want, decodes > 0, (b, r, head, now)
+    """A rank's row with the auto gate's columns (head tokens, head wait rounds, now ms,
+    backlog tokens); ``extend_tokens`` > 0 makes it extend one prompt of that many tokens."""
+    extends = int(extend_tokens > 0)
+    extras = (
+        head_tokens if want else 0,
+        head if want else 0,
+        now,
+        (head_tokens if backlog is None else backlog) if want else 0,
     )
+    return RankRow(decodes + extend_tokens, decodes + extends, extends, want, decodes > 0, extras)
 
 
 def step(gate: AutoGate, rows: list[RankRow]):
@@ -34,87 +43,162 @@ def step(gate: AutoGate, rows: list[RankRow]):
     return vote
 
 
-def decode_rounds(gate: AutoGate, start: int, count: int, ms: int, want=(False, False)):
-    """``count`` decode-only rounds of ``ms`` each from ``start``; returns the next start."""
-    t = start
-    for _ in range(count):
-        step(gate, [auto_row(w, now=t) for w in want])
-        t += ms
-    return t
+def learned(per_token: float = 0.15, fixed: float = 20.0, **config) -> tuple[AutoGate, int]:
+    """A gate that has seen decode rounds of 30 ms and extends costing ``fixed + per_token *
+    tokens`` more (1,000 and 3,000 tokens); returns it and the clock after."""
+    gate = AutoGate(AutoGateConfig(**config))
+    t = 0
+    for tokens in (0, 0, 1000, 0, 0, 0, 3000, 0, 0, 0, 1000, 0, 0, 0):
+        row = auto_row(False, extend_tokens=tokens, now=t)
+        step(gate, [row, auto_row(False, now=t)])
+        t += DECODE_MS + (round(fixed + per_token * tokens) if tokens else 0)
+    return gate, t
 
 
-def test_budget_opens_before_the_oldest_prompt_passes_it() -> None:
-    gate = AutoGate(AutoGateConfig(attempt_interval=4, any_interval=64, max_wait_ms=200.0))
-    t = decode_rounds(gate, 0, 3, 30)  # decode rounds cost 30 ms
-    rows = lambda head, now: [auto_row(True, head=head, now=now), auto_row(False, now=now)]  # noqa: E731
-    # Held 1 round (30 ms + the next decode + the assumed 60 ms extend < 200): not yet. The
-    # amortized rule needs (60 - 30) ms x 8 decodes = 240 ms of held time: not yet either.
-    vote = step(gate, rows(1, t))
-    assert not vote.open
-    t += 30
-    votes = []
-    for head in range(2, 8):
-        votes.append(step(gate, rows(head, t)))
-        t += 30
-    first_open = next(i for i, v in enumerate(votes) if v.open)
-    assert votes[first_open].reason in ("budget", "amortized")
-    # Opened by the time age + next decode + extend reached 200 ms: age <= 110 ms.
-    assert (first_open + 2) * 30 <= 110 + 30
+def test_prefill_cost_fits_the_fixed_and_per_token_step() -> None:
+    cost = PrefillCost()
+    cost.add_round(30.0, 0)
+    for tokens in (1000, 3000, 2000, 500):
+        cost.add_round(30.0 + 20.0 + 0.15 * tokens, tokens)
+    assert cost.decode_ms == 30.0
+    assert cost.step_ms(0) == pytest.approx(20.0, abs=1e-6)
+    assert cost.step_ms(40_000) == pytest.approx(20.0 + 0.15 * 40_000, rel=1e-6)
 
 
-def test_the_budget_alone_opens_when_decodes_make_holding_cheap() -> None:
-    """Many decodes make the amortized rule wait; the budget still caps the hold."""
-    gate = AutoGate(AutoGateConfig(attempt_interval=64, any_interval=64, max_wait_ms=150.0))
-    t = decode_rounds(gate, 0, 3, 20)
-    reasons = []
-    for head in range(1, 10):
-        rows = [auto_row(True, decodes=500, head=head, now=t), auto_row(False, decodes=500, now=t)]
-        reasons.append(step(gate, rows).reason)
-        t += 20
-    assert "budget" in reasons and "amortized" not in reasons
+def test_prefill_cost_needs_a_decode_round_before_an_extend() -> None:
+    cost = PrefillCost()
+    cost.add_round(500.0, 1000)  # nothing to subtract it from yet: not a sample
+    assert not cost.known and cost.step_ms(1000) == 0.0
+    cost.add_round(30.0, 0)
+    cost.add_round(180.0, 1000)  # one length so far: all of the step is per token
+    assert cost.step_ms(2000) == pytest.approx(300.0)
 
 
-def test_saturation_guard_keeps_the_gate_open_until_the_backlog_fits() -> None:
-    gate = AutoGate(AutoGateConfig(attempt_interval=64, any_interval=64, max_wait_ms=10_000.0))
-    t = decode_rounds(gate, 0, 2, 30)
-    # An extend round that leaves backlog behind on the rank that extended.
-    step(gate, [auto_row(True, extends=1, now=t), auto_row(False, now=t)])
-    assert gate.saturated
-    vote = step(gate, [auto_row(True, head=1, now=t + 90), auto_row(False, now=t + 90)])
-    assert vote.open and vote.reason == "saturated"
-    # Backlog gone: the guard lets go and the gate holds again.
-    step(gate, [auto_row(False, now=t + 120), auto_row(False, now=t + 120)])
-    assert not gate.saturated
-    vote = step(gate, [auto_row(True, head=0, now=t + 150), auto_row(False, now=t + 150)])
-    assert not vote.open
+def test_prefill_tokens_is_the_longest_extend_of_the_round() -> None:
+    rows = [auto_row(False, extend_tokens=700), auto_row(False, extend_tokens=300, decodes=9)]
+    assert prefill_tokens(rows) == 700
 
 
-@pytest.mark.parametrize(("backlog", "saturated"), [(4, True), (1, False)])
-def test_a_backlog_longer_than_one_round_budget_is_saturation(backlog: int, saturated) -> None:
-    """Several prompts needing more than one round's budget: saturation. One long prompt
-    (chunked over rounds anyway) is not."""
-    gate = AutoGate(AutoGateConfig(attempt_interval=64, any_interval=64, max_wait_ms=10_000.0))
-    step(gate, [auto_row(True, backlog=backlog, rounds=3, now=0), auto_row(False, now=0)])
-    assert gate.saturated is saturated
+def test_the_gate_learns_round_costs_from_the_shared_clock() -> None:
+    gate, _ = learned()
+    assert gate.cost.decode_ms == pytest.approx(DECODE_MS)
+    assert gate.cost.step_ms(2000) == pytest.approx(20.0 + 0.15 * 2000, rel=1e-3)
 
 
-def test_round_costs_are_measured_from_the_shared_clock() -> None:
+def test_steady_backlog_opens_every_third_round() -> None:
+    """Two decode rounds per window: a rank that always wants prefill (the other never)."""
+    gate, t = learned()
+    opened = []
+    for _ in range(20):
+        vote = gate.vote([auto_row(True, head=1, now=t), auto_row(False, now=t)])
+        tokens = 200 if vote.open else 0
+        rows = [auto_row(True, extend_tokens=tokens, head=1, now=t), auto_row(False, now=t)]
+        gate.observe(rows, read_rows(rows))
+        opened.append(vote.open)
+        t += DECODE_MS
+    at = [i for i, o in enumerate(opened) if o]
+    # Once the banked credit is spent, one window every third round.
+    assert [b - a for a, b in itertools.pairwise(at)][-3:] == [3, 3, 3]
+
+
+def test_banked_credit_lets_a_burst_in_sooner_but_never_back_to_back() -> None:
+    gate, t = learned()  # quiet for a while: credit for two windows is banked
+    opened = []
+    for _ in range(10):
+        vote = gate.vote([auto_row(True, head=1, now=t), auto_row(False, now=t)])
+        tokens = 200 if vote.open else 0
+        rows = [auto_row(True, extend_tokens=tokens, head=1, now=t), auto_row(False, now=t)]
+        gate.observe(rows, read_rows(rows))
+        opened.append(vote.open)
+        t += DECODE_MS
+    # Every other round while the credit lasts, then the pace of one window in three.
+    assert opened == [True, False, True, False, True, False, True, False, False, True]
+
+
+def test_all_point_opens_without_waiting_for_any_budget() -> None:
+    gate, t = learned()
+    # Both ranks decode and hold a 40k prompt that arrived this round: ALL, no wait.
+    rows = [auto_row(True, head_tokens=40_000, now=t) for _ in range(2)]
+    vote = gate.vote(rows)
+    assert vote.open and vote.point == "all" and vote.reason == "all"
+
+
+def test_an_idle_group_opens_at_once() -> None:
     gate = AutoGate(AutoGateConfig())
-    step(gate, [auto_row(False, now=0), auto_row(False, now=0)])
-    step(gate, [auto_row(False, extends=1, now=30), auto_row(False, now=30)])
-    step(gate, [auto_row(False, now=130), auto_row(False, now=130)])
-    assert gate.decode_ms == 30.0 and gate.extend_ms == 100.0
+    vote = gate.vote([auto_row(True, decodes=0, head_tokens=40_000), auto_row(False, decodes=0)])
+    assert vote.open and vote.reason == "idle"
+
+
+def wait_until_open(gate: AutoGate, t: int, head_tokens: int, backlog: int | None = None) -> int:
+    """Decode rounds (one rank holding a prompt, the other decoding only) until the gate
+    opens; returns the held prompt's age (ms) at the vote that opened. The prompt was first
+    published in the last round before this loop (its head count runs from there), which
+    began one decode round before ``t``."""
+    for head in range(1, 10_000):
+        now = t + (head - 1) * DECODE_MS
+        rows = [
+            auto_row(True, head_tokens=head_tokens, head=head, now=now, backlog=backlog),
+            auto_row(False, now=now),
+        ]
+        vote = step(gate, rows)
+        if vote.open:
+            assert vote.reason == "budget"
+            return (head + 1) * DECODE_MS
+    raise AssertionError("never opened")
+
+
+def test_a_short_prompt_in_a_fast_window_opens_at_the_first_vote() -> None:
+    gate, t = learned()
+    # 230 tokens: a 54.5 ms step, a fast window (84.5 ms < 200); budget 0.5 x 54.5 ms, less
+    # than the 60 ms the prompt is old at the first vote.
+    assert wait_until_open(gate, t, head_tokens=230) == 2 * DECODE_MS
+
+
+def test_a_long_prompt_waits_half_its_own_prefill_for_the_others() -> None:
+    gate, t = learned()
+    own = 20.0 + 0.15 * 40_000  # 6,020 ms
+    age = wait_until_open(gate, t, head_tokens=40_000)
+    assert 0.5 * own <= age < 0.5 * own + 2 * DECODE_MS
+
+
+def test_a_slow_window_waits_for_three_quarters_of_the_ttft_slack() -> None:
+    gate, t = learned()
+    # Head 800 tokens (140 ms), backlog 1,500 (a 245 ms step: 275 ms > the 200 ms ITL SLO).
+    age = wait_until_open(gate, t, head_tokens=800, backlog=1500)
+    slack = 2000.0 - (20.0 + 0.15 * 800)
+    assert 0.75 * slack <= age < 0.75 * slack + 2 * DECODE_MS
+    # The same backlog under a looser ITL SLO is a fast window: half its own 140 ms prefill.
+    loose, t = learned(itl_slo_ms=400.0)
+    assert wait_until_open(loose, t, head_tokens=800, backlog=1500) == 3 * DECODE_MS
+
+
+def test_liveness_bounds_every_wait() -> None:
+    gate, t = learned(max_wait_ms=300.0)
+    age = wait_until_open_any(gate, t)
+    assert 300.0 <= age < 300.0 + 2 * DECODE_MS
+
+
+def wait_until_open_any(gate: AutoGate, t: int) -> int:
+    for head in range(1, 1000):
+        now = t + (head - 1) * DECODE_MS
+        rows = [auto_row(True, head_tokens=40_000, head=head, now=now), auto_row(False, now=now)]
+        vote = step(gate, rows)
+        if vote.open:
+            assert vote.reason == "liveness"
+            return (head + 1) * DECODE_MS
+    raise AssertionError("never opened")
 
 
 @pytest.mark.parametrize(
     ("config", "flag"),
     [
         ({"max_wait_ms": 0.0}, "--prefill-max-wait-ms"),
-        ({"max_wait_ms": -5}, "--prefill-max-wait-ms"),
         ({"max_wait_ms": "soon"}, "--prefill-max-wait-ms"),
-        ({"attempt_interval": 0}, "--prefill-auto-attempt-interval"),
-        ({"any_interval": 2, "attempt_interval": 4}, "--prefill-auto-any-interval"),
-        ({"any_interval": 1.5}, "--prefill-auto-any-interval"),
+        ({"hold_rounds": -1}, "--prefill-auto-hold-rounds"),
+        ({"hold_rounds": 1.5}, "--prefill-auto-hold-rounds"),
+        ({"wait_ratio": -0.1}, "--prefill-auto-wait-ratio"),
+        ({"ttft_slo_ms": 0}, "--prefill-auto-ttft-slo-ms"),
+        ({"itl_slo_ms": float("nan")}, "--prefill-auto-itl-slo-ms"),
     ],
 )
 def test_bad_values_are_refused_naming_the_flag(config: dict, flag: str) -> None:
@@ -137,13 +221,23 @@ def test_server_args_refuse_a_bad_budget_naming_the_flag(capsys) -> None:
 SPEC = make_spec(num_requests=80, rate=30.0, input_len=120, output_len=24)
 
 
-def test_the_any_bound_holds_with_the_budget() -> None:
-    """In the real loop: no prompt waits more than the ANY interval for the auto gate, and a
-    budget below one round opens the gate for every held prompt at once."""
+def test_the_liveness_bound_holds_in_the_real_loop() -> None:
+    """In the simulator's round loop: a gate told to hold for ever still admits every prompt
+    within the liveness bound, and a looser bound lets the same prompts wait longer."""
     costs = PRESETS["h100-dsv3"]
-    bounded = simulate(
-        "roundgate-auto", SPEC, costs=costs, prefill_auto_any_interval=6, prefill_max_wait_ms=1e6
+    tight = simulate(
+        "roundgate-auto",
+        SPEC,
+        costs=costs,
+        prefill_auto_hold_rounds=10_000,
+        prefill_max_wait_ms=100.0,
     )
-    assert 1 <= bounded["max_admission_wait_rounds"] <= 6
-    tight = simulate("roundgate-auto", SPEC, costs=costs, prefill_max_wait_ms=1.0)
-    assert tight["max_admission_wait_rounds"] <= 1
+    loose = simulate(
+        "roundgate-auto",
+        SPEC,
+        costs=costs,
+        prefill_auto_hold_rounds=10_000,
+        prefill_max_wait_ms=1000.0,
+    )
+    assert tight["unfinished"] == 0 and loose["unfinished"] == 0
+    assert 1 <= tight["max_admission_wait_rounds"] < loose["max_admission_wait_rounds"]

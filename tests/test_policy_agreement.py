@@ -25,7 +25,7 @@ FLAGS = {
     "local-interval": {"prefill_decode_interval": 2},
     "vllm-interval": {"prefill_schedule_interval": 2},
     "sglang-delayer": {"prefill_delayer_max_delay_passes": 4},
-    "roundgate-auto": {"prefill_max_wait_ms": 120.0},
+    "roundgate-auto": {"prefill_max_wait_ms": 120.0, "prefill_auto_hold_rounds": 1},
 }
 ALL_COLUMNS = tuple(READERS)
 

@@ -134,8 +134,8 @@ def test_a_cost_file_may_set_every_field(tmp_path: Path) -> None:
         (["--router", "round-robin", "--lb-api-servers", "2"], "--lb-api-servers"),
         (["--policy", "roundgate-auto", "--prefill-max-wait-ms", "0"], "--prefill-max-wait-ms"),
         (
-            ["--policy", "roundgate-auto", "--prefill-auto-any-interval", "0"],
-            "--prefill-auto-any-interval",
+            ["--policy", "roundgate-auto", "--prefill-auto-hold-rounds", "-1"],
+            "--prefill-auto-hold-rounds",
         ),
     ],
 )

@@ -34,11 +34,34 @@ def _head_wait_rounds(s: Scheduler) -> int:
     return s.round - min(first) if first else 0
 
 
+def _head_tokens(s: Scheduler) -> int:
+    # Prompt tokens still to compute of the oldest held prompt (the one ``head_wait_rounds``
+    # dates): what its own prefill will take, for a policy pricing its wait against that.
+    held = [r for r in s.queues.partial if r.first_want_round is not None]
+    if s.queues.waiting and s.queues.waiting[0].first_want_round is not None:
+        held.append(s.queues.waiting[0])
+    if not held:
+        return 0
+    return min(held, key=lambda r: r.first_want_round).num_uncomputed_prompt_tokens
+
+
+def _backlog_tokens(s: Scheduler) -> int:
+    # Prompt tokens the rank still has to prefill: resident chunks' rest and queued prompts.
+    tokens = sum(r.num_uncomputed_prompt_tokens for r in s.queues.partial)
+    return tokens + sum(r.num_prompt_tokens for r in s.queues.waiting)
+
+
 def _backlog_rounds(s: Scheduler) -> int:
     # Open rounds the rank's prefill backlog needs at its token budget (ceil).
+    return -(-_backlog_tokens(s) // s.args.max_scheduled_tokens)
+
+
+def _pending_permille(s: Scheduler) -> int:
+    # ATOM's fill signal: the prefill tokens the rank owes (queued prompts and the remainder of
+    # its resident chunks), capped at one round's token budget, in thousandths of that budget.
     tokens = sum(r.num_uncomputed_prompt_tokens for r in s.queues.partial)
     tokens += sum(r.num_prompt_tokens for r in s.queues.waiting)
-    return -(-tokens // s.args.max_scheduled_tokens)
+    return min(1000, tokens * 1000 // s.args.max_scheduled_tokens)
 
 
 READERS: dict[str, ColumnReader] = {
@@ -51,7 +74,11 @@ READERS: dict[str, ColumnReader] = {
     "gen_requests": lambda s, now: len(s.queues.running) - s.num_resident_chunks,
     "backlog_requests": lambda s, now: len(s.queues.waiting) + s.num_resident_chunks,
     "backlog_rounds": lambda s, now: _backlog_rounds(s),
+    "backlog_tokens": lambda s, now: _backlog_tokens(s),
     "head_wait_rounds": lambda s, now: _head_wait_rounds(s),
+    "admissible": lambda s, now: int(s.can_admit),  # the queue head could be admitted now
+    "pending_permille": lambda s, now: _pending_permille(s),
+    "head_tokens": lambda s, now: _head_tokens(s),
     # Wall or simulated clock in ms: policies use the max over ranks, so they agree.
     "now_ms": lambda s, now: int(now * 1000),
 }

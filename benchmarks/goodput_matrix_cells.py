@@ -1,0 +1,137 @@
+"""The cells of the goodput matrix: workload x dp x load, and one seeded run of one arm in one.
+
+A cell fixes the workload shape, the group size, the load and the SLO; every arm (each
+registered policy at its simulate defaults, and the fixed gate at every pair of the tune grid)
+runs on the same arrivals for a seed. Loads are fractions of the workload's saturation rate
+under ``none`` at dp=8 on ``h100-dsv3`` (measured with a closed loop of 1,024 clients:
+``roundgate simulate --dp-size 8 --costs h100-dsv3 --workload W --concurrency 1024``), scaled
+with the group size; the closed-loop long-prefill regime varies its clients instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from actors.server_args import ServerArgs
+from gate import registry
+from sim.goodput import Slo, goodput
+from sim.options import GROUP_DEFAULTS
+from sim.regimes import REGIMES
+from sim.report import summarize
+from sim.round_costs import PRESETS
+from sim.spec import SimSpec, simulate
+from sim.workload import WORKLOADS, WorkloadSpec, generate
+
+COSTS = "h100-dsv3"
+LOADS = {"below": 0.35, "near": 0.8, "past": 1.2}
+# Requests a second each workload sustains under ``none`` at dp=8 (see the module docstring).
+SATURATION_RPS = {"chat": 34.0, "agentic": 1.25, "reasoning": 3.75, "bursty": 34.0}
+# Closed-loop clients of the long-prefill regime at dp=8, per load (its own setup is 32).
+LONG_PREFILL_CLIENTS = {"below": 16, "near": 32, "past": 64}
+# Requests an arm sends at dp=8 (x4 at dp=128): enough for stable percentiles, kept short for
+# long outputs, whose runs last minutes of simulated time.
+REQUESTS = {"chat": 800, "bursty": 800, "agentic": 200, "reasoning": 150}
+# TTFT bounds judged with ITL p99 <= 200 ms: a prompt's own prefill sets the floor (an 8.6k
+# agentic prompt prefills in ~1.3 s on this preset by itself).
+SLOS = {
+    "chat": Slo(2000.0, 200.0),
+    "bursty": Slo(2000.0, 200.0),
+    "reasoning": Slo(2000.0, 200.0),
+    # An 8.6k prompt is two 8k chunk rounds of ~1.3 s each: every stream running beside one
+    # sees such a gap, so the ITL bound admits one chunk round, as the long-prefill regime's.
+    "agentic": Slo(10_000.0, 1500.0),
+    "long-prefill": REGIMES["long-prefill-chunked"].slo,
+}
+WORKLOAD_NAMES = ("chat", "agentic", "reasoning", "long-prefill", "bursty")
+
+
+@dataclass(frozen=True)
+class Cell:
+    workload: str
+    dp: int
+    load: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.workload}/dp{self.dp}/{self.load}"
+
+    @property
+    def slo(self) -> Slo:
+        return SLOS[self.workload]
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A policy at its simulate defaults, or the fixed gate at one (attempt, any) pair."""
+
+    label: str
+    policy: str
+    flags: tuple[tuple[str, Any], ...] = ()
+
+
+def arms(pairs: list[tuple[int, int]]) -> list[Arm]:
+    out = [Arm(name, name) for name in registry.names()]
+    for attempt, any_ in pairs:
+        flags = (("prefill_attempt_interval", attempt), ("prefill_any_attempt_interval", any_))
+        out.append(Arm(f"roundgate {attempt}/{any_}", "roundgate", flags))
+    return out
+
+
+def _args(dp: int, engine: dict[str, Any]) -> ServerArgs:
+    """``roundgate simulate``'s group defaults, then the workload's engine; the group's
+    ``max_num_seqs`` grows with it (the same per rank)."""
+    flags = {k: v for k, v in GROUP_DEFAULTS.items() if k != "dp_size"} | engine
+    flags["max_num_seqs"] = flags["max_num_seqs"] * dp // 8
+    return ServerArgs(dp_size=dp, enable_prefix_caching=False, **flags)
+
+
+def _spec(cell: Cell, seed: int) -> tuple[ServerArgs, Any, int | None]:
+    scale = cell.dp // 8
+    if cell.workload == "long-prefill":
+        regime = REGIMES["long-prefill-chunked"]
+        clients = LONG_PREFILL_CLIENTS[cell.load] * scale
+        args = _args(cell.dp, dict(regime.engine))
+        return args, regime.arrivals(4 * clients, seed), clients
+    rate = SATURATION_RPS[cell.workload] * LOADS[cell.load] * scale
+    count = REQUESTS[cell.workload] * (2 if cell.dp > 8 else 1)
+    if cell.workload == "bursty":
+        base = dataclasses.replace(REGIMES["bursty"].workload, rate=rate, num_requests=count)
+        workload = dataclasses.replace(base, seed=seed)
+        engine = dict(REGIMES["bursty"].engine)
+    else:
+        preset = WORKLOADS[cell.workload]
+        workload = WorkloadSpec(
+            num_requests=count,
+            rate=rate,
+            input_len=preset.input_len,
+            output_len=preset.output_len,
+            length_dist=preset.length_dist,
+            seed=seed,
+        )
+        engine = {}
+    return _args(cell.dp, engine), tuple(generate(workload)), None
+
+
+def run_arm(cell: Cell, arm: Arm, seed: int) -> dict[str, Any]:
+    """One seeded run: goodput under the cell's SLO, TTFT and ITL p50/p99."""
+    args, arrivals, clients = _spec(cell, seed)
+    given = dict(arm.flags)
+    spec = SimSpec(
+        args, arrivals, PRESETS[COSTS], seed=seed, concurrency=clients, itl_slo_ms=cell.slo.itl_ms
+    ).with_policy(arm.policy, given)
+    result = simulate(spec)
+    summary = summarize(result)
+    good = goodput(result, cell.slo)
+    return {
+        "cell": cell.key,
+        "arm": arm.label,
+        "seed": seed,
+        "goodput": good.requests_per_s,
+        "good_fraction": good.fraction,
+        "ttft_p50": summary["ttft_ms"]["p50"],
+        "ttft_p99": summary["ttft_ms"]["p99"],
+        "itl_p50": summary["itl_ms"]["p50"],
+        "itl_p99": summary["itl_ms"]["p99"],
+    }
