@@ -2,7 +2,7 @@
 
 ``rows`` (the gathered row and its one reading), ``vote`` (a policy's decision), ``policy``
 (the interface), ``spec`` + ``registry`` (policies by name and their flags), and one module per
-policy: ``group_gate`` (roundgate), ``no_gate``, ``local_interval`` and the three peers.
+policy: ``group_gate`` (roundgate), ``auto``, ``no_gate``, ``local_interval`` and the six peers.
 """
 
 from gate.delay import PrefillDelay

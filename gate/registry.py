@@ -23,6 +23,9 @@ BUILTIN_MODULES = (
     "gate.sglang_delayer",
     "gate.vllm_interval",
     "gate.trtllm_balance",
+    "gate.vllm_alignment",
+    "gate.atom_coalescer",
+    "gate.tpu_dp_hold",
 )
 
 _SPECS: dict[str, PolicySpec] = {}

@@ -20,6 +20,9 @@ BUILTINS = (
     "sglang-delayer",
     "vllm-interval",
     "trtllm-balance",
+    "vllm-alignment",
+    "atom-coalescer",
+    "tpu-dp-hold",
 )
 
 
