@@ -14,15 +14,16 @@ A choice, in order:
             + decode_weight  x (active KV + backlog tokens on the rank as last reported,
                                 + the prompt tokens this router sent it that the rank has
                                 not reported receiving yet)
-            + gate_weight    x [gate-aware only: some rank blocks the ALL point, and this
-                                one does not]
+            + [gate-aware only, ``routing.gate_cohort``: gate_weight while some rank blocks
+               the gate's ALL point and this one does not; prefill_weight x the rank's
+               backlog, prefilled in the same window round; ranks outside the cohort
+               excluded]
 
-   The gate term: under the group gate a new prompt waits for an ALL point (every decoding
-   rank has prefill backlog) or the ANY bound. A decoding rank *without* backlog blocks ALL;
-   a prompt sent there unblocks it, one sent to a rank that already has backlog (or that
-   does not decode) leaves every blocker in place, so the prompt, and every other rank's
-   waiting prompts, wait on for the ANY bound. A rank counts as having backlog when its last
-   report says so or a send to it is not yet received;
+   Under the group gate a new prompt waits for an ALL point (every decoding rank has
+   backlog) or the ANY bound; a decoding rank *without* backlog blocks ALL, and a prompt sent
+   there unblocks it. A rank counts as having backlog when its last report says so or a send
+   to it is not yet received. Where the arrivals can fill ALL points on fewer ranks but not
+   on all, new prompts keep to a cohort of them and the others drain (``gate_cohort``);
 3. unless the chosen rank is overloaded against the least-loaded one (by more than
    ``balance_abs_threshold`` requests *and* ``balance_rel_threshold`` times its load): then
    the least-cost rank among those that are not.
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.control.page_keys import PageKey, page_keys
 from routing.cache_aware import RouteChoice
+from routing.gate_cohort import GATE_COHORT_FRACTION, Cohort, add_gate_terms
 from routing.kv_index import KvIndex
 from routing.options import (
     BALANCE,
@@ -86,6 +88,11 @@ class KvRouterConfig:
     decode_weight: float = DECODE_WEIGHT.default
     gate_aware: bool = False
     gate_weight: float = GATE_WEIGHT.default
+    gate_cohort_fraction: float = GATE_COHORT_FRACTION.default
+    # Rounds from the last ALL point before the ANY bound back to the window (the fixed
+    # gate's ``any - attempt`` interval): arrivals in them must fill the cohort (None: the
+    # ranks' policy has no fixed ANY bound, so no cohort).
+    gate_horizon_rounds: int | None = None
     # A prompt this router sent counts on its rank (as load, and as backlog for the gate)
     # until the rank reports having received it, or this long (a rank that restarted).
     max_in_flight_s: float = 5.0
@@ -96,8 +103,14 @@ class KvRouterConfig:
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError(f"--page-size must be >= 1, got {self.page_size}")
-        for option in (PREFILL_WEIGHT, DECODE_WEIGHT, GATE_WEIGHT):
+        for option in (PREFILL_WEIGHT, DECODE_WEIGHT, GATE_WEIGHT, GATE_COHORT_FRACTION):
             option.check(getattr(self, option.name), flag)
+        if not self.gate_cohort_fraction <= 1.0:
+            raise ValueError(
+                f"--gate-cohort-fraction must be <= 1, got {self.gate_cohort_fraction}"
+            )
+        if self.gate_horizon_rounds is not None and self.gate_horizon_rounds < 1:
+            raise ValueError(f"gate_horizon_rounds must be >= 1, got {self.gate_horizon_rounds}")
         if not self.max_in_flight_s >= 0:  # also refuses NaN
             raise ValueError(f"--max-in-flight-s must be >= 0, got {self.max_in_flight_s}")
         check_balance(self.balance_abs_threshold, self.balance_rel_threshold, flag)
@@ -138,6 +151,7 @@ class KvCostPolicy:
         # Per rank: what this router sent that the rank has not reported receiving yet.
         self._sent: dict[Hashable, InFlight] = {}
         self._sessions: dict[str, Hashable] = {}
+        self._cohort = Cohort()  # gate-aware: the ranks that take new prompts
 
     def choose(
         self,
@@ -201,15 +215,16 @@ class KvCostPolicy:
             active = load.active_tokens + load.backlog_tokens + sent_tokens
             costs.append(cfg.prefill_weight * uncached + cfg.decode_weight * active)
         if cfg.gate_aware:
-            # Decoding ranks without backlog (sent-to counts as backlog) block the ALL point.
-            blocks = [
-                load.has_decode_work and not load.wants_prefill and not sent_tokens
-                for load, sent_tokens in views
-            ]
-            if any(blocks):
-                for i, is_blocker in enumerate(blocks):
-                    if not is_blocker:
-                        costs[i] += cfg.gate_weight
+            # routing.gate_cohort: fill the ALL point's blockers, spread a window's backlog,
+            # and keep new prompts on a cohort where the arrivals can fill it but not all.
+            cohort = self._cohort
+            cohort.rate.observe(
+                now_s,
+                max(load.rounds_since_prefill for load, _ in views),
+                sum(load.num_received for load, _ in views),
+            )
+            k = cohort.update(len(views), cfg.gate_horizon_rounds, cfg.gate_cohort_fraction)
+            add_gate_terms(costs, views, k, cfg.prefill_weight, cfg.gate_weight)
         return costs
 
     def _overloaded(self, load: float, least_load: float) -> bool:
@@ -232,7 +247,11 @@ def cost_arguments(
     """``KvRouterConfig``'s fields for a cost router: the ranks' page size (the keys must be
     their pools'), the gate term for the router that reads the gate, its own settings."""
     gate_aware = GATE_WEIGHT in entry.options
-    return {"page_size": engine.page_size, "gate_aware": gate_aware, **entry.own(values)}
+    arguments = {"page_size": engine.page_size, "gate_aware": gate_aware, **entry.own(values)}
+    delay = engine.prefill_delay
+    if gate_aware and delay is not None:
+        arguments["gate_horizon_rounds"] = max(1, delay.any_interval - delay.attempt_interval)
+    return arguments
 
 
 ROUTER = RouterEntry(
