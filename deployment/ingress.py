@@ -4,8 +4,9 @@ The routes (``deployment.app``, bodies in ``deployment.openai``) call into ``Ing
 checks the key and the model, checks the request against the model's limits (prompt count,
 vocabulary, context length: here and nowhere else on this side), builds ``SamplingParams``,
 forwards each prompt (its ``n`` choices) to a rank through the configured router and
-detokenizes what streams back. A failed DP group answers 503 with ``Retry-After`` while the
-gang restarts.
+detokenizes what streams back. A request whose rank dies continues on a live rank
+(``deployment.resume``); new requests are answered 503 with ``Retry-After`` for a few seconds
+after a group failure.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pydantic import BaseModel
 from actors.control.messages import GenerateRequest
 from actors.control.request import SamplingParams
 from deployment.openai.api import read_json
-from deployment.openai.choices import Choice, Delta, RequestFailed, merge, run_choices
+from deployment.openai.choices import Choice, Delta, RequestFailed, merge
 from deployment.openai.errors import APIError
 from deployment.openai.grammar_limits import GrammarLimits, check_grammar
 from deployment.openai.logprobs import TokenTexts
@@ -34,6 +35,7 @@ from deployment.openai.sampling import GenerateBody, check_logprobs, sampling_pa
 from deployment.openai.server_load import ServerLoad
 from deployment.pd_route import PDRoute
 from deployment.request_metrics import RequestRecorder
+from deployment.resume import RankStream, ResumeFailed, ResumePolicy, Resumer
 from deployment.serve_context import client_request_id, rank_health, set_serve_request_id
 
 if TYPE_CHECKING:  # Ray is not imported for a type (the ingress is tested without it)
@@ -95,6 +97,9 @@ class Ingress:
             if decode is None:
                 raise ValueError("a P/D ingress needs the decode role's handle")
             self.pd = PDRoute(ranks, decode, self.metrics)
+        # P/D streams are not resumed yet: a decode rank builds its request from the prefill
+        # rank's handoff, which carries no resumed tokens (docs/fault-tolerance.md).
+        self.resume_policy = ResumePolicy(max_rank_failures=0) if pd else ResumePolicy()
         self.token_texts = TokenTexts(self.tokenizer)
         self.grammar_limits = GrammarLimits(
             **{f.name: getattr(self.app_args, f.name) for f in fields(GrammarLimits)}
@@ -222,29 +227,52 @@ class Ingress:
 
     # ---- generation ----------------------------------------------------------------------
 
+    def _submit(self, message: GenerateRequest) -> RankStream:
+        """Start one rank request's stream (fused: the rank deployment; P/D: both roles)."""
+        set_serve_request_id(message.request_id)
+        return self.pd.stream(message) if self.pd else self.ranks.generate.remote(message)
+
+    def _group_failed(self, exc: BaseException, message: GenerateRequest) -> None:
+        """A rank under ``message`` was lost (or its call failed): logged, and new requests
+        are refused with 503 for ``RETRY_AFTER_S`` while the group restarts."""
+        # The details (Ray's task repr) go to the log; the client gets a plain sentence.
+        logger.warning(
+            "request %s (client id %s): DP group failed: %r",
+            message.request_id,
+            client_request_id(),
+            exc,
+        )
+        self._degraded_until = time.monotonic() + RETRY_AFTER_S
+
     async def _choice_stream(
         self, choices: list[Choice], message: GenerateRequest
     ) -> AsyncIterator[Delta]:
-        set_serve_request_id(message.request_id)
-        gen = self.pd.stream(message) if self.pd else self.ranks.generate.remote(message)
+        """The choices' deltas; a request whose rank dies continues on a live rank
+        (``deployment.resume``), so the client's stream carries on."""
+        resumer = Resumer(
+            self._submit,
+            message,
+            choices,
+            self.resume_policy,
+            on_loss=self._group_failed,
+            on_resume=self.metrics.resumed,
+        )
         timer = self.metrics.timer()
+        deltas = resumer.deltas()
         try:
-            async for delta in run_choices(gen, choices):
+            async for delta in deltas:
                 timer.tokens(len(delta.token_ids))
                 yield delta
         except APIError:
             raise
         except RequestFailed as exc:  # this request alone: the group keeps serving
             raise APIError(exc.status, f"the request could not run: {exc}") from None
-        except Exception as exc:
-            # The details (Ray's task repr) go to the log; the client gets a plain sentence.
-            logger.warning(
-                "request %s (client id %s): DP group failed: %r",
-                message.request_id,
-                client_request_id(),
-                exc,
-            )
-            self._degraded_until = time.monotonic() + RETRY_AFTER_S
+        except ResumeFailed as exc:
+            raise APIError(
+                503, str(exc), code=exc.code, headers={"Retry-After": str(RETRY_AFTER_S)}
+            ) from None
+        except Exception as exc:  # not a rank loss (``deployment.resume``): not resumed
+            self._group_failed(exc, message)
             raise APIError(
                 503,
                 "generation failed: the DP group is unavailable and restarting; retry shortly",
@@ -252,7 +280,7 @@ class Ingress:
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             ) from None
         finally:
-            gen.cancel()
+            await deltas.aclose()  # the rank stream is cancelled now, not when collected
             first = choices[0]
             outputs = sum(len(c.output_token_ids) for c in choices)
             timer.finish(first.finish_reason, len(first.prompt_token_ids), outputs)

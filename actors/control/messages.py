@@ -29,9 +29,17 @@ class GenerateRequest:
     sampling: SamplingParams
     dp_rank: int | None = None  # pin to one rank of the group (the routers read it)
     session_id: str | None = None  # the client's ``user``: the cache-aware router's affinity key
+    # A continuation: the prompt's last tokens are this request's earlier output
+    # (``Request.num_resumed_tokens``; the ingress builds it in ``deployment.resume``).
+    num_resumed_tokens: int = 0
 
     def to_request(self) -> Request:
-        return Request(self.request_id, list(self.prompt_token_ids), self.sampling)
+        return Request(
+            self.request_id,
+            list(self.prompt_token_ids),
+            self.sampling,
+            num_resumed_tokens=self.num_resumed_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -210,6 +210,10 @@ class Request:
     error: str | None = None
     # Content keys of the sequence's full pages, computed as far as needed (prefix caching).
     page_keys: list[bytes] = field(default_factory=list)
+    # A continuation (``deployment.resume``): the prompt's last ``num_resumed_tokens`` tokens
+    # are this request's own earlier output, streamed by a rank that died. They count toward
+    # ``max_tokens`` and seeded draws, penalties and the grammar see them as output.
+    num_resumed_tokens: int = 0
     # The prompt never changes after construction, so its length is stored, not recounted:
     # the scheduler reads it for every running request every round.
     num_prompt_tokens: int = field(init=False)
@@ -218,6 +222,11 @@ class Request:
         if not self.prompt_token_ids:
             raise ValueError(f"request {self.request_id}: prompt must not be empty")
         self.num_prompt_tokens = len(self.prompt_token_ids)
+        if not 0 <= self.num_resumed_tokens < self.num_prompt_tokens:
+            raise ValueError(
+                f"request {self.request_id}: num_resumed_tokens {self.num_resumed_tokens} "
+                f"must be in [0, prompt length {self.num_prompt_tokens})"
+            )
 
     @property
     def num_output_tokens(self) -> int:
@@ -255,7 +264,7 @@ class Request:
         sampling = self.sampling
         if token_id in sampling.stop_token_ids:
             self.status = RequestStatus.FINISHED_STOPPED
-        elif len(output) >= sampling.max_tokens or (
+        elif len(output) + self.num_resumed_tokens >= sampling.max_tokens or (
             max_model_len is not None and self.num_prompt_tokens + len(output) >= max_model_len
         ):
             self.status = RequestStatus.FINISHED_LENGTH

@@ -141,7 +141,11 @@ class Grammars:
             state = xgr.GrammarMatcher(
                 self.compile(request.sampling.grammar), override_stop_tokens=stops
             )
-            for token in request.output_token_ids:
+            # A continuation's resumed tokens (the prompt's tail) were output too.
+            resumed = request.prompt_token_ids[
+                request.num_prompt_tokens - request.num_resumed_tokens :
+            ]
+            for token in [*resumed, *request.output_token_ids]:
                 if not state.is_terminated():
                     state.accept_token(token)
             request.grammar_state = state

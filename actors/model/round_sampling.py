@@ -34,7 +34,8 @@ def sample_round(
     rows = list(range(len(requests)))
     ids = [r.request_id for r in requests]
     params = [r.sampling for r in requests]
-    indices = [len(r.output_token_ids) for r in requests]
+    # A continuation's index counts the output it resumed from (seeded draws, min_tokens).
+    indices = [len(r.output_token_ids) + r.num_resumed_tokens for r in requests]
     owners = list(requests)
     forking = [r for r in requests if r.sampling.n > 1 and not r.output_token_ids]
     for row, r in enumerate(requests):
@@ -48,11 +49,7 @@ def sample_round(
     if len(rows) > len(requests):
         logits = logits[torch.tensor(rows, device=logits.device)]
     # Penalties read the rows' tokens; the plain path builds no history at all.
-    histories = (
-        [(r.prompt_token_ids, r.output_token_ids) for r in owners]
-        if any(p.needs_history for p in params)
-        else None
-    )
+    histories = [history(r) for r in owners] if any(p.needs_history for p in params) else None
     allowed = None
     if grammars is not None and any(p.grammar is not None for p in params):
         allowed = grammars.allowed(owners, logits.device)
@@ -67,3 +64,13 @@ def sample_round(
         forks[r.request_id] = tuple(tokens[start : start + r.sampling.n - 1])
         start += r.sampling.n - 1
     return RoundSamples(sampled, logprobs, forks)
+
+
+def history(request: Request) -> tuple[list[int], list[int]]:
+    """The request's (prompt, output) ids for penalties; a continuation's resumed tokens are
+    output (presence and frequency penalties count them)."""
+    k = request.num_resumed_tokens
+    if not k:
+        return request.prompt_token_ids, request.output_token_ids
+    prompt = request.prompt_token_ids
+    return prompt[:-k], prompt[-k:] + request.output_token_ids

@@ -253,3 +253,20 @@ SMALL_CHAT_SESSIONS = replace(
     turns=3,
     think_s=0.05,
 )
+
+
+class Unary(threading.Thread):
+    """A non-streaming completion in a thread; ``response`` or ``error`` once it ends."""
+
+    def __init__(self, url: str, **body: Any) -> None:
+        super().__init__(daemon=True)
+        self.url, self.body = url, body
+        self.response: httpx.Response | None = None
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.response = httpx.post(f"{self.url}/v1/completions", json=self.body, timeout=300)
+        except BaseException as exc:
+            self.error = exc

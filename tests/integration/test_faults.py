@@ -1,8 +1,9 @@
-"""Killing a rank mid-request: every caller in flight is told (an error event in a stream that
-already started, a 503 with ``Retry-After`` for a unary call), new requests are refused with 503
-and ``Retry-After`` until the gang has restarted (a fresh process group), and then every rank
-answers again. ``/health`` answers 503 soon after the kill (within Serve's health check and
-the ingress's cache of it) and 200 again once the gang has re-formed.
+"""Killing a rank mid-request: every caller in flight gets its whole answer, resumed once the
+gang has restarted (``deployment.resume``: no error event in a stream that already started, a
+200 for a unary call), new requests are refused with 503 and ``Retry-After`` until the gang has
+restarted (a fresh process group), and then every rank answers again. ``/health`` answers 503
+soon after the kill (within Serve's health check and the ingress's cache of it) and 200 again
+once the gang has re-formed.
 
 The test breaks the session's shared deployment on purpose, so it may run in any order: the
 ``restored`` fixture returns only once one fresh gang serves on every rank again (unpinned and
@@ -21,7 +22,7 @@ import pytest
 import ray
 from ray.serve.exceptions import RayServeException
 
-from tests.integration.helpers import BackgroundStream, WaitTimeout, wait_for
+from tests.integration.helpers import BackgroundStream, Unary, WaitTimeout, wait_for
 
 if TYPE_CHECKING:
     from tests.integration.conftest import Deployment
@@ -31,7 +32,9 @@ if TYPE_CHECKING:
 RESTART_DEADLINE_S = 300.0
 TEARDOWN_DEADLINE_S = 120.0  # the test itself has already waited, unless it failed early
 PROBE_TIMEOUT_S = 30.0
-LONG = {"max_tokens": 3000, "ignore_eos": True}  # far longer than the test runs
+# Requests in flight at a kill now run to their end (resumed after the restart): long enough
+# to be running when the rank dies, short enough to finish soon after the restart.
+RESUMED = {"max_tokens": 600, "ignore_eos": True}
 KILLS = 10  # restarts in a row under load; each must leave every rank routable
 HEALTH_POLL_S = 0.2
 # deployment/app.py's ``health_check_period_s`` for the rank replicas (their timeout is
@@ -198,23 +201,6 @@ def restored(app: Deployment) -> Iterator[Deployment]:
         raise
 
 
-class Unary(threading.Thread):
-    """A non-streaming completion in a thread; ``response`` or ``error`` once it ends."""
-
-    def __init__(self, url: str, **body: Any) -> None:
-        super().__init__(daemon=True)
-        self.url, self.body = url, body
-        self.response: httpx.Response | None = None
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.response = httpx.post(f"{self.url}/v1/completions", json=self.body, timeout=300)
-        except BaseException as exc:
-            self.error = exc
-
-
 # /health's refusals: Serve reports a rank replica not running (the gang re-forming), or the
 # ingress has just seen the group fail (``check_available``, the same window as requests).
 HEALTH_CODES = frozenset({"ranks_unhealthy", "group_restarting"})
@@ -287,14 +273,32 @@ class HealthWatch(threading.Thread):
         return 503, code
 
 
-def test_killing_a_rank_fails_the_requests_in_flight_and_the_gang_restarts(restored) -> None:
+def health_code(url: str) -> str | None:
+    """The error code of ``GET /health`` (None when it answers 200)."""
+    r = httpx.get(f"{url}/health", timeout=PROBE_TIMEOUT_S)
+    return None if r.status_code == 200 else (r.json().get("error") or {}).get("code")
+
+
+def finishes(stream: BackgroundStream) -> list[str]:
+    """The finish reasons a stream reported."""
+    return [
+        c["finish_reason"]
+        for e in stream.events
+        if isinstance(e, dict) and "choices" in e
+        for c in e["choices"]
+        if c["finish_reason"]
+    ]
+
+
+def test_killing_a_rank_resumes_the_requests_in_flight_and_the_gang_restarts(restored) -> None:
     app = restored
     wait_serving(app)  # whatever ran before, start from a serving group
     victim = app.rank_call("stats_snapshot", 1)
     # A stream on the survivor (it learns of the failure from the broken collective) and a
-    # unary call on the victim (its actor dies under it).
-    stream = BackgroundStream(app.url, prompt=[1, 2, 3], dp_rank=0, **LONG)
-    unary = Unary(app.url, prompt=[4, 5, 6], dp_rank=1, **LONG)
+    # unary call on the victim (its actor dies under it); both pinned, so both resume on their
+    # own rank of the restarted gang.
+    stream = BackgroundStream(app.url, prompt=[1, 2, 3], dp_rank=0, **RESUMED)
+    unary = Unary(app.url, prompt=[4, 5, 6], dp_rank=1, **RESUMED)
     assert stream.started.wait(60), "the stream on rank 0 never produced an event"
     wait_for(
         lambda: app.rank_call("stats_snapshot", 1)["running"],
@@ -311,30 +315,32 @@ def test_killing_a_rank_fails_the_requests_in_flight_and_the_gang_restarts(resto
     ray.kill(ray.get_actor(victim["actor_name"], namespace="serve"), no_restart=False)
     killed_at = time.monotonic()
 
-    unary.join(PROBE_TIMEOUT_S + 60)
-    assert not unary.is_alive(), "the unary request on the killed rank hung"
-    # Sent at once after the failure, inside the window the ingress refuses new requests.
+    # Sent as soon as the ingress has seen the failure (the requests in flight resume), inside
+    # the window it refuses new requests.
+    wait_for(
+        lambda: health_code(app.url),
+        PROBE_TIMEOUT_S,
+        "the ingress to see the group fail (/health: group_restarting)",
+        until=lambda code: code == "group_restarting",
+        interval_s=0.05,
+    )
     first_after = post(app.url, prompt="right after", max_tokens=2)
-    assert stream.done.wait(PROBE_TIMEOUT_S + 60), "the stream on the surviving rank hung"
+    unary.join(RESTART_DEADLINE_S)
+    assert not unary.is_alive(), "the unary request on the killed rank hung"
+    assert stream.done.wait(RESTART_DEADLINE_S), "the stream on the surviving rank hung"
 
     assert unary.error is None, f"the unary caller got no HTTP answer: {unary.error!r}"
     assert unary.response is not None
-    assert refusal_problems(unary.response) == [], unary.response.text[:500]
-    assert unary.response.json()["error"]["code"] == "group_unavailable"
+    assert unary.response.status_code == 200, unary.response.text[:500]
+    body = unary.response.json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == RESUMED["max_tokens"]
+    assert body["usage"]["prompt_tokens"] == 3
 
-    assert stream.error is None, f"the stream broke instead of reporting: {stream.error!r}"
+    assert stream.error is None, f"the stream broke: {stream.error!r}"
     errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
-    assert len(errors) == 1, f"want one error event, got {stream.events[-3:]}"
-    assert errors[0]["error"]["type"] == "service_unavailable"
-    assert errors[0]["error"]["code"] == "group_unavailable"
-    finished = [
-        c["finish_reason"]
-        for e in stream.events
-        if isinstance(e, dict) and "choices" in e
-        for c in e["choices"]
-        if c["finish_reason"]
-    ]
-    assert finished == [], f"a failed stream must not claim to have finished: {finished}"
+    assert errors == [], f"a resumed stream reports no error: {errors}"
+    assert finishes(stream) == ["length"] and stream.events[-1] == "[DONE]"
 
     assert refusal_problems(first_after) == [], (first_after.status_code, first_after.text[:500])
     unreported_s = health_deadline_s(app)
@@ -367,28 +373,42 @@ def test_killing_a_rank_fails_the_requests_in_flight_and_the_gang_restarts(resto
 
 def test_a_hung_rank_is_declared_failed_and_the_gang_restarts(restored) -> None:
     """A rank alive but not joining the gather (SIGSTOP: a stuck kernel, a paused process):
-    its peer's gather times out after ``--collective-timeout-s``, the requests in flight get
-    a 503 with ``Retry-After`` (or an error event), and a fresh gang serves again."""
+    its peer's gather times out after ``--collective-timeout-s``, the stream in flight on the
+    peer is resumed once a fresh gang serves and ends with no error, and new requests meanwhile
+    get a 200 or a 503 with ``Retry-After``."""
     import os
     import signal
 
     app = restored
     wait_serving(app)
     victim = app.rank_call("stats_snapshot", 1)
-    stream = BackgroundStream(app.url, prompt=[1, 2, 3], dp_rank=0, **LONG)
+    stream = BackgroundStream(app.url, prompt=[1, 2, 3], dp_rank=0, **RESUMED)
     assert stream.started.wait(60), "the stream on rank 0 never produced an event"
     stopped_at = time.monotonic()
     os.kill(victim["pid"], signal.SIGSTOP)
     try:
-        assert stream.done.wait(app.args["collective_timeout_s"] + 60), "the stream hung"
+        # The peer's gather times out; the ingress, seeing the failure, answers /health (and
+        # new requests) 503 ``group_restarting`` for a while.
+        wait_for(
+            lambda: health_code(app.url),
+            app.args["collective_timeout_s"] + 60,
+            "the ingress to see the group fail (/health: group_restarting)",
+            until=lambda code: code == "group_restarting",
+            interval_s=HEALTH_POLL_S,
+        )
         detected_s = time.monotonic() - stopped_at
-        errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
-        assert len(errors) == 1, f"want one error event, got {stream.events[-3:]}"
-        assert errors[0]["error"]["code"] == "group_unavailable"
         refused = post(app.url, prompt="while restarting", max_tokens=2)
         assert refused.status_code == 200 or refusal_problems(refused) == [], refused.text[:300]
+        assert not stream.done.is_set(), (
+            f"the stream ended instead of resuming: {stream.events[-3:]}"
+        )
     finally:
         os.kill(victim["pid"], signal.SIGCONT)  # Serve replaces it; never leave it stopped
+    assert stream.done.wait(RESTART_DEADLINE_S), "the resumed stream never ended"
+    assert stream.error is None, f"the stream broke: {stream.error!r}"
+    errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
+    assert errors == [], f"a resumed stream reports no error: {errors}"
+    assert finishes(stream) == ["length"] and stream.events[-1] == "[DONE]"
     wait_serving(app)
     recovered_s = time.monotonic() - stopped_at
     wait_fresh_gang(app, victim["gang_id"])
