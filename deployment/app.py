@@ -5,6 +5,7 @@ config's ``args``; they are validated (pydantic ``AppArgs``, which builds the on
 before any replica starts.
 """
 
+import uuid
 from typing import Any
 
 from fastapi import Request
@@ -162,13 +163,29 @@ def build_app(args: dict[str, Any]) -> Application:
         return ingress.bind(prefill, cfg.ingress_args(), decode)
     engine = cfg.server_args()
     router_kwargs = cfg.router_kwargs()
+    # Elastic DP: plain replicas (Serve replaces a dead one alone), seats and epochs from the
+    # rendezvous store, a fresh id per deploy so no replica meets the last deploy's seats.
+    gang = (
+        {}
+        if cfg.elastic_dp
+        else {"gang_scheduling_config": GangSchedulingConfig(gang_size=engine.dp_size)}
+    )
+    elastic = (
+        {
+            "deployment": uuid.uuid4().hex[:12],
+            "num_groups": cfg.num_groups,
+            "window_s": min(2.0, max(0.5, engine.collective_timeout_s / 4)),
+        }
+        if cfg.elastic_dp
+        else None
+    )
     ranks = serve.deployment(
         RankReplica,
         name="RankReplica",
         num_replicas=cfg.num_groups * engine.dp_size,
         max_ongoing_requests=cfg.max_ongoing_requests,
         ray_actor_options={"num_cpus": cfg.num_cpus_per_rank, "num_gpus": cfg.num_gpus_per_rank},
-        gang_scheduling_config=GangSchedulingConfig(gang_size=engine.dp_size),
+        **gang,
         request_router_config=RequestRouterConfig(
             request_router_class=ROUTER_CLASSES[cfg.router],
             request_router_kwargs=router_kwargs,
@@ -177,5 +194,5 @@ def build_app(args: dict[str, Any]) -> Application:
         health_check_period_s=2.0,
         health_check_timeout_s=max(10.0, engine.collective_timeout_s),
         graceful_shutdown_timeout_s=5.0,
-    ).bind(cfg.rank_flags())
+    ).bind(cfg.rank_flags(), elastic)
     return ingress.bind(ranks, cfg.ingress_args())

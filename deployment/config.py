@@ -83,6 +83,12 @@ class AppArgs(RouterArgs):
     num_gpus_per_rank: float = Field(0.0, ge=0)
     max_ongoing_requests: int = Field(1024, ge=1)
     ingress_replicas: int = Field(1, ge=1)
+    elastic_dp: bool = Field(
+        False,
+        description="rank replicas outside a gang: a dead or hung rank costs only itself (its "
+        "group re-forms around it, its replacement joins at a round boundary); dense models, "
+        "fused deployments (docs/fault-tolerance.md)",
+    )
     # P/D disaggregation (``deployment/pd_config.py``): both sections, or neither (fused).
     prefill: RoleArgs | None = None
     decode: RoleArgs | None = None
@@ -132,7 +138,7 @@ class AppArgs(RouterArgs):
         missing = [role for role in ROLES if getattr(self, role) is None]
         if missing:
             raise ValueError(f"a P/D deployment needs both role sections; {missing[0]} is missing")
-        fused_only = {"num_groups": 1, "route_weights": None}
+        fused_only = {"num_groups": 1, "route_weights": None, "elastic_dp": False}
         for name in sorted(self.model_fields_set & set(fused_only)):
             if getattr(self, name) != fused_only[name]:
                 raise ValueError(

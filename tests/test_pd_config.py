@@ -76,6 +76,7 @@ def test_each_role_gets_the_shared_flags_its_section_and_its_mode() -> None:
         ({"disaggregation_mode": "decode"}, "disaggregation_mode: a P/D deployment sets"),
         ({"router": "least-loaded"}, "router .least-loaded.: a P/D deployment routes with"),
         ({"num_groups": 2}, "num_groups applies to a fused deployment only"),
+        ({"elastic_dp": True}, "elastic_dp applies to a fused deployment only"),
         ({"decode": {"dp_size": 9}}, "decode role: --max-num-seqs (8) must be >= --dp-size (9)"),
     ],
 )

@@ -184,6 +184,18 @@ class RankLoop:
         handoffs = scheduler.connector.take_handoffs()  # a prefill rank's, made this round
         return RoundOutcome(vote, plan, rows, view, result, events, handoffs)
 
+    def regroup(self, policy: PrefillPolicy, dp_size: int) -> None:
+        """A new membership (elastic DP): the policy starts over on the new group's rows, as
+        on a group's first round (every rank idle: round 0 is an ALL point). Called inside a
+        round's gather; the round's vote and plan stand, and ``finish`` observes the new
+        group's rows with the new policy."""
+        if tuple(policy.extra_columns) != tuple(self.policy.extra_columns):
+            raise ValueError("regroup: the policy's gather columns must not change")
+        self.policy = policy
+        self.idle_rows = [self.idle_rows[0]] * dp_size
+        self.idle_view = read_rows(self.idle_rows)
+        self.last_rows = self.idle_rows
+
     def observe_idle(self) -> None:
         """Stand in for the idle rounds a group runs while no rank has anything to do.
 

@@ -22,6 +22,7 @@ from actors.control.messages import GenerateChunk, Usage
 from actors.control.rank_loop import RoundOutcome
 from actors.replica.chunks import ChunkBuilder
 from actors.replica.kv_link import KVLink, TransferFailed, join_link
+from actors.replica.node import device_type, multinode_host
 from actors.replica.pd_messages import (
     DecodeRequest,
     LinkSpec,
@@ -29,7 +30,7 @@ from actors.replica.pd_messages import (
     SendKV,
     TransferReport,
 )
-from actors.replica.rank_replica import RankReplica, device_type, multinode_host
+from actors.replica.rank_replica import RankReplica
 from actors.server_args import DisaggregationRole
 from actors.telemetry.transfer_metrics import TransferMetrics
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from actors.control.gather import Gather, Packed, SingleRankGather
 from actors.replica.epoch_group import form_group
@@ -39,6 +40,8 @@ class ElasticGather:
         on_reform: Callable[[Epoch, str], None] = lambda epoch, reason: None,
         poll_s: float = 1.0,
         host: str | None = None,
+        on_poll: Callable[[], None] = lambda: None,
+        meeting: Any = None,
     ) -> None:
         self.store = store
         self.epoch = epoch
@@ -49,6 +52,8 @@ class ElasticGather:
         self.on_reform = on_reform
         self.poll_s = poll_s
         self.host = host
+        self.on_poll = on_poll  # e.g. the member's heartbeat, at the poll's pace
+        self.meeting = meeting  # where the current epoch's group met (``form_group``'s)
         self.reforms: Counter[str] = Counter()  # by reason: "fault", "join"
         self._gather = self._new_gather()
         self._next_poll = 0.0
@@ -73,18 +78,23 @@ class ElasticGather:
             f"group {self.epoch.group}: the gather failed through {MAX_REFORMS} re-forms"
         )
 
+    def note_joiner(self) -> None:
+        """A joiner was seen elsewhere (the idle pause): flag it in the next gather."""
+        self._joiner_seen = True
+
     def _joiner_waiting(self) -> bool:
         now = time.monotonic()
         if not self._joiner_seen and now >= self._next_poll:
             self._next_poll = now + self.poll_s
             self._joiner_seen = bool(joiners(self.store, self.epoch))
+            self.on_poll()
         return self._joiner_seen
 
     def _reform(self, reason: str) -> None:
         """Agree on the next epoch (``Fenced`` propagates: this member must restart), form
         its group and tell the rank."""
         self.epoch = next_epoch(self.store, self.epoch, self.window_s)
-        form_group(self.store, self.epoch, self.backend, self.timeout_s, self.host)
+        self.meeting = form_group(self.store, self.epoch, self.backend, self.timeout_s, self.host)
         self._gather = self._new_gather()
         self._joiner_seen = False
         self._next_poll = 0.0

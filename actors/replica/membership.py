@@ -172,10 +172,14 @@ def _key(group: str, number: int, what: str) -> str:
 
 
 class TorchStore:
-    """``MembershipStore`` over a ``torch.distributed.Store`` (File/TCP/Hash store)."""
+    """``MembershipStore`` (and ``seats.SeatStore``) over a ``torch.distributed.Store``
+    (File/TCP/Hash store)."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
+
+    def delete(self, key: str) -> None:
+        self.store.delete_key(key)
 
     def put_if_absent(self, key: str, value: str) -> str:
         return self.store.compare_set(key, "", value).decode()
@@ -202,7 +206,13 @@ class TorchStore:
 
 
 class RayKvStore:
-    """``MembershipStore`` over Ray's internal KV (the served group's rendezvous store)."""
+    """``MembershipStore`` (and ``seats.SeatStore``) over Ray's internal KV, the served
+    group's rendezvous store."""
+
+    def delete(self, key: str) -> None:
+        from ray.experimental.internal_kv import _internal_kv_del
+
+        _internal_kv_del(key.encode())
 
     def put_if_absent(self, key: str, value: str) -> str:
         from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put

@@ -18,8 +18,9 @@ from actors.control.handoff import Handoff
 from actors.control.messages import GenerateChunk, GenerateRequest, RankTarget
 from actors.control.rank_loop import RoundOutcome
 from actors.replica.kv_link import KVLink, TransferFailed, join_link
+from actors.replica.node import device_type, multinode_host
 from actors.replica.pd_messages import LinkSpec, PrefillResult, ReleaseHandoff, SendKV
-from actors.replica.rank_replica import RankReplica, device_type, multinode_host
+from actors.replica.rank_replica import RankReplica
 from actors.server_args import DisaggregationRole
 from actors.telemetry.transfer_metrics import TransferMetrics
 

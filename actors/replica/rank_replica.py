@@ -30,8 +30,11 @@ from actors.control.rank_loop import RoundOutcome
 from actors.control.request import Request
 from actors.control.round import TokenEvent
 from actors.replica.chunks import ChunkBuilder
+from actors.replica.elastic import ElasticRank
+from actors.replica.elastic_member import ElasticSpec
 from actors.replica.group_wake import STOP_CHECK_S, open_group_wake
 from actors.replica.kv_sender import KvEventSender
+from actors.replica.node import device_type, multinode_host
 from actors.replica.outbox import RoundOutbox, SendAfterGather
 from actors.server_args import ServerArgs
 from actors.telemetry import gate_log
@@ -47,34 +50,48 @@ class GroupFailure(RuntimeError):
     """The DP group can no longer run rounds (a peer died or a collective timed out)."""
 
 
+class GroupUnavailable(GroupFailure):
+    """This rank's group had failed before the request arrived: it never ran here (the
+    ingress resubmits it without charging it a rank failure, ``deployment.resume``)."""
+
+
 class RankReplica:
     """One attention-DP rank: model shard, KV pool, scheduler and gate, on one device."""
 
-    async def __init__(self, args: dict[str, Any]) -> None:
+    async def __init__(self, args: dict[str, Any], elastic: dict[str, Any] | None = None) -> None:
         from ray import serve
 
         from actors.replica import rendezvous
 
         self.args = ServerArgs(**args)  # validated here, once for this process
         _limit_threads()
-        gang = serve.get_replica_context().gang_context
-        if gang is None:
-            raise RuntimeError("RankReplica needs gang scheduling (gang_scheduling_config)")
-        self.rank, self.world_size, self.gang_id = gang.rank, gang.world_size, gang.gang_id
-        if self.world_size != self.args.dp_size:
-            raise ValueError(
-                f"gang of {self.world_size} replicas but --dp-size {self.args.dp_size}"
-            )
         timeout = self.args.collective_timeout_s
         device = device_type(self.args.device)
-        backend = "nccl" if device == "cuda" else "gloo"
-        if self.rank == 0:
-            meeting = rendezvous.choose_meeting(self.gang_id, backend, multinode_host())
-            rendezvous.publish(self.gang_id, meeting)
+        backend = self._backend = "nccl" if device == "cuda" else "gloo"
+        # Elastic DP (``actors.replica.elastic``): no gang; the group forms after the model
+        # loads, and re-forms around a dead member instead of restarting.
+        self.elastic = ElasticRank(ElasticSpec(**elastic), self) if elastic else None
+        if self.elastic is not None:
+            self.rank, self.world_size, self.gang_id = await self.elastic.take_seat()
+            self._wake = None
         else:
-            meeting = await asyncio.to_thread(rendezvous.lookup, self.gang_id, timeout)
-        await asyncio.to_thread(rendezvous.join, meeting, self.rank, self.world_size, timeout)
-        self._wake = open_group_wake(meeting.init_method, self.gang_id, self.rank, self.world_size)
+            gang = serve.get_replica_context().gang_context
+            if gang is None:
+                raise RuntimeError("RankReplica needs gang scheduling (gang_scheduling_config)")
+            self.rank, self.world_size, self.gang_id = gang.rank, gang.world_size, gang.gang_id
+            if self.world_size != self.args.dp_size:
+                raise ValueError(
+                    f"gang of {self.world_size} replicas but --dp-size {self.args.dp_size}"
+                )
+            if self.rank == 0:
+                meeting = rendezvous.choose_meeting(self.gang_id, backend, multinode_host())
+                rendezvous.publish(self.gang_id, meeting)
+            else:
+                meeting = await asyncio.to_thread(rendezvous.lookup, self.gang_id, timeout)
+            await asyncio.to_thread(rendezvous.join, meeting, self.rank, self.world_size, timeout)
+            self._wake = open_group_wake(
+                meeting.init_method, self.gang_id, self.rank, self.world_size
+            )
         # The epoch of the group pause this rank is in (None while running rounds), and the
         # last one a request woke: read and written by the engine thread and the event loop.
         self._pause_epoch = 0
@@ -112,6 +129,9 @@ class RankReplica:
             lambda: snapshot(self.metrics.set.registry),
             version=lambda: self.stats.rounds,
         )
+        if self.elastic is not None:
+            # Loaded: now start the group, or wait to be admitted to the running one.
+            await self.elastic.enter()
         self._serving.set()
         logger.info("rank %d/%d of gang %s ready", self.rank, self.world_size, self.gang_id)
 
@@ -122,6 +142,12 @@ class RankReplica:
         from actors.model.runner import ModelRunner
         from actors.replica.torch_gather import TorchGather
 
+        if self.elastic is not None:
+            runner = self._runner = self.elastic.build_runner(ModelRunner)
+            # The gather is set when the rank enters its group (``ElasticRank.enter``).
+            return EngineCore(
+                self.args, runner, rank=self.rank, gather=None, on_event=self._on_event
+            )
         runner = self._runner = ModelRunner(self.args, rank=self.rank, group=dist.group.WORLD)
         # A group of one gathers its own row: no collective per round.
         if self.world_size > 1:
@@ -197,7 +223,8 @@ class RankReplica:
             # end (kv_arrived / kv_failed) wakes it.
             if self.core.has_local_work and not self.core.waits_on_transfers:
                 self._wake.wake(epoch)
-            self._wake.wait(epoch, self._stop)
+            stop = self._stop if self.elastic is None else self.elastic.pause_stop(epoch)
+            self._wake.wait(epoch, stop)
         finally:
             self._paused_at = None
 
@@ -229,7 +256,7 @@ class RankReplica:
         """Submit ``request`` and relay its chunks (``_relay``; ``until``: an item type that
         ends the relay, e.g. a prefill rank's ``Handoff``)."""
         if self._error is not None:
-            raise self._error
+            raise GroupUnavailable(str(self._error))
         request_id = request.request_id
         if request_id in self._streams:
             # Its events would reach the live stream of that id: refuse this one alone.
@@ -336,6 +363,11 @@ class RankReplica:
             "prefix_queries": sched.prefix.num_queries,  # prompt tokens looked up, and found
             "prefix_hits": sched.prefix.num_hits,
             "error": None if self._error is None else str(self._error),
+            # Elastic DP: the group as this rank's last re-form left it (else the gang's).
+            "group_size": self.world_size,
+            "epoch": None
+            if self.elastic is None or self.elastic.gather is None
+            else self.elastic.gather.epoch.number,
             **self.stats.snapshot(),
         }
 
@@ -369,7 +401,7 @@ class RankReplica:
             self._serving.set()  # a thread still waiting to start sees the stop and ends
         if hasattr(self, "_thread"):
             self._thread.join(timeout=2 * STOP_CHECK_S)
-        if hasattr(self, "_wake"):
+        if getattr(self, "_wake", None) is not None:
             self._wake.close()
         if hasattr(self, "_pusher"):
             self._pusher.stop()
@@ -393,20 +425,3 @@ def _limit_threads() -> None:
 
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
     torch.set_num_threads(max(1, math.ceil(cpus - 1e-9)))
-
-
-def device_type(name: str) -> str:
-    """``cuda`` or ``cpu``: the device the runner will use (the backend follows from it)."""
-    from actors.model.runner import resolve_device
-
-    return resolve_device(name).type
-
-
-def multinode_host() -> str | None:
-    """rank 0's node address when the cluster spans nodes; None for a single node."""
-    import ray
-
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    if len(nodes) <= 1:
-        return None
-    return ray.util.get_node_ip_address()

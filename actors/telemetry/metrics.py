@@ -193,6 +193,18 @@ class RankMetricSet:
             (*RANK, "policy"),
             registry=r,
         )
+        # Elastic DP: the live ranks of the rank's group as this rank last re-formed it, and
+        # the re-forms it went through by why ("fault": a member died or hung; "join": a
+        # replacement came in). A degraded group shows size < its dp_size.
+        self.group_size = Gauge(
+            _n("group_size"), "Live ranks of the rank's DP group (elastic DP)", RANK, registry=r
+        )
+        self.group_reforms = Counter(
+            _n("group_reforms"),
+            "Re-forms of the rank's DP group (elastic DP)",
+            (*RANK, "reason"),
+            registry=r,
+        )
         # vLLM's prefix_cache_queries / prefix_cache_hits, in tokens: hits / queries is the
         # rank's hit rate.
         self.prefix_cache_queries = Counter(

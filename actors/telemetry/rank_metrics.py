@@ -87,6 +87,12 @@ class RankMetrics:
         """Which prefill policy the rank runs (``ServerArgs.prefill_policy_name``)."""
         self.set.prefill_policy.labels(*self._labels, name).set(1)
 
+    def note_group(self, size: int, reason: str | None) -> None:
+        """The rank's group as an elastic re-form left it (``reason`` None: its first)."""
+        self.set.group_size.labels(*self._labels).set(size)
+        if reason is not None:
+            self.set.group_reforms.labels(*self._labels, reason).inc()
+
     def note_arrival(self, request_id: str) -> None:
         self._arrivals[request_id] = time.monotonic()
 

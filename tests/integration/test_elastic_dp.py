@@ -1,0 +1,150 @@
+"""Elastic DP served for real: a killed or hung rank costs only itself.
+
+The shared deployment is redeployed with ``elastic_dp`` and a dense tiny model (an MoE model's
+experts are sharded across the group, so it keeps whole-group restart). A rank's process is
+then SIGKILLed, or SIGSTOPped, under streaming load: the streams on the other rank run to
+their end with no error and the same greedy text as an uninterrupted run, a new request is
+answered while the group is short of a rank, the group re-forms as one rank and returns to two
+when Serve's replacement joins (``/metrics``: ``roundgate_group_size`` and
+``roundgate_group_reforms_total``). The default deployment is put back after the module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from tests.integration.helpers import BackgroundStream, complete, wait_for
+
+if TYPE_CHECKING:
+    from tests.integration.conftest import Deployment
+
+pytestmark = pytest.mark.integration
+
+# Deadlines for conditions, not expectations of speed (a replacement loads its model).
+DEADLINE_S = 240.0
+STREAM = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def elastic(app: Deployment) -> Iterator[Deployment]:
+    app.deploy(model="tiny-llama", elastic_dp=True)
+    try:
+        yield app
+    finally:
+        app.deploy()
+
+
+def snapshot(app: Deployment, rank: int) -> dict[str, Any]:
+    return app.rank_call("stats_snapshot", rank)
+
+
+def group_sizes(app: Deployment) -> list[int]:
+    return [snapshot(app, r)["group_size"] for r in range(app.args["dp_size"])]
+
+
+def scrape(app: Deployment, name: str) -> list[tuple[dict[str, str], float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{app.url}/metrics", timeout=30).text
+    return [
+        (s.labels, s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    ]
+
+
+def text_of(stream: BackgroundStream) -> str:
+    return "".join(
+        c.get("text", "")
+        for e in stream.events
+        if isinstance(e, dict) and "choices" in e
+        for c in e["choices"]
+    )
+
+
+def errors_of(stream: BackgroundStream) -> list[Any]:
+    return [e for e in stream.events if isinstance(e, dict) and "error" in e]
+
+
+def run_fault(app: Deployment, fault: str) -> dict[str, Any]:
+    """Streams on both ranks, the fault on rank 1's process; returns what happened."""
+    wait_for(
+        lambda: group_sizes(app),
+        DEADLINE_S,
+        "one group of two",
+        until=lambda s: s == [2, 2],
+        errors=(Exception,),
+    )
+    victim = snapshot(app, 1)
+    survivors = [
+        BackgroundStream(app.url, prompt=[7, 8, 9 + i], dp_rank=0, **STREAM) for i in range(2)
+    ]
+    for s in survivors:
+        assert s.started.wait(60), f"a stream on rank 0 never started: {s.error}"
+    os.kill(victim["pid"], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    faulted_at = time.monotonic()
+    try:
+        # Answered while the group runs short of a rank (unpinned: the ingress routes to
+        # whichever rank serves).
+        wait_for(
+            lambda: snapshot(app, 0)["group_size"],
+            DEADLINE_S,
+            "rank 0 to re-form its group without rank 1",
+            until=lambda size: size == 1,
+        )
+        reformed_after_s = time.monotonic() - faulted_at
+        answer = complete(app.url, prompt=[3, 4, 5], max_tokens=4, dp_rank=0)
+        for s in survivors:
+            assert s.done.wait(DEADLINE_S), "a stream on the surviving rank never ended"
+    finally:
+        if fault == "hang":
+            os.kill(victim["pid"], signal.SIGCONT)  # it wakes fenced, and Serve replaces it
+    wait_for(
+        lambda: group_sizes(app),
+        DEADLINE_S,
+        "the replacement to join (both ranks in one group of two)",
+        until=lambda s: s == [2, 2],
+        errors=(Exception,),
+    )
+    return {"survivors": survivors, "answer": answer, "reformed_after_s": reformed_after_s}
+
+
+@pytest.mark.parametrize("fault", ["kill", "hang"])
+def test_a_faulted_rank_costs_only_itself(elastic: Deployment, fault: str) -> None:
+    app = elastic
+    before = {
+        labels.get("reason"): value
+        for labels, value in scrape(app, "roundgate_group_reforms_total")
+    }
+    got = run_fault(app, fault)
+    for s in got["survivors"]:
+        assert s.error is None and not errors_of(s), (s.error, errors_of(s))
+        reasons = [
+            c["finish_reason"]
+            for e in s.events
+            if isinstance(e, dict) and "choices" in e
+            for c in e["choices"]
+            if c["finish_reason"]
+        ]
+        assert reasons == ["length"]
+    assert got["answer"]["choices"][0]["text"] is not None
+    # Greedy streams that lived through the re-form say what an uninterrupted run says.
+    for i, s in enumerate(got["survivors"]):
+        again = complete(app.url, prompt=[7, 8, 9 + i], dp_rank=0, **STREAM)
+        assert text_of(s) == again["choices"][0]["text"]
+    # Both re-forms are on the record: the fault's and the replacement's join.
+    after: dict[str | None, float] = {}
+    for labels, value in scrape(app, "roundgate_group_reforms_total"):
+        after[labels.get("reason")] = after.get(labels.get("reason"), 0.0) + value
+    assert after.get("fault", 0.0) > before.get("fault", 0.0)
+    assert after.get("join", 0.0) > before.get("join", 0.0)
+    sizes = [value for _, value in scrape(app, "roundgate_group_size")]
+    assert sizes and max(sizes) == 2.0
