@@ -65,6 +65,9 @@ def local_config() -> dict[str, Any]:
     # The shared deployment swaps the real default model for the tiny preset, so the load,
     # fault and fuzz tests fit two cores; test_served_default_model.py serves local.yaml as it is.
     cfg["applications"][0]["args"]["model"] = "tiny-moe"
+    # tiny-moe shards its experts across the group, so the shared app keeps whole-group
+    # restart (the fault tests' subject); test_elastic_dp.py serves a dense model elastically.
+    cfg["applications"][0]["args"]["elastic_dp"] = False
     return cfg
 
 
@@ -110,8 +113,9 @@ REAL_MODEL = "smollm2-135m-instruct"
 def real_model(app: Deployment) -> Deployment:
     """The shared deployment with local.yaml's own model, deployed once for every module that
     needs it (``test_served_*``, which sort after the tiny-preset modules) and kept to the end
-    of the session: putting the tiny preset back then would serve nobody."""
-    app.deploy(model=REAL_MODEL)
+    of the session: putting the tiny preset back then would serve nobody. Elastic, as
+    local.yaml ships it (the model is dense)."""
+    app.deploy(model=REAL_MODEL, elastic_dp=True)
     return app
 
 
