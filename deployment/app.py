@@ -59,9 +59,13 @@ class OpenAIServer:
         self.core = Ingress(ranks, app_args, decode)
 
     @api.get("/health")
-    async def health(self) -> dict[str, str]:
-        """200 only while every rank replica passes its health checks; 503 says why."""
+    async def health(self) -> dict[str, Any]:
+        """200 only while every rank replica passes its health checks; 503 says why. An
+        elastic deployment: 200 while some rank serves, the body naming the groups short of
+        ranks (``deployment.group_health``)."""
         self.core.check_available()
+        if self.core.app_args.elastic_dp:
+            return await self.core.elastic_health()
         await self.core.check_ranks_healthy()
         return {"status": "ok"}
 

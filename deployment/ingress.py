@@ -140,6 +140,23 @@ class Ingress:
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
 
+    async def elastic_health(self) -> dict[str, Any]:
+        """An elastic deployment's ``/health`` body; 503 only when no rank replica runs."""
+        from deployment.group_health import group_sizes, health_body, running_rank_replicas
+        from deployment.request_metrics import exposition
+
+        running = await asyncio.to_thread(running_rank_replicas)
+        if running == 0:
+            raise APIError(
+                503,
+                "no rank replica is running",
+                code="ranks_unhealthy",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        sizes = group_sizes((await exposition()).decode())
+        dp = self.engine_args.dp_size
+        return health_body(sizes, dp, running, self.app_args.num_groups * dp)
+
     def check_available(self) -> None:
         if time.monotonic() < self._degraded_until:
             raise APIError(
@@ -242,7 +259,10 @@ class Ingress:
             client_request_id(),
             exc,
         )
-        self._degraded_until = time.monotonic() + RETRY_AFTER_S
+        if not self.app_args.elastic_dp:
+            # A gang restarts whole: new requests would only meet the restarting group. An
+            # elastic group serves on through a re-form, so new requests are routed as ever.
+            self._degraded_until = time.monotonic() + RETRY_AFTER_S
 
     async def _choice_stream(
         self, choices: list[Choice], message: GenerateRequest

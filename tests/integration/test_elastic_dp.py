@@ -102,6 +102,15 @@ def run_fault(app: Deployment, fault: str) -> dict[str, Any]:
         )
         reformed_after_s = time.monotonic() - faulted_at
         answer = complete(app.url, prompt=[3, 4, 5], max_tokens=4, dp_rank=0)
+        # /health stays 200 while the group serves short of a rank, and says so.
+        health = wait_for(
+            lambda: health_of(app),
+            60,
+            "/health to report the group degraded (1 of 2 ranks)",
+            until=lambda h: (
+                h[0] == 200 and [g["live"] for g in h[1].get("groups", {}).values()] == [1]
+            ),
+        )
         for s in survivors:
             assert s.done.wait(DEADLINE_S), "a stream on the surviving rank never ended"
     finally:
@@ -114,7 +123,20 @@ def run_fault(app: Deployment, fault: str) -> dict[str, Any]:
         until=lambda s: s == [2, 2],
         errors=(Exception,),
     )
-    return {"survivors": survivors, "answer": answer, "reformed_after_s": reformed_after_s}
+    healed = wait_for(
+        lambda: health_of(app), 60, "/health ok again", until=lambda h: h == (200, {"status": "ok"})
+    )
+    return {
+        "survivors": survivors,
+        "answer": answer,
+        "reformed_after_s": reformed_after_s,
+        "health": (health, healed),
+    }
+
+
+def health_of(app: Deployment) -> tuple[int, dict[str, Any]]:
+    r = httpx.get(f"{app.url}/health", timeout=30)
+    return r.status_code, r.json()
 
 
 @pytest.mark.parametrize("fault", ["kill", "hang"])

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from tests.integration.helpers import wait_until
+from tests.integration.helpers import wait_for, wait_until
 
 NUM_CLIENTS = 64
 DURATION_S = 60.0
@@ -191,8 +191,9 @@ def drained(app) -> bool:
 
 
 def test_64_streaming_clients_for_60s(app) -> None:
-    procs = rank_pids()
-    assert len(procs) == 2, procs
+    # The deployment's two rank processes; an earlier module's redeploy may still be stopping
+    # its old replicas (Serve force-kills them after the grace period), so wait for those.
+    procs = wait_for(rank_pids, 60, "the old rank replicas to exit", until=lambda p: len(p) == 2)
 
     warmup = asyncio.run(run_clients(app.url, WARMUP_S, seed=1))
     assert not failures(warmup), "warm-up: " + failures(warmup)

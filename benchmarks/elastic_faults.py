@@ -1,0 +1,181 @@
+"""A rank killed (or hung) under streaming load on a served config: what the clients see.
+
+    .venv/bin/python benchmarks/elastic_faults.py [--config deployment/configs/local.yaml]
+        [--streams 8] [--max-tokens 300] [--fault kill|hang] [--repeat 1] [--gang]
+        [--port 8300] [--json out.json]
+
+Starts a local Ray cluster on loopback, deploys the config (``--gang``: with ``elastic_dp``
+off, today's whole-gang restart, for the figures beside), and runs ``--streams`` greedy
+streams: half pinned to dp_rank 0 (the survivor), half unpinned. Once every stream has
+started it kills rank 1's process (SIGKILL; ``hang``: SIGSTOP, then SIGCONT once the group
+re-formed without it) and reports: streams that failed (an HTTP error or an error event), the
+longest gap between two tokens of a stream pinned to the survivor, seconds until rank 0's
+group is one rank (re-formed) and until it is two again (the replacement joined), and the
+streams' output tokens/s before the fault and while the group was short of a rank.
+``--repeat N`` kills N times in a row (fresh streams each time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Stream(threading.Thread):
+    """One streaming completion; the arrival time of every chunk with text."""
+
+    def __init__(self, url: str, body: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.body = url, {**body, "stream": True}
+        self.times: list[float] = []
+        self.tokens = 0
+        self.error: str | None = None
+        self.started = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        try:
+            with (
+                httpx.Client(timeout=httpx.Timeout(600, connect=10)) as client,
+                client.stream("POST", f"{self.url}/v1/completions", json=self.body) as r,
+            ):
+                if r.status_code != 200:
+                    self.error = f"HTTP {r.status_code}: {r.read()[:200]!r}"
+                    return
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        self.error = str(event["error"])[:200]
+                        return
+                    if event.get("choices") and event["choices"][0].get("text"):
+                        self.times.append(time.monotonic())
+                        self.tokens += 1
+                        self.started.set()
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"[:200]
+        finally:
+            self.started.set()
+
+
+def rank_stats(handle: Any, rank: int) -> dict[str, Any]:
+    from actors.control.messages import RankTarget
+
+    return handle.stats_snapshot.remote(RankTarget(rank)).result(timeout_s=10)
+
+
+def wait_size(handle: Any, size: int, deadline_s: float) -> float | None:
+    start = time.monotonic()
+    while time.monotonic() - start < deadline_s:
+        try:
+            if rank_stats(handle, 0)["group_size"] == size:
+                return time.monotonic() - start
+        except Exception:
+            pass
+        time.sleep(0.2)
+    return None
+
+
+def chunks_per_s(streams: list[Stream], t0: float, t1: float) -> float:
+    n = sum(1 for s in streams for t in s.times if t0 <= t < t1)
+    return n / (t1 - t0) if t1 > t0 else 0.0
+
+
+def one_fault(url: str, handle: Any, ns: argparse.Namespace, elastic: bool) -> dict[str, Any]:
+    if elastic and wait_size(handle, 2, 300) is None:
+        raise RuntimeError("the group never reached two ranks")
+    body = {"max_tokens": ns.max_tokens, "ignore_eos": True, "temperature": 0}
+    half = ns.streams // 2
+    pinned = [Stream(url, {**body, "prompt": [5, 6, 7 + i], "dp_rank": 0}) for i in range(half)]
+    free = [Stream(url, {**body, "prompt": [9, 8, 7 + i]}) for i in range(ns.streams - half)]
+    streams = pinned + free
+    for s in streams:
+        s.started.wait(120)
+    time.sleep(3.0)  # a steady window before the fault
+    victim = rank_stats(handle, 1)
+    fault_at = time.monotonic()
+    os.kill(victim["pid"], signal.SIGKILL if ns.fault == "kill" else signal.SIGSTOP)
+    reformed_s = wait_size(handle, 1, 120) if elastic else None
+    if ns.fault == "hang":
+        os.kill(victim["pid"], signal.SIGCONT)
+    rejoined_s = wait_size(handle, 2, 300) if elastic else None
+    for s in streams:
+        s.join(600)
+    degraded_end = fault_at + (rejoined_s or 0.0)
+    gaps = [b - a for s in pinned for a, b in zip(s.times, s.times[1:], strict=False)]
+    return {
+        "streams": len(streams),
+        "failed": sum(1 for s in streams if s.error),
+        "errors": sorted({s.error for s in streams if s.error}),
+        "longest_gap_survivor_s": round(max(gaps), 3) if gaps else None,
+        "reformed_after_s": None if reformed_s is None else round(reformed_s, 2),
+        "back_to_2_after_s": None if rejoined_s is None else round(rejoined_s, 2),
+        "tok_s_before": round(chunks_per_s(streams, fault_at - 3.0, fault_at), 1),
+        "tok_s_degraded": round(
+            chunks_per_s(streams, fault_at + (reformed_s or 0.0), degraded_end), 1
+        )
+        if rejoined_s
+        else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", type=Path, default=REPO / "deployment/configs/local.yaml")
+    p.add_argument("--streams", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=300)
+    p.add_argument("--fault", choices=("kill", "hang"), default="kill")
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--gang", action="store_true", help="elastic_dp off (whole-gang restart)")
+    p.add_argument("--port", type=int, default=8300)
+    p.add_argument("--json", type=Path, default=None)
+    ns = p.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    from deployment.local import deploy, load_config, shutdown, start_local_cluster, wait_ready
+
+    cfg = load_config(ns.config)
+    cfg["http_options"]["port"] = ns.port
+    elastic = not ns.gang and bool(cfg["applications"][0]["args"].get("elastic_dp"))
+    start_local_cluster()
+    import ray
+    from ray import serve
+
+    try:
+        deploy(cfg, {"elastic_dp": elastic})
+        url = f"http://127.0.0.1:{ns.port}"
+        wait_ready(url)
+        handle = serve.get_deployment_handle("RankReplica", app_name="roundgate")
+        runs = []
+        for i in range(ns.repeat):
+            run = one_fault(url, handle, ns, elastic)
+            print(f"fault {i + 1}/{ns.repeat}: {json.dumps(run)}", flush=True)
+            runs.append(run)
+            if not elastic:
+                time.sleep(15)  # the gang restarts
+        if ns.json:
+            ns.json.write_text(
+                json.dumps(
+                    {"args": vars(ns) | {"config": str(ns.config)}, "runs": runs},
+                    indent=1,
+                    default=str,
+                )
+            )
+    finally:
+        shutdown(serve, ray)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""``/health`` of an elastic deployment: 200 while some group can serve, naming the degraded.
+
+A gang deployment is healthy only when every rank is (one dead rank stops its whole group). An
+elastic group serves on with fewer ranks while Serve replaces the lost one, so its ``/health``
+stays 200 then, and its body says which groups run short (live ranks / expected, from the
+ranks' ``roundgate_group_size``); it answers 503 only when no rank replica is running at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+SIZE_SERIES = "roundgate_group_size"
+
+
+def group_sizes(exposition: str) -> dict[str, int]:
+    """Each group's live ranks: the smallest size any of its ranks reports (a rank that was
+    left out of the last re-form may still report the old, larger group for a moment)."""
+    sizes: dict[str, int] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == SIZE_SERIES:
+                group = sample.labels.get("group", "")
+                size = int(sample.value)
+                sizes[group] = min(size, sizes.get(group, size))
+    return sizes
+
+
+def health_body(sizes: dict[str, int], dp_size: int, running: int, expected: int) -> dict[str, Any]:
+    """``{"status": "ok"}``, or ``"degraded"`` with the groups short of ranks and the rank
+    replicas Serve runs against those it should."""
+    short = {g: {"live": n, "expected": dp_size} for g, n in sorted(sizes.items()) if n < dp_size}
+    if not short and running >= expected:
+        return {"status": "ok"}
+    return {
+        "status": "degraded",
+        "groups": short,
+        "rank_replicas": {"running": running, "expected": expected},
+    }
+
+
+def running_rank_replicas() -> int:
+    """Rank replicas of the fused deployment Serve reports running."""
+    from ray import serve
+
+    for app in serve.status().applications.values():
+        ranks = app.deployments.get("RankReplica")
+        if ranks is not None:
+            states = {
+                str(getattr(state, "value", state)): n for state, n in ranks.replica_states.items()
+            }
+            return states.get("RUNNING", 0)
+    return 0
