@@ -10,6 +10,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
 from dashboards.panels import (
+    GROUP,
     MODEL,
     RANK,
     Panel,
@@ -196,6 +197,43 @@ def _transfer() -> list[Panel]:
     ]
 
 
+def _faults() -> list[Panel]:
+    return [
+        graph(
+            "DP group size (elastic DP)",
+            "Live ranks of each group as its last re-form left it (the smallest any of its "
+            "ranks reports); below dp_size the group serves degraded while Serve replaces the "
+            "lost rank.",
+            [(f"min by (group) (roundgate_group_size{{{GROUP}}})", "{{group}}")],
+            unit="none",
+        ),
+        graph(
+            "Group re-forms",
+            "Re-forms per second by reason: fault (a rank died or hung) or join (a "
+            "replacement came in), as each rank counts them.",
+            [
+                (
+                    rate("roundgate_group_reforms_total", RANK, "group, reason"),
+                    "{{group}} {{reason}}",
+                )
+            ],
+            unit="cps",
+        ),
+        graph(
+            "Requests resumed after a rank loss",
+            "Rank requests that went on on a live rank: rerouted (before the first token) or "
+            "continued (a continuation of the tokens already streamed).",
+            [
+                (
+                    rate("roundgate_requests_resumed_total", MODEL, "model, kind"),
+                    "{{model}} {{kind}}",
+                )
+            ],
+            unit="reqps",
+        ),
+    ]
+
+
 def build() -> Dashboard:
     """The serving dashboard builder."""
     return dashboard(
@@ -207,5 +245,6 @@ def build() -> Dashboard:
             ("Capacity", _capacity()),
             ("Throughput", _throughput()),
             ("P/D transfer", _transfer()),
+            ("Faults", _faults()),
         ],
     )

@@ -117,3 +117,24 @@ def test_groups_do_not_see_each_others_epochs(store: TorchStore) -> None:
 def test_an_unadmitted_joiner_times_out_naming_the_epoch(store: TorchStore) -> None:
     with pytest.raises(TimeoutError, match="epoch 1 not decided"):
         wait_admitted(store, "g", 1, "d", timeout_s=0.1)
+
+
+def test_a_group_whose_members_all_died_is_taken_over_by_its_joiner(store: TorchStore) -> None:
+    """Its only member died at its first round (it never admitted anyone): a replacement
+    would wait for ever; once the member's heartbeat is stale, the joiner forms the next
+    epoch itself. While the member still beats, the joiner waits and times out instead."""
+    from actors.replica import seats
+    from actors.replica.elastic_member import ElasticSpec, enter, group_id
+
+    spec = ElasticSpec("dep", num_groups=1)
+    group = group_id(spec, 0)
+    first_epoch(store, group, "dead", ["dead"])
+    seats.beat(store, "dep", "dead", now=0.0)  # long ago
+    seat = seats.claim(store, "dep", 1, 2, "new")
+    epoch = enter(store, spec, seat, "new", timeout_s=10.0, stale_s=30.0, poll_s=0.05)
+    assert epoch == Epoch(group, 1, ("new",), "new")
+    # A live member (it beats) is waited for: no takeover, a timeout naming the epoch.
+    first_epoch(store, "dep-g9", "alive", ["alive"])
+    seats.beat(store, "dep", "alive")
+    with pytest.raises(TimeoutError, match="epoch 1 not decided"):
+        enter(store, ElasticSpec("dep", 10), seats.Seat(9, 1), "other", 0.3, 30.0, 0.05)

@@ -162,3 +162,29 @@ def test_each_rank_reports_its_weight_path() -> None:
         if name == "roundgate_rank_weight_path"
     }
     assert series == {("0", "packed"): 1.0, ("1", "float"): 1.0}
+
+
+def test_an_elastic_rank_reads_its_own_row_at_its_place_in_the_epoch() -> None:
+    """Seat 1 alone in its group (the first to load started it) is row 0 of one-row rounds;
+    its series keep dp_rank 1 and the group's size and re-forms are recorded."""
+    (loop,) = make_loops(make_args(1, num_kv_pages=64))
+    rec = RankMetrics("g0", "tiny-llama", 1)
+    rec.note_group(1, None, row_rank=0)
+    loop.scheduler.add_request(make_request("a", prompt_len=6, max_tokens=4, token=1))
+    for i in range(6):
+        rows = [loop.begin()]
+        outcome = loop.finish(rows)
+        rec.observe(outcome, loop.scheduler, replace(PARTS, gathered_at=i * ROUND_S), 0)
+    rec.note_group(2, "join", row_rank=1)
+    vals = values(render(merge([snapshot(rec.set.registry)])).decode())
+    labels = (("dp_rank", "1"), ("group", "g0"), ("model", "tiny-llama"))
+    assert vals[("roundgate_group_size", labels)] == 2
+    assert (
+        vals[
+            (
+                "roundgate_group_reforms_total",
+                (*labels[:2], ("model", "tiny-llama"), ("reason", "join")),
+            )
+        ]
+        == 1
+    )

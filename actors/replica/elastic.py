@@ -132,7 +132,8 @@ class ElasticRank:
         replica._pause_epoch, replica._woken = 0, -1  # the new group counts pauses afresh
         if old is not None:
             old.close()
-        replica.metrics.note_group(epoch.world_size, reason)
+        replica.row_rank = epoch.rank
+        replica.metrics.note_group(epoch.world_size, reason, epoch.rank)
         if epoch.rank == 0 and self.seat is not None:
             seats.release_departed(
                 self.store,

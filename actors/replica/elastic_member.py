@@ -19,8 +19,12 @@ from actors.replica.membership import (
     Fenced,
     MembershipStore,
     current_number,
+    decide,
+    decided_members,
     first_epoch,
     join_request,
+    order,
+    registered,
     wait_admitted,
 )
 
@@ -45,9 +49,16 @@ def enter(
     seat: seats.Seat,
     me: str,
     timeout_s: float,
+    stale_s: float = 30.0,
+    poll_s: float = 1.0,
 ) -> Epoch:
     """Start the seat's group or be admitted to it; ``TimeoutError`` when the members do not
-    admit this replica within ``timeout_s``."""
+    admit this replica within ``timeout_s``.
+
+    A group whose every member has stopped saying it is alive for ``stale_s`` (all died, for
+    example at their first round) admits nobody: the joiners then form its next epoch among
+    themselves, as its members would have.
+    """
     group = group_id(spec, seat.group)
     try:
         return first_epoch(store, group, me, [me])
@@ -55,10 +66,23 @@ def enter(
         pass  # the group runs already: join it
     deadline = time.monotonic() + timeout_s
     number = current_number(store, group) + 1
+    join_request(store, group, number, me)
     while True:
-        join_request(store, group, number, me)
         try:
-            return wait_admitted(store, group, number, me, max(0.0, deadline - time.monotonic()))
+            return wait_admitted(store, group, number, me, poll_s)
         except Fenced:
             # That epoch formed without us (decided before our request was seen): the next.
             number = current_number(store, group, number) + 1
+            join_request(store, group, number, me)
+            continue
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                raise
+        members = decided_members(store, group, number - 1)
+        now = time.time()
+        if members and not any(
+            seats.alive(store, spec.deployment, m, stale_s, now) for m in members
+        ):
+            # Nobody is left to admit us: decide the epoch with whoever registered for it.
+            proposal = order(members, registered(store, group, number))
+            decide(store, group, number, proposal)

@@ -163,8 +163,23 @@ def _epoch(group: str, number: int, decided: str, me: str) -> Epoch:
     return Epoch(group, number, members, me)
 
 
-def _registered(store: MembershipStore, group: str, number: int) -> list[str]:
+def registered(store: MembershipStore, group: str, number: int) -> list[str]:
+    """Who registered for epoch ``number``, in order."""
     return store.items(_key(group, number, "join"))
+
+
+def decided_members(store: MembershipStore, group: str, number: int) -> list[str]:
+    """Epoch ``number``'s members, or [] while it is undecided."""
+    value = store.get(_key(group, number, "members"))
+    return [] if value is None else list(json.loads(value))
+
+
+def decide(store: MembershipStore, group: str, number: int, members: Sequence[str]) -> None:
+    """Propose epoch ``number``'s members (the first proposal stands)."""
+    store.put_if_absent(_key(group, number, "members"), json.dumps(list(members)))
+
+
+_registered = registered
 
 
 def _key(group: str, number: int, what: str) -> str:

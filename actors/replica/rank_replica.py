@@ -73,12 +73,14 @@ class RankReplica:
         self.elastic = ElasticRank(ElasticSpec(**elastic), self) if elastic else None
         if self.elastic is not None:
             self.rank, self.world_size, self.gang_id = await self.elastic.take_seat()
+            self.row_rank = 0  # its place in the rows: set when it enters its group
             self._wake = None
         else:
             gang = serve.get_replica_context().gang_context
             if gang is None:
                 raise RuntimeError("RankReplica needs gang scheduling (gang_scheduling_config)")
             self.rank, self.world_size, self.gang_id = gang.rank, gang.world_size, gang.gang_id
+            self.row_rank = self.rank  # its place in the gathered rows
             if self.world_size != self.args.dp_size:
                 raise ValueError(
                     f"gang of {self.world_size} replicas but --dp-size {self.args.dp_size}"
@@ -197,7 +199,7 @@ class RankReplica:
                     self._outbox.send()
                     self._pause()
                 else:  # alone with work: held for the next gather (outbox.py says why)
-                    self._outbox.end_round(outcome.rows, self.rank)
+                    self._outbox.end_round(outcome.rows, self.row_rank)
             self._outbox.send()
         except BaseException as exc:  # a dead peer or a timed-out collective ends the group
             self._error = GroupFailure(f"rank {self.rank}: DP group failed: {exc}")

@@ -31,6 +31,9 @@ class RankMetrics:
     def __init__(self, group: str, model: str, rank: int, metrics: RankMetricSet | None = None):
         self.set = metrics or RankMetricSet()
         self.rank = rank
+        # This rank's place in the gathered rows: ``rank`` in a gang; in an elastic group its
+        # place in the current epoch, which a re-form changes (``note_group``).
+        self.row_rank = rank
         s, g, r = self.set, (group, model), (group, model, str(rank))
         self._labels = r
         self.is_group_exporter = rank == 0
@@ -87,8 +90,10 @@ class RankMetrics:
         """Which prefill policy the rank runs (``ServerArgs.prefill_policy_name``)."""
         self.set.prefill_policy.labels(*self._labels, name).set(1)
 
-    def note_group(self, size: int, reason: str | None) -> None:
-        """The rank's group as an elastic re-form left it (``reason`` None: its first)."""
+    def note_group(self, size: int, reason: str | None, row_rank: int) -> None:
+        """The rank's group as an elastic re-form left it (``reason`` None: its first), and
+        the rank's place in the new group's rows."""
+        self.row_rank = row_rank
         self.set.group_size.labels(*self._labels).set(size)
         if reason is not None:
             self.set.group_reforms.labels(*self._labels, reason).inc()
@@ -119,7 +124,7 @@ class RankMetrics:
             if rounds_since_prefill is not None:
                 self._since.set(rounds_since_prefill)
             self._regime.observe(outcome, parts.gathered_at, scheduler.args.max_scheduled_tokens)
-        mine = rows[self.rank]
+        mine = rows[self.row_rank]
         self._wants.set(int(mine.wants_prefill))
         self._decodes.set(int(mine.has_decode_work))
         self._running.set(len(scheduler.queues.running))
