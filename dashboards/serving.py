@@ -10,7 +10,6 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
 from dashboards.panels import (
-    GROUP,
     MODEL,
     RANK,
     Panel,
@@ -204,7 +203,7 @@ def _faults() -> list[Panel]:
             "Live ranks of each group as its last re-form left it (the smallest any of its "
             "ranks reports); below dp_size the group serves degraded while Serve replaces the "
             "lost rank.",
-            [(f"min by (group) (roundgate_group_size{{{GROUP}}})", "{{group}}")],
+            [(f"min by (group) (roundgate_group_size{{{RANK}}})", "{{group}}")],
             unit="none",
         ),
         graph(

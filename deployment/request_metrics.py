@@ -6,8 +6,6 @@ import time
 import uuid
 from typing import Any
 
-from prometheus_client import Counter
-
 from actors.telemetry.metrics import RequestMetricSet
 from actors.telemetry.metrics_hub import Pusher, get_hub, snapshot
 
@@ -55,17 +53,6 @@ class RequestRecorder:
         self.prompt_tokens = s.prompt_tokens.labels(model)
         self.generation_tokens = s.generation_tokens.labels(model)
         self._model = model
-        # Rank requests that went on after their rank was lost (``deployment.resume``), counted
-        # when the resumed attempt's first chunk arrives, by kind: ``rerouted`` (no token yet,
-        # the request whole) or ``continued`` (a sequence with tokens already streamed).
-        self.requests_resumed = Counter(
-            "roundgate_requests_resumed",
-            "Rank requests resumed on a live rank after their rank was lost, by kind "
-            "(rerouted: before the first token; continued: as a continuation of the tokens "
-            "streamed)",
-            ("model", "kind"),
-            registry=s.registry,
-        )
         self._pusher = Pusher(f"ingress:{uuid.uuid4().hex[:12]}", lambda: snapshot(s.registry))
 
     def pd_transfer(self, decode_wait_s: float, transfer_s: float) -> None:
@@ -75,7 +62,7 @@ class RequestRecorder:
 
     def resumed(self, kind: str) -> None:
         """One rank request resumed after a rank loss (``rerouted`` or ``continued``)."""
-        self.requests_resumed.labels(self._model, kind).inc()
+        self.set.requests_resumed.labels(self._model, kind).inc()
 
     def finished_by(self, reason: str) -> Any:
         return self.set.finished.labels(self._model, reason)

@@ -62,7 +62,7 @@ def uninterrupted(**body: Any) -> tuple[list, list]:
 
 
 def resumed_count(core: Ingress, kind: str) -> float:
-    return core.metrics.requests_resumed.labels(core.model_name, kind)._value.get()
+    return core.metrics.set.requests_resumed.labels(core.model_name, kind)._value.get()
 
 
 @pytest.mark.parametrize("loss", list(LOSSES))

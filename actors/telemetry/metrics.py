@@ -375,3 +375,14 @@ class RequestMetricSet:
             (*labels, "finish_reason"),
             registry=r,
         )
+        # Rank requests that went on after their rank was lost (``deployment.resume``), counted
+        # when the resumed attempt's first chunk arrives, by kind: ``rerouted`` (no token yet,
+        # the request whole) or ``continued`` (a sequence with tokens already streamed).
+        self.requests_resumed = Counter(
+            _n("requests_resumed"),
+            "Rank requests resumed on a live rank after their rank was lost, by kind "
+            "(rerouted: before the first token; continued: as a continuation of the tokens "
+            "streamed)",
+            (*labels, "kind"),
+            registry=r,
+        )
