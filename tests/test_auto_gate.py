@@ -85,32 +85,30 @@ def test_the_gate_learns_round_costs_from_the_shared_clock() -> None:
     assert gate.cost.step_ms(2000) == pytest.approx(20.0 + 0.15 * 2000, rel=1e-3)
 
 
-def test_steady_backlog_opens_every_third_round() -> None:
-    """Two decode rounds per window: a rank that always wants prefill (the other never)."""
-    gate, t = learned()
+def backlog_rounds(gate: AutoGate, t: int, rounds: int) -> list[bool]:
+    """``rounds`` rounds of one rank always holding a prompt (the other only decoding), the
+    prompt extended whenever the gate opens; the votes."""
     opened = []
-    for _ in range(20):
+    for _ in range(rounds):
         vote = gate.vote([auto_row(True, head=1, now=t), auto_row(False, now=t)])
         tokens = 200 if vote.open else 0
         rows = [auto_row(True, extend_tokens=tokens, head=1, now=t), auto_row(False, now=t)]
         gate.observe(rows, read_rows(rows))
         opened.append(vote.open)
         t += DECODE_MS
+    return opened
+
+
+def test_steady_backlog_opens_every_third_round() -> None:
+    """Two decode rounds per window: a rank that always wants prefill (the other never)."""
+    opened = backlog_rounds(*learned(), 20)
     at = [i for i, o in enumerate(opened) if o]
     # Once the banked credit is spent, one window every third round.
     assert [b - a for a, b in itertools.pairwise(at)][-3:] == [3, 3, 3]
 
 
 def test_banked_credit_lets_a_burst_in_sooner_but_never_back_to_back() -> None:
-    gate, t = learned()  # quiet for a while: credit for two windows is banked
-    opened = []
-    for _ in range(10):
-        vote = gate.vote([auto_row(True, head=1, now=t), auto_row(False, now=t)])
-        tokens = 200 if vote.open else 0
-        rows = [auto_row(True, extend_tokens=tokens, head=1, now=t), auto_row(False, now=t)]
-        gate.observe(rows, read_rows(rows))
-        opened.append(vote.open)
-        t += DECODE_MS
+    opened = backlog_rounds(*learned(), 10)  # after a quiet spell: two windows banked
     # Every other round while the credit lasts, then the pace of one window in three.
     assert opened == [True, False, True, False, True, False, True, False, False, True]
 

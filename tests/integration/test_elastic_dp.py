@@ -74,15 +74,16 @@ def errors_of(stream: BackgroundStream) -> list[Any]:
     return [e for e in stream.events if isinstance(e, dict) and "error" in e]
 
 
+def wait_whole(app: Deployment, what: str) -> None:
+    """Until both ranks say they are in one group of two (a dead rank's call errors)."""
+    wait_for(
+        lambda: group_sizes(app), DEADLINE_S, what, until=lambda s: s == [2, 2], errors=(Exception,)
+    )
+
+
 def run_fault(app: Deployment, fault: str) -> dict[str, Any]:
     """Streams on both ranks, the fault on rank 1's process; returns what happened."""
-    wait_for(
-        lambda: group_sizes(app),
-        DEADLINE_S,
-        "one group of two",
-        until=lambda s: s == [2, 2],
-        errors=(Exception,),
-    )
+    wait_whole(app, "one group of two")
     victim = snapshot(app, 1)
     survivors = [
         BackgroundStream(app.url, prompt=[7, 8, 9 + i], dp_rank=0, **STREAM) for i in range(2)
@@ -116,13 +117,7 @@ def run_fault(app: Deployment, fault: str) -> dict[str, Any]:
     finally:
         if fault == "hang":
             os.kill(victim["pid"], signal.SIGCONT)  # it wakes fenced, and Serve replaces it
-    wait_for(
-        lambda: group_sizes(app),
-        DEADLINE_S,
-        "the replacement to join (both ranks in one group of two)",
-        until=lambda s: s == [2, 2],
-        errors=(Exception,),
-    )
+    wait_whole(app, "the replacement to join (both ranks in one group of two)")
     healed = wait_for(
         lambda: health_of(app), 60, "/health ok again", until=lambda h: h == (200, {"status": "ok"})
     )
