@@ -125,6 +125,12 @@ def predict(
             spec = replay_spec(priced, report["workload"], report["configs"][policy], policy)
             sim = summarize(simulate(spec))
             seen = in_fit(path, policy)
+            superseded = report.get("superseded", {}).get(policy)
             for row in compare(live, sim):
+                if superseded:
+                    # The run is of a policy this build has replaced under the same name
+                    # (the report says which and why): today's is replayed and shown, but
+                    # not held to the old run's figures.
+                    row = {**row, "checked": False, "superseded": superseded}
                 table.append({"bench": path.name, "policy": policy, "fitted": seen, **row})
     return costs, table

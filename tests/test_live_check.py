@@ -36,8 +36,12 @@ SCRAPES = [DOCS / "scrapes" / "below", DOCS / "scrapes" / "past"]
 def test_live_runs_are_predicted_within_tolerance(fit_from, tmp_path: Path) -> None:
     costs, rows = predict(BENCHES, SCRAPES, fit_from, tmp_path / "costs.json")
     checked = [r for r in rows if r["checked"]]
-    # 2 loads x 4 policies x (TTFT p50, ITL p50).
-    assert len(checked) == 16
+    # 2 loads x 3 policies x (TTFT p50, ITL p50): the roundgate-auto runs are of the gate
+    # before issue 37's redesign, replayed and shown but not held to (the reports say so).
+    assert len(checked) == 12
+    superseded = [r for r in rows if r.get("superseded")]
+    assert {r["policy"] for r in superseded} == {"roundgate-auto"} and len(superseded) == 8
+    assert not any(r["checked"] for r in superseded)
     assert {r["policy"] for r in checked} >= {"roundgate", "none"}
     for row in checked:
         assert abs(row["error"]) <= TOLERANCE, row
@@ -52,7 +56,7 @@ def test_a_fit_on_one_load_predicts_the_other_loads_ttft_not_its_itl(tmp_path: P
     # the light load's price over-charges the heavier batches (docs/simulator.md).
     _, rows = predict(BENCHES, SCRAPES, None, tmp_path / "costs.json", {"live_below.json"})
     predicted = [r for r in rows if r["checked"] and not r["fitted"]]
-    assert {r["bench"] for r in predicted} == {"live_past.json"} and len(predicted) == 8
+    assert {r["bench"] for r in predicted} == {"live_past.json"} and len(predicted) == 6
     for row in predicted:
         if row["figure"] == "TTFT p50":
             assert abs(row["error"]) <= TOLERANCE, row
