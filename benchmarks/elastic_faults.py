@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/elastic_faults.py [--config deployment/configs/local.yaml]
         [--streams 8] [--max-tokens 300] [--fault kill|hang] [--repeat 1] [--gang]
         [--port 8300] [--json out.json]
+    .venv/bin/python benchmarks/elastic_faults.py --config deployment/configs/pd.yaml \
+        --pd-role decode|prefill [--streams 8] [--max-tokens 300]
 
 Starts a local Ray cluster on loopback, deploys the config (``--gang``: with ``elastic_dp``
 off, today's whole-gang restart, for the figures beside), and runs ``--streams`` greedy
@@ -13,6 +15,11 @@ longest gap between two tokens of a stream pinned to the survivor, seconds until
 group is one rank (re-formed) and until it is two again (the replacement joined), and the
 streams' output tokens/s before the fault and while the group was short of a rank.
 ``--repeat N`` kills N times in a row (fresh streams each time).
+
+With a P/D config, ``--pd-role`` names the role whose rank 0 is killed (SIGKILL) once every
+stream (all unpinned: P/D routes each request itself) has started; the role restarts alone
+and rejoins the P/D link. Reported: streams that failed, the longest gap between two tokens of
+any stream, seconds until the role runs a new process and until a new request is answered.
 """
 
 from __future__ import annotations
@@ -131,6 +138,50 @@ def one_fault(url: str, handle: Any, ns: argparse.Namespace, elastic: bool) -> d
     }
 
 
+def pd_fault(url: str, ns: argparse.Namespace) -> dict[str, Any]:
+    from ray import serve
+
+    handle = serve.get_deployment_handle(f"{ns.pd_role.capitalize()}Rank", app_name="roundgate")
+    body = {"max_tokens": ns.max_tokens, "ignore_eos": True, "temperature": 0}
+    streams = [Stream(url, {**body, "prompt": [9, 8, 7 + i]}) for i in range(ns.streams)]
+    for s in streams:
+        s.started.wait(120)
+    time.sleep(3.0)  # a steady window before the fault
+    victim = rank_stats(handle, 0)
+    fault_at = time.monotonic()
+    os.kill(victim["pid"], signal.SIGKILL)
+    restarted_s = answered_s = None
+    while time.monotonic() - fault_at < 300 and answered_s is None:
+        if restarted_s is None:
+            try:
+                if rank_stats(handle, 0)["pid"] != victim["pid"]:
+                    restarted_s = time.monotonic() - fault_at
+            except Exception:
+                pass
+        try:
+            r = httpx.post(
+                f"{url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 1}, timeout=30
+            )
+            if r.status_code == 200:
+                answered_s = time.monotonic() - fault_at
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    for s in streams:
+        s.join(600)
+    gaps = [b - a for s in streams for a, b in zip(s.times, s.times[1:], strict=False)]
+    return {
+        "role": ns.pd_role,
+        "streams": len(streams),
+        "failed": sum(1 for s in streams if s.error),
+        "errors": sorted({s.error for s in streams if s.error}),
+        "longest_gap_s": round(max(gaps), 3) if gaps else None,
+        "new_process_after_s": None if restarted_s is None else round(restarted_s, 2),
+        "new_request_answered_after_s": None if answered_s is None else round(answered_s, 2),
+        "tok_s_before": round(chunks_per_s(streams, fault_at - 3.0, fault_at), 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, default=REPO / "deployment/configs/local.yaml")
@@ -141,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gang", action="store_true", help="elastic_dp off (whole-gang restart)")
     p.add_argument("--port", type=int, default=8300)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--pd-role", choices=("prefill", "decode"), default=None, help="P/D: the role to kill"
+    )
     ns = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
     from deployment.local import deploy, load_config, shutdown, start_local_cluster, wait_ready
@@ -148,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(ns.config)
     cfg["http_options"]["port"] = ns.port
     elastic = not ns.gang and bool(cfg["applications"][0]["args"].get("elastic_dp"))
+    if ns.pd_role and "prefill" not in cfg["applications"][0]["args"]:
+        p.error(f"--pd-role needs a P/D config; {ns.config} has no prefill section")
     start_local_cluster()
     import ray
     from ray import serve
@@ -156,13 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         deploy(cfg, {"elastic_dp": elastic})
         url = f"http://127.0.0.1:{ns.port}"
         wait_ready(url)
-        handle = serve.get_deployment_handle("RankReplica", app_name="roundgate")
+        handle = None if ns.pd_role else serve.get_deployment_handle("RankReplica", "roundgate")
         runs = []
         for i in range(ns.repeat):
-            run = one_fault(url, handle, ns, elastic)
+            run = pd_fault(url, ns) if ns.pd_role else one_fault(url, handle, ns, elastic)
             print(f"fault {i + 1}/{ns.repeat}: {json.dumps(run)}", flush=True)
             runs.append(run)
-            if not elastic:
+            if not elastic and not ns.pd_role:
                 time.sleep(15)  # the gang restarts
         if ns.json:
             ns.json.write_text(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,7 +17,7 @@ def _serve(ns: argparse.Namespace) -> int:
     from deployment.local import serve_forever
 
     try:
-        return serve_forever(ns.config)
+        return serve_forever(ns.config, address=ns.address or os.environ.get("RAY_ADDRESS"))
     except ValueError as exc:
         ns.parser.error(str(exc))
         return 2
@@ -33,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=DEFAULT_CONFIG,
         help="a `serve run` config (default: deployment/configs/local.yaml)",
+    )
+    serve.add_argument(
+        "--address",
+        default=None,
+        help="join this running Ray cluster (host:port of its head; default $RAY_ADDRESS) "
+        "instead of starting a local one; stopping removes only the app",
     )
     serve.set_defaults(func=_serve, parser=serve)
     bench_cli.add_parser(sub)

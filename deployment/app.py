@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from ray import serve
 from ray.serve import Application
-from ray.serve.config import GangSchedulingConfig, RequestRouterConfig
+from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from actors.replica.rank_replica import RankReplica
@@ -57,6 +57,11 @@ class OpenAIServer:
         decode: DeploymentHandle | None = None,
     ) -> None:
         self.core = Ingress(ranks, app_args, decode)
+
+    def __del__(self) -> None:
+        """Serve's shutdown hook (a replaced or scaled-down replica)."""
+        if hasattr(self, "core"):
+            self.core.metrics.close()
 
     @api.get("/health")
     async def health(self) -> dict[str, Any]:
@@ -169,11 +174,6 @@ def build_app(args: dict[str, Any]) -> Application:
     router_kwargs = cfg.router_kwargs()
     # Elastic DP: plain replicas (Serve replaces a dead one alone), seats and epochs from the
     # rendezvous store, a fresh id per deploy so no replica meets the last deploy's seats.
-    gang = (
-        {}
-        if cfg.elastic_dp
-        else {"gang_scheduling_config": GangSchedulingConfig(gang_size=engine.dp_size)}
-    )
     elastic = (
         {
             "deployment": uuid.uuid4().hex[:12],
@@ -188,8 +188,10 @@ def build_app(args: dict[str, Any]) -> Application:
         name="RankReplica",
         num_replicas=cfg.num_groups * engine.dp_size,
         max_ongoing_requests=cfg.max_ongoing_requests,
-        ray_actor_options={"num_cpus": cfg.num_cpus_per_rank, "num_gpus": cfg.num_gpus_per_rank},
-        **gang,
+        ray_actor_options=cfg.rank_actor_options(
+            cfg.num_cpus_per_rank, cfg.num_gpus_per_rank, cfg.resources_per_rank
+        ),
+        **cfg.placement(engine.dp_size, cfg.elastic_dp),
         request_router_config=RequestRouterConfig(
             request_router_class=ROUTER_CLASSES[cfg.router],
             request_router_kwargs=router_kwargs,

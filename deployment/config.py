@@ -81,6 +81,16 @@ class AppArgs(RouterArgs):
     max_grammar_ebnf_chars: int = Field(_GRAMMAR.max_grammar_ebnf_chars, ge=1)
     num_cpus_per_rank: float = Field(1.0, gt=0)
     num_gpus_per_rank: float = Field(0.0, ge=0)
+    resources_per_rank: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray custom resources each rank needs (a node label such as "
+        "{node_a: 0.1} places ranks on the nodes that offer it)",
+    )
+    gang_placement: Literal["pack", "spread"] = Field(
+        "pack",
+        description="where a group's ranks go: pack (as few nodes as fit, NVLink-close) or "
+        "spread (one rank a node where possible: a node's loss costs each group one rank)",
+    )
     max_ongoing_requests: int = Field(1024, ge=1)
     ingress_replicas: int = Field(1, ge=1)
     elastic_dp: bool = Field(
@@ -123,6 +133,7 @@ class AppArgs(RouterArgs):
         except TypeError as exc:
             raise ValueError(f"bad engine arguments: {exc}") from exc
         self._server_args = args
+        _check_resources("resources_per_rank", self.resources_per_rank)
         if self.prefill is not None or self.decode is not None:
             self._check_pd()
         # Under P/D each role's router reads its settings (the prefill one takes the prompts
@@ -147,6 +158,8 @@ class AppArgs(RouterArgs):
         given = self.router if "router" in self.model_fields_set else None
         self._role_routers = registry.pd_role_routers(given, key)
         roles = {role: getattr(self, role) for role in ROLES}
+        for role, section in roles.items():
+            _check_resources(f"{role}.resources_per_rank", section.resources_per_rank or {})
         self._role_args = role_server_args(self.engine, roles)
 
     @property
@@ -158,15 +171,54 @@ class AppArgs(RouterArgs):
         """A P/D role's ``ServerArgs`` (shared flags, the section's, its mode)."""
         return self._role_args[role]
 
-    def role_resources(self, role: str) -> tuple[float, float]:
-        """A P/D role's CPUs and GPUs per rank (the section's, else the shared ones)."""
+    def role_resources(self, role: str) -> tuple[float, float, dict[str, float]]:
+        """A P/D role's CPUs, GPUs and custom resources per rank (the section's, else the
+        shared ones)."""
         section = getattr(self, role)
         cpus = section.num_cpus_per_rank
         gpus = section.num_gpus_per_rank
+        custom = section.resources_per_rank
         return (
             self.num_cpus_per_rank if cpus is None else cpus,
             self.num_gpus_per_rank if gpus is None else gpus,
+            self.resources_per_rank if custom is None else custom,
         )
+
+    @staticmethod
+    def rank_actor_options(cpus: float, gpus: float, custom: dict[str, float]) -> dict[str, Any]:
+        """A rank replica's ``ray_actor_options``."""
+        options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus}
+        if custom:
+            options["resources"] = dict(custom)
+        return options
+
+    def placement(self, dp_size: int, elastic: bool) -> dict[str, Any]:
+        """The rank deployment's placement options for ``gang_placement``.
+
+        A gang takes Serve's gang strategy (PACK or SPREAD over the gang's bundles). Elastic
+        ranks are plain replicas with no per-group placement in Serve, so ``spread`` caps each
+        node at ``num_groups`` rank replicas: with one group no two ranks share a node (a
+        node's loss costs it one rank, and its replacement waits for a node); with more, a
+        node holds at most ``num_groups`` ranks, not necessarily of different groups.
+        """
+        from ray.serve.config import GangPlacementStrategy, GangSchedulingConfig
+
+        if elastic:
+            return (
+                {"max_replicas_per_node": self.num_groups}
+                if self.gang_placement == "spread"
+                else {}
+            )
+        strategy = (
+            GangPlacementStrategy.SPREAD
+            if self.gang_placement == "spread"
+            else GangPlacementStrategy.PACK
+        )
+        return {
+            "gang_scheduling_config": GangSchedulingConfig(
+                gang_size=dp_size, gang_placement_strategy=strategy
+            )
+        }
 
     def server_args(self) -> ServerArgs:
         """The engine flags as the one ``ServerArgs`` built when this model was validated."""
@@ -227,3 +279,15 @@ class AppArgs(RouterArgs):
         them: fused kv-aware or gate-aware, or P/D kv-aware's roles)."""
         routers = self._role_routers.values() if self.is_pd else (self.router,)
         return any(registry.entry(r).reads_kv_events for r in routers)
+
+
+def _check_resources(name: str, resources: dict[str, float]) -> None:
+    """Custom resources only (CPUs and GPUs have their own keys), each a positive amount."""
+    for resource, amount in resources.items():
+        if resource in ("CPU", "GPU", "memory", "object_store_memory"):
+            raise ValueError(
+                f"{name}: {resource!r} is not a custom resource (use num_cpus_per_rank / "
+                "num_gpus_per_rank)"
+            )
+        if not amount > 0:
+            raise ValueError(f"{name}: {resource!r} must be > 0, got {amount}")

@@ -97,9 +97,9 @@ class Ingress:
             if decode is None:
                 raise ValueError("a P/D ingress needs the decode role's handle")
             self.pd = PDRoute(ranks, decode, self.metrics)
-        # P/D streams are not resumed yet: a decode rank builds its request from the prefill
-        # rank's handoff, which carries no resumed tokens (docs/fault-tolerance.md).
-        self.resume_policy = ResumePolicy(max_rank_failures=0) if pd else ResumePolicy()
+        # Fused and P/D alike: a P/D continuation is prefilled again and its handoff carries
+        # the resumed tokens to the decode rank (docs/fault-tolerance.md).
+        self.resume_policy = ResumePolicy()
         self.token_texts = TokenTexts(self.tokenizer)
         self.grammar_limits = GrammarLimits(
             **{f.name: getattr(self.app_args, f.name) for f in fields(GrammarLimits)}

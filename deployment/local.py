@@ -60,6 +60,15 @@ def start_local_cluster(num_cpus: int | None = None) -> None:
     )
 
 
+def join_cluster(address: str) -> None:
+    """Connect to a running Ray cluster (``ray start --head`` and its workers, KubeRay's)
+    instead of starting one: its nodes, resources and Serve are the deployment's."""
+    use_loopback_env()
+    import ray
+
+    ray.init(address=address, configure_logging=True, logging_level="WARNING")
+
+
 def build(cfg: dict[str, Any], overrides: dict[str, Any] | None = None) -> Any:
     """The config's application, its args validated (``build_app``); needs no cluster."""
     from deployment.app import build_app
@@ -156,11 +165,19 @@ def shutdown(serve: Any, ray: Any, timeout_s: float = 20.0) -> None:
     ray.shutdown()
 
 
-def serve_forever(config: Path, overrides: dict[str, Any] | None = None) -> int:
+def serve_forever(
+    config: Path, overrides: dict[str, Any] | None = None, address: str | None = None
+) -> int:
+    """Deploy ``config`` and serve until a signal. ``address``: on that running cluster
+    (stopping removes only this application and leaves the cluster up); else on a local
+    cluster started here and shut down after."""
     cfg = load_config(config)
     use_loopback_env()
     app = build(cfg, overrides)  # every refusal before any cluster starts
-    start_local_cluster()
+    if address:
+        join_cluster(address)
+    else:
+        start_local_cluster()
     import ray
     from ray import serve
 
@@ -169,11 +186,13 @@ def serve_forever(config: Path, overrides: dict[str, Any] | None = None) -> int:
     stopping: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+    name = cfg["applications"][0].get("name", "roundgate")
     try:
         deploy(cfg, app=app)
         url = config_url(cfg)
+        where = f"the cluster at {address}" if address else "a local cluster"
         print(
-            f"roundgate ready on {url}  (Ctrl-C to stop)\n"
+            f"roundgate ready on {url} ({where}; Ctrl-C to stop)\n"
             f"  curl {url}/v1/completions -H 'Content-Type: application/json' "
             '-d \'{"prompt": "Hello", "max_tokens": 16}\'',
             flush=True,
@@ -182,5 +201,17 @@ def serve_forever(config: Path, overrides: dict[str, Any] | None = None) -> int:
             time.sleep(0.2)
     finally:
         print("roundgate: shutting down", file=sys.stderr, flush=True)
-        shutdown(serve, ray)
+        if address:
+            leave_cluster(serve, ray, name)
+        else:
+            shutdown(serve, ray)
     return 0
+
+
+def leave_cluster(serve: Any, ray: Any, name: str, timeout_s: float = 60.0) -> None:
+    """Remove application ``name`` from a cluster this process joined, then disconnect:
+    Serve, the cluster and other applications stay up."""
+    t = threading.Thread(target=serve.delete, args=(name,), name="serve-delete", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    ray.shutdown()

@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from ray import serve
-from ray.serve.config import GangSchedulingConfig, RequestRouterConfig
+from ray.serve.config import RequestRouterConfig
 
 from actors.replica.decode_replica import DecodeRankReplica
 from actors.replica.pd_messages import LinkSpec
@@ -33,13 +33,12 @@ def build_roles(cfg: AppArgs) -> tuple[Any, Any]:
     )
 
     def options(role: DisaggregationRole, dp_size: int, timeout_s: float) -> dict[str, Any]:
-        cpus, gpus = cfg.role_resources(role)
         return {
             "name": f"{role.capitalize()}Rank",
             "num_replicas": dp_size,
             "max_ongoing_requests": cfg.max_ongoing_requests,
-            "ray_actor_options": {"num_cpus": cpus, "num_gpus": gpus},
-            "gang_scheduling_config": GangSchedulingConfig(gang_size=dp_size),
+            "ray_actor_options": cfg.rank_actor_options(*cfg.role_resources(role)),
+            **cfg.placement(dp_size, elastic=False),
             "request_router_config": RequestRouterConfig(
                 request_router_class=ROUTER_CLASSES[cfg.pd_router(role)],
                 request_router_kwargs=cfg.pd_router_kwargs(role),

@@ -37,6 +37,9 @@ class RoleArgs(BaseModel):
     engine: dict[str, Any] = Field(default_factory=dict, description="this role's ServerArgs")
     num_cpus_per_rank: float | None = Field(None, gt=0, description="default: the shared one")
     num_gpus_per_rank: float | None = Field(None, ge=0, description="default: the shared one")
+    resources_per_rank: dict[str, float] | None = Field(
+        None, description="Ray custom resources per rank (default: the shared ones)"
+    )
 
 
 def split_role(role: str, data: Any) -> Any:

@@ -5,7 +5,10 @@ load limits); its ``Handoff`` goes to the decode role, whose router picks the le
 rank (on the ingress's guess and Serve's counts, or under ``router: kv-aware`` on what the
 ranks report: ``deployment.pd_config``); the decode rank receives the KV and streams the tokens
 (its first item reports the transfer, recorded here). The result reads like a fused rank's
-``generate`` stream, so the OpenAI surface above it is the same.
+``generate`` stream, so the OpenAI surface above it is the same, resumption included
+(``deployment.resume``): a role's rank that dies raises Ray's actor error through this stream,
+and a transfer whose prefill process died raises ``PrefillRankLost``; both read as a lost rank,
+so the request is prefilled again (a continuation when tokens were streamed) on live ranks.
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ from deployment.request_metrics import RequestRecorder
 
 if TYPE_CHECKING:  # Ray is not imported for a type (the ingress is tested without it)
     from ray.serve.handle import DeploymentHandle
+
+
+class PrefillRankLost(RuntimeError):
+    """The prefill process that held a request's KV is gone (its rank restarted): a lost rank
+    for ``deployment.resume`` (its ``RANK_LOSS`` names this class)."""
 
 
 class PDStream:
@@ -44,11 +52,16 @@ class PDStream:
         if result.handoff is None:
             return
         self.handoff = result.handoff
-        self._decode = route.decode.decode.remote(DecodeRequest(handoff=result.handoff))
+        request = DecodeRequest(
+            handoff=result.handoff, source_incarnation=result.source_incarnation
+        )
+        self._decode = route.decode.decode.remote(request)
         async for item in self._decode:
             if isinstance(item, TransferReport):
                 self.report = item
                 route.metrics.pd_transfer(item.decode_wait_s, item.transfer_s)
+                if item.source_lost:
+                    raise PrefillRankLost(item.error)
                 continue
             yield item
 

@@ -60,6 +60,10 @@ class RequestRecorder:
         self.set.decode_wait.labels(self._model).observe(decode_wait_s)
         self.set.kv_transfer_time.labels(self._model).observe(transfer_s)
 
+    def close(self) -> None:
+        """This replica is shutting down: its series leave ``/metrics`` now."""
+        self._pusher.stop()
+
     def resumed(self, kind: str) -> None:
         """One rank request resumed after a rank loss (``rerouted`` or ``continued``)."""
         self.set.requests_resumed.labels(self._model, kind).inc()

@@ -41,8 +41,9 @@ from deployment.openai.choices import Choice, Delta, merge, run_choices
 # Error classes (matched by name along the exception's MRO, so the ingress needs no Ray import
 # and Ray's ``RayTaskError(GroupFailure)`` wrapper matches too) that mean the rank under the
 # request is gone: its actor died or is unreachable (``RayActorError``: ``ActorDiedError``,
-# ``ActorUnavailableError``), or its DP group failed (the rank's ``GroupFailure``).
-RANK_LOSS = frozenset({"RayActorError", "GroupFailure"})
+# ``ActorUnavailableError``), its DP group failed (the rank's ``GroupFailure``), or under P/D
+# the prefill process holding its KV died before the pages moved (``PrefillRankLost``).
+RANK_LOSS = frozenset({"RayActorError", "GroupFailure", "PrefillRankLost"})
 # A rank whose group had already failed refused the request before running it: resubmitted
 # without charging the request a rank failure (it cannot have caused it).
 NOT_CHARGED = frozenset({"GroupUnavailable"})

@@ -43,8 +43,8 @@ def test_each_role_gets_the_shared_flags_its_section_and_its_mode() -> None:
     assert (prefill.disaggregation_mode, decode.disaggregation_mode) == ("prefill", "decode")
     assert (prefill.dp_size, decode.dp_size, decode.max_num_seqs) == (1, 2, 8)
     assert prefill.model == decode.model == "tiny-llama" and prefill.max_model_len == 256
-    assert cfg.role_resources("prefill") == (0.5, 0.0)
-    assert cfg.role_resources("decode") == (cfg.num_cpus_per_rank, 0.0)  # the shared default
+    assert cfg.role_resources("prefill") == (0.5, 0.0, {})
+    assert cfg.role_resources("decode") == (cfg.num_cpus_per_rank, 0.0, {})  # the shared default
     assert cfg.pd_router_kwargs("prefill")["max_pages_per_rank"] == 64
 
 

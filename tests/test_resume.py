@@ -26,6 +26,13 @@ from deployment.openai.protocol import CompletionRequest, parse
 from deployment.resume import Continuation, ResumePolicy, attempt_id, shift_usage
 
 PROMPT = [104, 105, 33]  # "hi!"
+PD_INGRESS_ARGS = {
+    "model": "tiny-moe",
+    "device": "cpu",
+    "max_model_len": 512,
+    "prefill": {"dp_size": 1},
+    "decode": {"dp_size": 1, "max_num_seqs": 4},
+}
 
 
 def died() -> ActorDiedError:
@@ -218,17 +225,82 @@ def test_what_a_client_causes_is_never_resumed() -> None:
     assert exc.code == "group_unavailable" and len(ranks.payloads) == 1
 
 
-def test_a_pd_ingress_does_not_resume() -> None:
-    """P/D streams are not resumed yet (a decode rank builds its request from the handoff,
-    which carries no resumed tokens): a loss is the client's 503, as before."""
-    from test_pd_ingress import handoff_of, make_pd
+def pd_roles(lose: list[Any]) -> tuple[Ingress, Any, Any]:
+    """A P/D ingress whose decode calls stream ``model_reply`` of the handoff (resumed tokens
+    included) after a transfer report; call ``i`` first meets ``lose[i]`` if given: an error
+    raised after that many chunks, or ``"source"`` for a report that the prefill process
+    holding the pages is gone."""
+    from test_pd_ingress import FakeRole, handoff_of
 
-    from actors.replica.pd_messages import PrefillResult
+    from actors.replica.pd_messages import PrefillResult, TransferReport
+    from tests.ingress_fakes import FakeStream
 
-    core, prefill, _ = make_pd(lambda m: PrefillResult(handoff=handoff_of(m)), [died()])
-    exc = error_of(lambda: run(core, max_tokens=5))
-    assert (exc.status, exc.code) == (503, "group_unavailable")
-    assert len(prefill.prefill.messages) == 1
+    ok = TransferReport(decode_wait_s=0.0, transfer_s=0.0, num_pages=1, num_bytes=1)
+    calls = iter(lose)
+
+    def prefill(m: GenerateRequest) -> PrefillResult:
+        handoff = replace(handoff_of(m), num_resumed_tokens=m.num_resumed_tokens)
+        return PrefillResult(handoff=handoff, source_incarnation="p")
+
+    def decode(request: Any) -> FakeStream:
+        h = request.handoff
+        message = GenerateRequest(
+            request_id=h.request_id,
+            prompt_token_ids=h.prompt_token_ids,
+            sampling=h.sampling,
+            num_resumed_tokens=h.num_resumed_tokens,
+        )
+        how = next(calls, None)
+        if how == "source":
+            lost = replace(ok, error="prefill rank 0 restarted", source_lost=True)
+            return FakeStream([lost, tokens_error(len(h.prompt_token_ids))])
+        chunks = [ok, *model_reply(message)]
+        if how is not None:
+            chunks = [*chunks[: 1 + how], died()]
+        return FakeStream(chunks)
+
+    prefill_role = FakeRole(prefill=prefill, release_handoff=lambda m: None)
+    decode_role = FakeRole(decode=decode)
+    core = Ingress(prefill_role, PD_INGRESS_ARGS, decode_role)
+    return core, prefill_role, decode_role
+
+
+def tokens_error(prompt: int) -> GenerateChunk:
+    return GenerateChunk(
+        token_ids=(),
+        finish_reason="error",
+        usage=Usage(prompt_tokens=prompt, completion_tokens=0),
+        error="KV transfer failed",
+    )
+
+
+def test_a_pd_stream_goes_on_after_its_decode_rank_dies() -> None:
+    """The decode rank dies after three tokens: the continuation (prompt and the three tokens,
+    flagged resumed) is prefilled again, its handoff carries the resumed count to a decode
+    rank, and the client gets the uninterrupted run's tokens, each once."""
+    fused, _ = make_ingress(model_reply)
+    want, _ = run(fused, max_tokens=8, seed=3, temperature=0.9)
+    core, prefill, decode = pd_roles([3])
+    choices, _ = run(core, max_tokens=8, seed=3, temperature=0.9)
+    assert choices[0].output_token_ids == want[0].output_token_ids
+    first, again = prefill.prefill.messages
+    assert again.num_resumed_tokens == 3
+    assert again.prompt_token_ids == (*first.prompt_token_ids, *want[0].output_token_ids[:3])
+    assert decode.decode.messages[1].handoff.num_resumed_tokens == 3
+    assert usage(choices) == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
+
+
+def test_a_pd_prompt_whose_prefill_process_died_is_prefilled_again() -> None:
+    """The decode rank reports the prefill process that held the pages gone (its rank
+    restarted): no token had reached the client, so the request is prefilled again whole."""
+    fused, _ = make_ingress(model_reply)
+    want, _ = run(fused, max_tokens=6)
+    core, prefill, _ = pd_roles(["source"])
+    choices, _ = run(core, max_tokens=6)
+    assert choices[0].output_token_ids == want[0].output_token_ids
+    first, again = prefill.prefill.messages
+    assert again.num_resumed_tokens == 0 and again.prompt_token_ids == first.prompt_token_ids
+    assert again.request_id == attempt_id(first.request_id, 1)
 
 
 # ---- the pure parts -----------------------------------------------------------------------

@@ -17,11 +17,13 @@ for the rank's next round, where its connector (``actors.control.kv_connector``)
 
 The handoff carries the request's whole state, not only its KV: the first token of every
 sequence (``n > 1`` prefills once; the decode rank forks over shared pages) with its logprobs,
-the prompt logprobs, and the sampling parameters. The seed's position needs no field: a
-seeded sample is drawn at index ``len(output_token_ids)``, which on the decode rank starts at 1
-just as it would have on a fused rank. A grammar needs none either: the decode rank's
-executor builds a fresh matcher on first use and feeds it the tokens the request already has
-(the first token included), the same replay a retracted request never needs.
+the prompt logprobs, and the sampling parameters. The seed's position needs one field only
+for a continuation (``num_resumed_tokens``: a request resumed after its decode rank died): a
+seeded sample is drawn at index ``len(output_token_ids) + num_resumed_tokens``, which on the
+decode rank goes on just as it would have on a fused rank. A grammar needs none: the decode
+rank's executor builds a fresh matcher on first use and feeds it the tokens the request
+already has (resumed and first tokens included), the same replay a retracted request never
+needs.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ class Handoff:
     num_kv_tokens: int
     # The prefill rank that holds the pages (its index in the prefill group).
     source_rank: int = 0
+    # A continuation's resumed tokens (``Request.num_resumed_tokens``): the prompt's last
+    # ones are its own earlier output, so the decode rank counts them as output too.
+    num_resumed_tokens: int = 0
 
     def __post_init__(self) -> None:
         n = self.sampling.n
@@ -94,12 +99,18 @@ class Handoff:
             page_ids=tuple(request.page_ids),
             num_kv_tokens=request.num_prompt_tokens,
             source_rank=source_rank,
+            num_resumed_tokens=request.num_resumed_tokens,
         )
 
     def to_request(self) -> Request:
         """Sequence 0 as the decode rank holds it until its KV arrives: the prompt (and its
         logprobs), no K/V yet; its first token is appended when the KV has arrived."""
-        req = Request(self.request_id, list(self.prompt_token_ids), self.sampling)
+        req = Request(
+            self.request_id,
+            list(self.prompt_token_ids),
+            self.sampling,
+            num_resumed_tokens=self.num_resumed_tokens,
+        )
         req.prompt_logprobs.extend(self.prompt_logprobs)
         req.status = RequestStatus.WAITING
         return req

@@ -3,8 +3,10 @@
 ``decode`` queues the handoff; a round reserves its pages (under the 0.9 watermark and the
 batch's slots, like a new prompt on a fused rank: until then it waits for decode capacity);
 the rank then asks the handoff's prefill rank to send (``send_kv``) while it receives into the
-reserved pages over the P/D link, and reports the KV arrived (the request decodes from the
-next round) or failed (that request alone ends with a 500, its pages freed). The stream's
+reserved pages over their pair of the P/D link (``actors.replica.pd_pairs``), and reports
+the KV arrived (the request decodes from the next round) or failed (that request alone ends
+with a 500, its pages freed; or, when the prefill process that held the pages is gone, the
+report says so and the ingress prefills the request again, as after any lost rank). The stream's
 first item is a ``TransferReport``, then the request's chunks, as ``generate`` streams them.
 """
 
@@ -20,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from actors.control.handoff import KVReservation
 from actors.control.messages import GenerateChunk, Usage
 from actors.control.rank_loop import RoundOutcome
+from actors.replica import pd_pairs
 from actors.replica.chunks import ChunkBuilder
-from actors.replica.kv_link import KVLink, TransferFailed, join_link
-from actors.replica.node import device_type, multinode_host
+from actors.replica.kv_link import TransferFailed
 from actors.replica.pd_messages import (
     DecodeRequest,
     LinkSpec,
@@ -50,8 +52,6 @@ class DecodeRankReplica(RankReplica):
         await super().__init__(args)
         if self.args.disaggregation_mode is not DisaggregationRole.DECODE:
             raise ValueError("DecodeRankReplica needs --disaggregation-mode decode")
-        self.link_spec = link
-        self.link_rank = link.link_rank(DisaggregationRole.DECODE, self.rank)
         self.prefill_ranks = prefill
         self.transfers = TransferMetrics(
             self.metrics.set, self.gang_id, self.metrics_model, self.rank, DisaggregationRole.DECODE
@@ -59,12 +59,20 @@ class DecodeRankReplica(RankReplica):
         # Tags of this rank's transfers: unique per (sender, this receiver) pair in flight.
         self._tags = itertools.count(1)
         self._pending_sends: set[asyncio.Future] = set()
-        backend = "nccl" if device_type(self.args.device) == "cuda" else "gloo"
-        timeout = self.args.collective_timeout_s
-        self.link: KVLink = await asyncio.to_thread(
-            join_link, link, self.link_rank, backend, multinode_host(), timeout
+        self.link = await asyncio.to_thread(
+            pd_pairs.join,
+            link,
+            DisaggregationRole.DECODE,
+            self.rank,
+            self.args.device,
+            self.args.collective_timeout_s,
         )
-        logger.info("decode rank %d joined P/D link %s", self.rank, link.link_id)
+        logger.info(
+            "decode rank %d (process %s) joined P/D link %s",
+            self.rank,
+            self.link.incarnation,
+            link.link_id,
+        )
 
     def _after_round(self, outcome: RoundOutcome) -> None:
         for reservation in outcome.plan.reservations:
@@ -110,7 +118,9 @@ class DecodeRankReplica(RankReplica):
             if reservation is None:  # it ended before any page was reserved
                 finished = True
                 return
-            yield await self._receive(reservation, time.monotonic() - arrived)
+            yield await self._receive(
+                reservation, time.monotonic() - arrived, message.source_incarnation
+            )
             async for chunk in self._relay(builder, queue):
                 yield chunk
             finished = True
@@ -120,9 +130,11 @@ class DecodeRankReplica(RankReplica):
                 for sequence in builder.unfinished_ids():
                     self.core.abort(sequence)
 
-    async def _receive(self, reservation: KVReservation, waited: float) -> TransferReport:
-        """Have the prefill rank send the reserved pages and receive them; the request's KV
-        arrived or failed either way when this returns."""
+    async def _receive(
+        self, reservation: KVReservation, waited: float, incarnation: str
+    ) -> TransferReport:
+        """Have the prefill rank (process ``incarnation``) send the reserved pages and receive
+        them; the request's KV arrived or failed either way when this returns."""
         handoff = reservation.handoff
         request_id, source = handoff.request_id, handoff.source_rank
         sources = reservation.source_page_ids
@@ -134,17 +146,26 @@ class DecodeRankReplica(RankReplica):
             self._wake_group()
             return TransferReport(decode_wait_s=waited, transfer_s=0.0, num_pages=0, num_bytes=0)
         tag = next(self._tags) % MAX_TAG + 1
-        src = self.link_spec.link_rank(DisaggregationRole.PREFILL, source)
         order = SendKV(
-            request_id=request_id, page_ids=sources, dst=self.link_rank, tag=tag, dp_rank=source
+            request_id=request_id,
+            page_ids=sources,
+            dst_rank=self.rank,
+            dst_incarnation=self.link.incarnation,
+            tag=tag,
+            dp_rank=source,
+            source_incarnation=incarnation,
         )
-        self._track(self.prefill_ranks.send_kv.remote(order))
         try:
+            self.link.current(source, incarnation)  # its process still runs (else: lost)
+            self._track(self.prefill_ranks.send_kv.remote(order))
             size = await asyncio.to_thread(
-                self.link.receive, self._runner.cache, reservation.target_page_ids, src, tag
+                self._take, source, incarnation, reservation.target_page_ids, tag
             )
         except TransferFailed as exc:
             self.transfers.failed()
+            lost = isinstance(exc, pd_pairs.SourceLost) or not self._still_there(
+                source, incarnation
+            )
             error = f"KV transfer from prefill rank {source} failed: {exc}"
             self.core.kv_failed(request_id, error)
             self._wake_group()
@@ -154,6 +175,7 @@ class DecodeRankReplica(RankReplica):
                 num_pages=0,
                 num_bytes=0,
                 error=error,
+                source_lost=lost,
             )
         self.core.kv_arrived(request_id)
         self._wake_group()
@@ -162,6 +184,17 @@ class DecodeRankReplica(RankReplica):
         return TransferReport(
             decode_wait_s=waited, transfer_s=seconds, num_pages=len(sources), num_bytes=size
         )
+
+    def _take(self, source: int, incarnation: str, pages: tuple[int, ...], tag: int) -> int:
+        """Form (or reuse) the pair with the prefill process, then receive (a worker thread)."""
+        pair = self.link.pair_with(source, incarnation)
+        return pair.receive(self._runner.cache, pages, pd_pairs.PREFILL_END, tag)
+
+    def _still_there(self, source: int, incarnation: str) -> bool:
+        """Whether prefill ``source``'s process ``incarnation`` is still the published one (a
+        failed transfer from a process that has since restarted lost the pages with it)."""
+        record = self.link.peer(source)
+        return record is not None and record.incarnation == incarnation
 
     def _track(self, response: Any) -> None:
         """Await a call to the prefill role in the background; its failure is logged (the

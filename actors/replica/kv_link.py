@@ -1,14 +1,11 @@
-"""The P/D link: a torch.distributed group of every prefill and decode rank, for KV pages.
+"""One pair of the P/D link: a two-member torch.distributed group that moves KV pages.
 
-A prefill rank hands a request's KV pages to a decode rank point to point over this group
-(gloo on CPU, NCCL on GPU): no pickling, no Serve handle in the data path, and no pages in
-Ray's object store. The group is a process group object of its own, apart from the DP group
-each rank already joined (its ``WORLD``), so a transfer never queues behind a round's
-collectives and both can run at once on different threads.
-
-Link ranks: prefill ranks first (``0 .. P-1``), then decode ranks (``P .. P+D-1``). Link rank
-0 chooses the meeting point and publishes it in Ray's KV store under the link id, which
-``build_app`` draws fresh for each deployment (a redeployed app never meets the old one).
+A prefill rank hands a request's KV pages to a decode rank point to point over a group of
+the two (gloo on CPU, NCCL on GPU): no pickling, no Serve handle in the data path, and no
+pages in Ray's object store. The group is a process group object of its own, apart from the DP
+group each rank already joined, so a transfer never queues behind a round's collectives and
+both can run at once on different threads. Which pairs exist, and how they meet, is
+``actors.replica.pd_pairs``'s (a pair per prefill and decode process, formed on first use).
 
 One transfer is two messages with the same tag: a header (``[status, num_pages]``, int64)
 and, when the status is ``OK``, the pages ``[parts, layers, pages, page_size, heads, dim]``
@@ -21,7 +18,6 @@ step for the next transfer.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,11 +25,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from actors.replica.pd_messages import LinkSpec
 from kernels.attention import PagedKVCache
 
 OK, FAILED = 0, 1
-KEY_PREFIX = "pd-link-"
 
 
 class TransferFailed(RuntimeError):
@@ -156,44 +150,3 @@ def open_store(init_method: str, link_rank: int, world_size: int, timeout_s: flo
         return store
     host, port = init_method[len("tcp://") :].rsplit(":", 1)
     return dist.TCPStore(host, int(port), world_size, link_rank == 0, timeout)
-
-
-def join_link(
-    spec: LinkSpec, link_rank: int, backend: str, host: str | None, timeout_s: float
-) -> KVLink:
-    """Join the P/D link as ``link_rank``; an error naming the members that did not come.
-
-    Link rank 0 picks and publishes the meeting point (Ray's KV store, keyed by the link id);
-    every member marks itself in the link's store before the group connects, so a timeout can
-    say who is missing (a role that never started, or cannot reach this node).
-    """
-    from actors.replica import rendezvous
-
-    key = KEY_PREFIX + spec.link_id
-    if link_rank == 0:
-        meeting = rendezvous.choose_meeting(key, backend, host)
-        rendezvous.publish(key, meeting)
-    else:
-        try:
-            meeting = rendezvous.lookup(key, timeout_s)
-        except TimeoutError:
-            raise TimeoutError(
-                f"P/D link: {spec.name(0)} did not publish the link's meeting point within "
-                f"{timeout_s:g} s (is the prefill role running?)"
-            ) from None
-    if meeting.init_method.startswith("file://"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    store = open_store(meeting.init_method, link_rank, spec.world_size, timeout_s)
-    store.set(f"joined/{link_rank}", "1")
-    deadline = time.monotonic() + timeout_s
-    keys = [f"joined/{r}" for r in range(spec.world_size)]
-    while not store.check(keys):
-        if time.monotonic() > deadline:
-            missing = [spec.name(r) for r, k in enumerate(keys) if not store.check([k])]
-            raise TimeoutError(
-                f"P/D link: {', '.join(missing)} did not join within {timeout_s:g} s "
-                f"(seen from {spec.name(link_rank)}): the peer role is not running or cannot "
-                "be reached"
-            )
-        time.sleep(0.1)
-    return KVLink(store, link_rank, spec.world_size, backend, timeout_s)

@@ -199,6 +199,9 @@ class TorchStore:
     def put_if_absent(self, key: str, value: str) -> str:
         return self.store.compare_set(key, "", value).decode()
 
+    def put(self, key: str, value: str) -> None:
+        self.store.set(key, value)
+
     def get(self, key: str) -> str | None:
         if not self.store.check([key]):
             return None
@@ -234,6 +237,11 @@ class RayKvStore:
 
         _internal_kv_put(key.encode(), value.encode(), overwrite=False)
         return _internal_kv_get(key.encode()).decode()
+
+    def put(self, key: str, value: str) -> None:
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        _internal_kv_put(key.encode(), value.encode(), overwrite=True)
 
     def get(self, key: str) -> str | None:
         from ray.experimental.internal_kv import _internal_kv_get

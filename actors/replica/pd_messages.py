@@ -19,32 +19,16 @@ from dataclasses import dataclass
 
 from actors.control.handoff import Handoff
 from actors.control.messages import GenerateChunk
-from actors.server_args import DisaggregationRole
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LinkSpec:
-    """The P/D link of one deployment: its id (fresh per ``build_app``) and the group sizes.
-
-    Link ranks: prefill ranks ``0 .. P-1``, then decode ranks ``P .. P+D-1``.
-    """
+    """The P/D link of one deployment: its id (fresh per ``build_app``, so a redeployed app
+    never meets the old one's ranks) and each role's number of ranks."""
 
     link_id: str
     num_prefill: int
     num_decode: int
-
-    @property
-    def world_size(self) -> int:
-        return self.num_prefill + self.num_decode
-
-    def link_rank(self, role: DisaggregationRole, dp_rank: int) -> int:
-        return dp_rank if role == DisaggregationRole.PREFILL else self.num_prefill + dp_rank
-
-    def name(self, link_rank: int) -> str:
-        """``prefill rank 0`` or ``decode rank 1``: how errors name a link member."""
-        if link_rank < self.num_prefill:
-            return f"prefill rank {link_rank}"
-        return f"decode rank {link_rank - self.num_prefill}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,6 +39,8 @@ class PrefillResult:
     handoff: Handoff | None
     chunks: tuple[GenerateChunk, ...] = ()
     prefill_s: float = 0.0  # arrival at the prefill rank to the handoff
+    # The prefill process holding the handoff's pages (``pd_pairs``: its incarnation).
+    source_incarnation: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +49,7 @@ class DecodeRequest:
 
     handoff: Handoff
     dp_rank: int | None = None
+    source_incarnation: str = ""  # the prefill process holding the pages
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:
@@ -79,18 +66,24 @@ class TransferReport:
     num_pages: int  # pages moved (the decode rank's prefix-cached ones stay)
     num_bytes: int
     error: str | None = None
+    # The prefill process that held the pages is gone (its rank restarted): the request is
+    # prefilled again elsewhere, as after any lost rank, instead of failing.
+    source_lost: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SendKV:
-    """Ask prefill rank ``dp_rank`` to send a handoff's pages to link rank ``dst`` with
+    """Ask prefill rank ``dp_rank`` (process ``source_incarnation``) to send a handoff's
+    pages to decode rank ``dst_rank`` (process ``dst_incarnation``) over their pair, with
     ``tag``; it unpins them once sent (or once it reported that it cannot)."""
 
     request_id: str
     page_ids: tuple[int, ...]
-    dst: int
+    dst_rank: int
+    dst_incarnation: str
     tag: int
     dp_rank: int
+    source_incarnation: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,8 +2,9 @@
 
 ``prefill`` runs the request like ``generate`` until the round that samples its first token
 turns it into a ``Handoff`` (its pages pinned here); ``send_kv``, called by the decode rank
-that reserved pages for it, sends those pages over the P/D link and unpins them, whatever
-happened. A request that ends at its first token (or is refused) comes back whole instead.
+that reserved pages for it, sends those pages over that pair of the P/D link
+(``actors.replica.pd_pairs``) and unpins them, whatever happened. A request that ends at its
+first token (or is refused) comes back whole instead.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 from actors.control.handoff import Handoff
 from actors.control.messages import GenerateChunk, GenerateRequest, RankTarget
 from actors.control.rank_loop import RoundOutcome
-from actors.replica.kv_link import KVLink, TransferFailed, join_link
-from actors.replica.node import device_type, multinode_host
+from actors.replica import pd_pairs
+from actors.replica.kv_link import TransferFailed
 from actors.replica.pd_messages import LinkSpec, PrefillResult, ReleaseHandoff, SendKV
 from actors.replica.rank_replica import RankReplica
 from actors.server_args import DisaggregationRole
@@ -34,8 +35,6 @@ class PrefillRankReplica(RankReplica):
         await super().__init__(args)
         if self.args.disaggregation_mode is not DisaggregationRole.PREFILL:
             raise ValueError("PrefillRankReplica needs --disaggregation-mode prefill")
-        self.link_spec = link
-        self.link_rank = link.link_rank(DisaggregationRole.PREFILL, self.rank)
         self.transfers = TransferMetrics(
             self.metrics.set,
             self.gang_id,
@@ -45,12 +44,20 @@ class PrefillRankReplica(RankReplica):
         )
         # Fault injection for tests and drills: the next sends report a failure instead.
         self._faults = 0
-        backend = "nccl" if device_type(self.args.device) == "cuda" else "gloo"
-        timeout = self.args.collective_timeout_s
-        self.link: KVLink = await asyncio.to_thread(
-            join_link, link, self.link_rank, backend, multinode_host(), timeout
+        self.link = await asyncio.to_thread(
+            pd_pairs.join,
+            link,
+            DisaggregationRole.PREFILL,
+            self.rank,
+            self.args.device,
+            self.args.collective_timeout_s,
         )
-        logger.info("prefill rank %d joined P/D link %s", self.rank, link.link_id)
+        logger.info(
+            "prefill rank %d (process %s) joined P/D link %s",
+            self.rank,
+            self.link.incarnation,
+            link.link_id,
+        )
 
     def _after_round(self, outcome: RoundOutcome) -> None:
         for handoff in outcome.handoffs:
@@ -73,7 +80,10 @@ class PrefillRankReplica(RankReplica):
         async for item in self._generate(message.to_request(), until=Handoff):
             if isinstance(item, Handoff):
                 return PrefillResult(
-                    handoff=item, chunks=tuple(chunks), prefill_s=time.monotonic() - start
+                    handoff=item,
+                    chunks=tuple(chunks),
+                    prefill_s=time.monotonic() - start,
+                    source_incarnation=self.link.incarnation,
                 )
             chunks.append(item)
         return PrefillResult(handoff=None, chunks=tuple(chunks), prefill_s=time.monotonic() - start)
@@ -82,7 +92,12 @@ class PrefillRankReplica(RankReplica):
         """Send a handoff's pages to the decode rank that reserved room for them, then unpin
         them; returns the bytes sent. A handoff that is no longer pinned here (released, or
         never made) is reported to the receiver as a failure, so it fails that request at
-        once instead of waiting out the link's timeout."""
+        once instead of waiting out the link's timeout. An order for an earlier process of
+        this rank finds nothing here and no peer waiting (the decode rank saw the restart in
+        the link's records): it is dropped."""
+        if order.source_incarnation != self.link.incarnation:
+            logger.info("send_kv for %s: made by an earlier process of this rank", order.request_id)
+            return 0
         ok = self.core.connector.is_pinned(order.request_id)
         if ok and self._faults > 0:
             self._faults -= 1
@@ -91,9 +106,7 @@ class PrefillRankReplica(RankReplica):
         cache = self._runner.cache if ok else None
         start = time.monotonic()
         try:
-            size = await asyncio.to_thread(
-                self.link.send, cache, order.page_ids, order.dst, order.tag
-            )
+            size = await asyncio.to_thread(self._send, order, cache)
         except TransferFailed:
             self.transfers.failed()
             raise
@@ -105,6 +118,11 @@ class PrefillRankReplica(RankReplica):
             return 0
         self.transfers.transferred(len(order.page_ids), size, time.monotonic() - start)
         return size
+
+    def _send(self, order: SendKV, cache: Any) -> int:
+        """Form (or reuse) the pair with the decode process, then send (a worker thread)."""
+        pair = self.link.pair_with(order.dst_rank, order.dst_incarnation)
+        return pair.send(cache, order.page_ids, pd_pairs.DECODE_END, order.tag)
 
     async def release_handoff(self, order: ReleaseHandoff) -> None:
         """Unpin a handoff no decode rank will take (idempotent)."""

@@ -353,6 +353,7 @@ class RankReplica:
         return {
             "dp_rank": self.rank,
             "pid": os.getpid(),
+            "node_id": _node_id(),
             "gang_id": self.gang_id,
             "actor_name": _actor_name(),
             "waiting": len(sched.queues.waiting),
@@ -415,6 +416,13 @@ def _actor_name() -> str | None:
     import ray
 
     return ray.get_runtime_context().get_actor_name()
+
+
+def _node_id() -> str:
+    """The Ray node this rank runs on (where ``gang_placement`` put it)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
 
 
 def _limit_threads() -> None:

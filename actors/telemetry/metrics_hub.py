@@ -4,7 +4,8 @@ Every process (rank replicas, ingress replicas) pushes a snapshot of its own reg
 named Ray actor, the hub, about once a second. A scrape renders the hub's merge: samples with
 the same name and labels are summed (counters and histogram buckets add up across ingress
 replicas; rank series carry ``dp_rank``/``group`` labels and never collide). A source that
-stops pushing (a dead replica) is dropped after ``STALE_S``.
+shuts down (a replaced replica) drops its series at once (``Pusher.stop``); one that stops
+pushing without a word (a killed process) is dropped after ``STALE_S``.
 """
 
 from __future__ import annotations
@@ -159,5 +160,19 @@ class Pusher:
                 logger.debug("metrics push failed: %s", exc)
                 hub = None
 
-    def stop(self) -> None:
+    def stop(self, leave: bool = True) -> None:
+        """Stop pushing and (``leave``) take this source's series off the hub now, so a
+        replaced replica's numbers do not linger beside its successor's for ``STALE_S``."""
         self._stop.set()
+        if not leave:
+            return
+        # A push in flight would put the series back after the drop.
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * PUSH_INTERVAL_S)
+        try:
+            import ray
+
+            if ray.is_initialized():
+                get_hub().drop.remote(self.source)
+        except Exception as exc:  # the hub or the cluster may be going away too
+            logger.debug("metrics source %s not dropped: %s", self.source, exc)

@@ -28,7 +28,9 @@ TEST_PORT = int(os.environ.get("ROUNDGATE_TEST_PORT", "18765"))
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Integration tests after every unit test; among them, the modules that use ``pd_app``
     last (each module kept whole and in order), since pd.yaml replaces the shared app for good,
-    and before them those that use ``real_model``, which keeps its model to the end.
+    and before them those that use ``real_model``, which keeps its model to the end. After all
+    of them, the multi-node module (``two_nodes``), which ends the session's one-node cluster
+    to start its own.
     """
     here = Path(__file__).parent
     integration = [item for item in items if here in Path(item.fspath).parents]
@@ -36,8 +38,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.integration)
     pd_modules = {item.fspath for item in integration if "pd_app" in item.fixturenames}
     real_modules = {item.fspath for item in integration if "real_model" in item.fixturenames}
+    multinode = {item.fspath for item in integration if "two_nodes" in item.fixturenames}
     # Stable: order kept within each group.
-    integration.sort(key=lambda item: (item.fspath in pd_modules, item.fspath in real_modules))
+    integration.sort(
+        key=lambda item: (
+            item.fspath in multinode,
+            item.fspath in pd_modules,
+            item.fspath in real_modules,
+        )
+    )
     chosen = {id(item) for item in integration}
     items[:] = [item for item in items if id(item) not in chosen] + integration
 
@@ -53,7 +62,8 @@ def ray_cluster() -> Iterator[None]:
     yield
     from deployment.local import shutdown
 
-    shutdown(serve, ray)
+    if ray.is_initialized():  # the multi-node module may have ended it already
+        shutdown(serve, ray)
 
 
 @pytest.fixture(scope="session")

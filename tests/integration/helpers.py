@@ -113,6 +113,19 @@ class BackgroundStream:
             self.finished_at = time.monotonic()
             self.done.set()
 
+    def text(self) -> str:
+        """The text streamed so far (every choice's, in arrival order)."""
+        return "".join(
+            c.get("text", "")
+            for e in self.events
+            if isinstance(e, dict) and "choices" in e
+            for c in e["choices"]
+        )
+
+    def in_stream_errors(self) -> list[Any]:
+        """The ``{"error": ...}`` events the server sent inside the stream."""
+        return [e for e in self.events if isinstance(e, dict) and "error" in e]
+
     def close(self, timeout: float = 60) -> None:
         self.stop.set()
         self.done.wait(timeout)

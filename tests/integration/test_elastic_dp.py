@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -59,19 +60,6 @@ def scrape(app: Deployment, name: str) -> list[tuple[dict[str, str], float]]:
         for s in family.samples
         if s.name == name
     ]
-
-
-def text_of(stream: BackgroundStream) -> str:
-    return "".join(
-        c.get("text", "")
-        for e in stream.events
-        if isinstance(e, dict) and "choices" in e
-        for c in e["choices"]
-    )
-
-
-def errors_of(stream: BackgroundStream) -> list[Any]:
-    return [e for e in stream.events if isinstance(e, dict) and "error" in e]
 
 
 def wait_whole(app: Deployment, what: str) -> None:
@@ -143,7 +131,7 @@ def test_a_faulted_rank_costs_only_itself(elastic: Deployment, fault: str) -> No
     }
     got = run_fault(app, fault)
     for s in got["survivors"]:
-        assert s.error is None and not errors_of(s), (s.error, errors_of(s))
+        assert s.error is None and not s.in_stream_errors(), (s.error, s.in_stream_errors())
         reasons = [
             c["finish_reason"]
             for e in s.events
@@ -156,7 +144,7 @@ def test_a_faulted_rank_costs_only_itself(elastic: Deployment, fault: str) -> No
     # Greedy streams that lived through the re-form say what an uninterrupted run says.
     for i, s in enumerate(got["survivors"]):
         again = complete(app.url, prompt=[7, 8, 9 + i], dp_rank=0, **STREAM)
-        assert text_of(s) == again["choices"][0]["text"]
+        assert s.text() == again["choices"][0]["text"]
     # Both re-forms are on the record: the fault's and the replacement's join.
     after: dict[str | None, float] = {}
     for labels, value in scrape(app, "roundgate_group_reforms_total"):
@@ -165,3 +153,75 @@ def test_a_faulted_rank_costs_only_itself(elastic: Deployment, fault: str) -> No
     assert after.get("join", 0.0) > before.get("join", 0.0)
     sizes = [value for _, value in scrape(app, "roundgate_group_size")]
     assert sizes and max(sizes) == 2.0
+
+
+KILLS = 10
+SHORT = {"max_tokens": 48, "ignore_eos": True, "temperature": 0}
+
+
+class StreamingLoad:
+    """Greedy streams one after another on each lane until stopped: four unpinned lanes and
+    one pinned to each rank. Every stream's outcome is kept, with its lane's pin."""
+
+    def __init__(self, url: str, dp_size: int) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.outcomes: list[tuple[int | None, BackgroundStream]] = []
+        pins: list[int | None] = [None] * 4 + list(range(dp_size))
+        self.lanes = [
+            threading.Thread(target=self._lane, args=(i, pin), daemon=True)
+            for i, pin in enumerate(pins)
+        ]
+        for lane in self.lanes:
+            lane.start()
+
+    def _lane(self, lane: int, pin: int | None) -> None:
+        n = 0
+        while not self.stop.is_set():
+            pinned = {} if pin is None else {"dp_rank": pin}
+            stream = BackgroundStream(
+                self.url, prompt=[3 + lane, 40 + n % 50, 9], **SHORT, **pinned
+            )
+            stream.done.wait(DEADLINE_S)
+            self.outcomes.append((pin, stream))
+            n += 1
+
+    def finish(self) -> None:
+        self.stop.set()
+        for lane in self.lanes:
+            lane.join(DEADLINE_S)
+
+
+def failure_of(stream: BackgroundStream) -> Any:
+    """Why a stream did not end whole (None: it did)."""
+    if stream.error is not None:
+        return stream.error
+    if stream.in_stream_errors():
+        return stream.in_stream_errors()
+    if not stream.events or stream.events[-1] != "[DONE]":
+        return f"no [DONE]: {stream.events[-2:]}"
+    return None
+
+
+def test_ten_kills_under_streaming_load_fail_no_unpinned_request(elastic: Deployment) -> None:
+    """Each rank's process is killed in turn, ten times, each once the group is whole again,
+    under streams unpinned and pinned to each rank: no unpinned stream fails, and a pinned one
+    either ends whole (resumed on its rank's replacement) or with the 503 naming its rank."""
+    app = elastic
+    load = StreamingLoad(app.url, app.args["dp_size"])
+    try:
+        for kill in range(KILLS):
+            wait_whole(app, f"one group of two before kill {kill + 1}")
+            victim = snapshot(app, kill % 2)
+            os.kill(victim["pid"], signal.SIGKILL)
+        wait_whole(app, "one group of two after the last kill")
+    finally:
+        load.finish()
+    unpinned = [s for pin, s in load.outcomes if pin is None]
+    assert len(unpinned) >= KILLS, "the load barely ran"
+    failed = [failure_of(s) for s in unpinned if failure_of(s) is not None]
+    assert failed == [], failed[:3]
+    for pin, stream in load.outcomes:
+        why = failure_of(stream) if pin is not None else None
+        if why is not None:
+            assert "resume_timed_out" in str(why) and f"dp_rank {pin}" in str(why), why

@@ -2,14 +2,20 @@
 which runs after this module and so also shows the faults changed no later answer): a failed
 KV transfer fails its request alone (a 500), the stream beside it and later requests carry on,
 and no page leaks on either role; a role whose peer never comes is a startup error naming the
-peer."""
+peer; a role's rank killed under streaming load restarts and rejoins the link with no redeploy,
+and every stream it held carries on with no error and the text of an uninterrupted run (a dead
+decode rank's requests continue on a live decode rank, a dead prefill rank's prompts are
+prefilled again on a live prefill rank)."""
 
 from __future__ import annotations
+
+import os
+import signal
 
 import httpx
 import pytest
 
-from tests.integration.helpers import BackgroundStream, complete
+from tests.integration.helpers import BackgroundStream, complete, wait_for
 from tests.integration.pd_deploy import PDApp, pd_config, pools_settled, role_call
 
 # The app that cannot start: its own name and route, so the shared P/D app serves on beside it.
@@ -65,3 +71,63 @@ def test_a_peer_that_never_joins_is_a_startup_error_naming_it(pd_app: PDApp) -> 
         # In the background: its never-placed decode rank waits out Serve's 5 s grace period.
         serve.delete(PEER_APP, _blocking=False)
     complete(pd_app.url, prompt=[5, 6, 7], max_tokens=2)  # the shared P/D app serves on
+
+
+KILL = {"max_tokens": 96, "ignore_eos": True, "temperature": 0}
+DEADLINE_S = 240.0  # a condition's deadline (a role's gang restarts and loads its model)
+
+
+def greedy_texts(url: str, prompts: list[list[int]]) -> list[str]:
+    """The uninterrupted answers, one request at a time."""
+    return [complete(url, prompt=p, **KILL)["choices"][0]["text"] for p in prompts]
+
+
+def kill_role(role: str) -> int:
+    """SIGKILL rank 0 of ``role``; returns the process id it had."""
+    pid = role_call(role, "stats_snapshot")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def serving_again(url: str, role: str, old_pid: int) -> None:
+    """Until ``role`` runs a new process and a new request is answered (no redeploy)."""
+    wait_for(
+        lambda: role_call(role, "stats_snapshot")["pid"],
+        DEADLINE_S,
+        f"a new {role} process",
+        until=lambda pid: pid != old_pid,
+        errors=(Exception,),
+    )
+    wait_for(
+        lambda: (
+            httpx.post(
+                f"{url}/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 2}, timeout=60
+            ).status_code
+        ),
+        DEADLINE_S,
+        "a new request answered",
+        until=lambda status: status == 200,
+    )
+
+
+@pytest.mark.parametrize("role", ["decode", "prefill"])
+def test_a_killed_role_rank_costs_no_stream(pd_app: PDApp, role: str) -> None:
+    """Four greedy streams; the role's only rank is killed once the first has tokens: every
+    stream ends whole, with the text it has without the fault."""
+    prompts = [list(range(11 + i, 60 + 13 * i)) for i in range(4)]
+    want = greedy_texts(pd_app.url, prompts)
+    streams = [BackgroundStream(pd_app.url, prompt=p, **KILL) for p in prompts]
+    wait_for(
+        lambda: len(streams[0].events), 60, "the first stream's tokens", until=lambda n: n >= 8
+    )
+    old_pid = kill_role(role)
+    for stream, text in zip(streams, want, strict=True):
+        assert stream.done.wait(DEADLINE_S), "a stream never ended"
+        assert stream.error is None and not stream.in_stream_errors(), (
+            stream.error,
+            stream.in_stream_errors(),
+        )
+        assert stream.events[-1] == "[DONE]"
+        assert stream.text() == text
+    serving_again(pd_app.url, role, old_pid)
+    pools_settled(timeout_s=60)
