@@ -165,7 +165,10 @@ def build_app(args: dict[str, Any]) -> Application:
         name="OpenAIServer",
         num_replicas=cfg.ingress_replicas,
         max_ongoing_requests=cfg.max_ongoing_requests,
-        ray_actor_options={"num_cpus": 0.25},
+        ray_actor_options={
+            "num_cpus": 0.25,
+            **({"resources": dict(cfg.ingress_resources)} if cfg.ingress_resources else {}),
+        },
     )
     if cfg.is_pd:
         prefill, decode = build_roles(cfg)
@@ -178,6 +181,7 @@ def build_app(args: dict[str, Any]) -> Application:
         {
             "deployment": uuid.uuid4().hex[:12],
             "num_groups": cfg.num_groups,
+            "spread": cfg.gang_placement == "spread",
             "window_s": min(2.0, max(0.5, engine.collective_timeout_s / 4)),
         }
         if cfg.elastic_dp
@@ -186,7 +190,7 @@ def build_app(args: dict[str, Any]) -> Application:
     ranks = serve.deployment(
         RankReplica,
         name="RankReplica",
-        num_replicas=cfg.num_groups * engine.dp_size,
+        **cfg.replica_options(engine.dp_size),
         max_ongoing_requests=cfg.max_ongoing_requests,
         ray_actor_options=cfg.rank_actor_options(
             cfg.num_cpus_per_rank, cfg.num_gpus_per_rank, cfg.resources_per_rank

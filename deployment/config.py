@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, create_model, model_validat
 
 from actors.control.request import DEFAULT_MAX_LOGPROBS
 from actors.server_args import ServerArgs, engine_arg_names
+from deployment.autoscaling import GroupAutoscaling
 from deployment.openai.grammar_limits import GrammarLimits
 from deployment.pd_config import ROLES, RoleArgs, role_server_args, split_role
 from routing import registry
@@ -93,11 +94,19 @@ class AppArgs(RouterArgs):
     )
     max_ongoing_requests: int = Field(1024, ge=1)
     ingress_replicas: int = Field(1, ge=1)
+    ingress_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray custom resources each ingress replica needs (e.g. {head: 0.01} keeps "
+        "the OpenAI front door, and its streams, off nodes that may be lost)",
+    )
     elastic_dp: bool = Field(
         False,
         description="rank replicas outside a gang: a dead or hung rank costs only itself (its "
         "group re-forms around it, its replacement joins at a round boundary); dense models, "
         "fused deployments (docs/fault-tolerance.md)",
+    )
+    autoscaling: GroupAutoscaling | None = Field(
+        None, description="Serve autoscaling in whole groups (``deployment/autoscaling.py``)"
     )
     # P/D disaggregation (``deployment/pd_config.py``): both sections, or neither (fused).
     prefill: RoleArgs | None = None
@@ -134,6 +143,9 @@ class AppArgs(RouterArgs):
             raise ValueError(f"bad engine arguments: {exc}") from exc
         self._server_args = args
         _check_resources("resources_per_rank", self.resources_per_rank)
+        _check_resources("ingress_resources", self.ingress_resources)
+        if self.autoscaling is not None:
+            self._check_autoscaling(args.dp_size)
         if self.prefill is not None or self.decode is not None:
             self._check_pd()
         # Under P/D each role's router reads its settings (the prefill one takes the prompts
@@ -183,6 +195,23 @@ class AppArgs(RouterArgs):
             self.num_gpus_per_rank if gpus is None else gpus,
             self.resources_per_rank if custom is None else custom,
         )
+
+    def _check_autoscaling(self, dp_size: int) -> None:
+        if self.elastic_dp:
+            raise ValueError(
+                "autoscaling scales whole gangs and elastic_dp ranks are single replicas (a "
+                "group short of a rank is elastic DP's to heal): set elastic_dp: false, or "
+                "drop autoscaling and size num_groups"
+            )
+        if self.prefill is not None or self.decode is not None:
+            raise ValueError("autoscaling applies to a fused deployment only, not to P/D roles")
+        self.replica_options(dp_size)  # num_groups within the range
+
+    def replica_options(self, dp_size: int) -> dict[str, Any]:
+        """The rank deployment's replica count: fixed, or Serve's autoscaling in groups."""
+        if self.autoscaling is None:
+            return {"num_replicas": self.num_groups * dp_size}
+        return self.autoscaling.serve_options(self.num_groups, dp_size)
 
     @staticmethod
     def rank_actor_options(cpus: float, gpus: float, custom: dict[str, float]) -> dict[str, Any]:
@@ -286,8 +315,8 @@ def _check_resources(name: str, resources: dict[str, float]) -> None:
     for resource, amount in resources.items():
         if resource in ("CPU", "GPU", "memory", "object_store_memory"):
             raise ValueError(
-                f"{name}: {resource!r} is not a custom resource (use num_cpus_per_rank / "
-                "num_gpus_per_rank)"
+                f"{name}: {resource!r} is not a custom resource (CPUs and GPUs have their "
+                "own settings, e.g. num_cpus_per_rank / num_gpus_per_rank)"
             )
         if not amount > 0:
             raise ValueError(f"{name}: {resource!r} must be > 0, got {amount}")

@@ -91,7 +91,10 @@ def deploy(
     if app is None:
         app = build(cfg, overrides)
     serve.start(
-        http_options={"host": http.get("host", "127.0.0.1"), "port": int(http.get("port", 8000))}
+        # The config's proxies (``HeadOnly``: one HTTP door, on the head node; Serve's default
+        # puts one on every node, so a lost node would drop the connections it took).
+        proxy_location=cfg.get("proxy_location"),
+        http_options={"host": http.get("host", "127.0.0.1"), "port": int(http.get("port", 8000))},
     )
     return serve.run(
         app,

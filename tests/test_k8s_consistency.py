@@ -91,18 +91,29 @@ def test_pd_roles_fill_whole_worker_pods(profile: str) -> None:
 
 @pytest.mark.parametrize("profile", serve_profiles(pd=False))
 def test_worker_pods_hold_one_dp_group(profile: str) -> None:
+    """A pod holds one whole group (``pack``), or one rank of each group (``spread``: a pod's
+    loss costs each group one rank); a front door pinned to the head fits there."""
     service = one(profile, "serve", "RayService")
     _, args = app_args(service)
     cluster = service["spec"]["rayClusterConfig"]
     group, container = worker(cluster)
     per_rank = args.get("num_gpus_per_rank", 0)
-    expected = args["dp_size"] * per_rank if args["device"] == "cuda" else 0
+    spread = args.get("gang_placement", "pack") == "spread"
+    ranks_per_pod = args["num_groups"] if spread else args["dp_size"]
+    expected = ranks_per_pod * per_rank if args["device"] == "cuda" else 0
     assert expected == int(expected) and (args["device"] != "cuda" or expected > 0)
     assert gpus(container) == expected
     requests = container["resources"].get("requests", {})
     assert int(requests.get("nvidia.com/gpu", expected)) == expected
-    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == args["num_groups"]
+    pods = args["dp_size"] if spread else args["num_groups"]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == pods
+    if spread and args["device"] != "cuda":  # each pod has CPUs for its ranks
+        cpus = ranks_per_pod * args.get("num_cpus_per_rank", 1)
+        assert int(group["rayStartParams"]["num-cpus"]) >= cpus
     head = cluster["headGroupSpec"]
+    if "node:__internal_head__" in args.get("ingress_resources", {}):
+        ingress_cpus = 0.25 * args.get("ingress_replicas", 1)  # deployment/app.py's ingress
+        assert float(head["rayStartParams"]["num-cpus"]) >= ingress_cpus
     assert gpus(head["template"]["spec"]["containers"][0]) == 0
     assert head["rayStartParams"]["num-gpus"] == "0"
 

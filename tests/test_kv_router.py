@@ -94,7 +94,8 @@ def test_the_hub_serves_batches_then_snapshots_to_a_router_left_behind() -> None
     (snapshot,) = behind.snapshots
     assert snapshot.keys == frozenset(page_keys(SYSTEM, PAGE)) and snapshot.seq == 2
     hub.leave("a")
-    assert hub.poll(behind.cursor).gone == ("a",)
+    assert hub.poll(behind.cursor, poller="r1").gone == ("a",)
+    assert hub.pollers() == {"r1": hub.cursor()}  # how far each named router has read
     # A rank that (re)connects sends a snapshot first: every router resyncs from the hub.
     hub.publish([KvSnapshot("b", 5, 3, frozenset(), RankLoad())])
     assert hub.poll(behind.cursor + 1).snapshots is not None
@@ -111,8 +112,8 @@ class LocalHub:
     """The hub's own logic behind the two calls the router makes (``x.remote(...)``)."""
 
     def __init__(self, book: KvEventLogBook) -> None:
-        async def poll(cursor: int, resync: bool = False):
-            return book.poll(cursor, resync)
+        async def poll(cursor: int, resync: bool = False, poller: str | None = None):
+            return book.poll(cursor, resync, poller)
 
         self.poll = SimpleNamespace(remote=poll)
 

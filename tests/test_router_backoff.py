@@ -81,3 +81,26 @@ def test_a_call_pinned_to_a_missing_rank_waits_and_routes_once_the_rank_arrives(
 
 def test_an_unpinned_call_still_routes_at_once() -> None:
     assert route_when_rank_arrives_late(make("round-robin"), pinned=None) == ["a"]
+
+
+@pytest.mark.parametrize("name", sorted(ROUTER_CLASSES))
+def test_a_call_pinned_to_a_group_and_rank_reaches_that_groups_rank(name) -> None:
+    """With two groups, ``dp_rank`` alone picks one fixed group's rank; ``gang_id`` picks the
+    group (how a test or an operator reaches every replica)."""
+    router = make(name)
+    replicas = [
+        Replica(f"{gang}{rank}", {"dp_rank": rank, "gang_id": gang})
+        for gang in ("g0", "g1")
+        for rank in (0, 1)
+    ]
+
+    def chosen(target: RankTarget) -> list[str]:
+        pending = SimpleNamespace(args=[target], routing_context=RequestRoutingContext())
+        picked = asyncio.run(router.choose_replicas(replicas, pending))
+        return [r.replica_id for group in picked for r in group]
+
+    assert chosen(RankTarget(1, "g1")) == ["g11"]
+    assert chosen(RankTarget(0, "g1")) == ["g10"]
+    assert chosen(RankTarget(1, "g0")) == ["g01"]
+    assert chosen(RankTarget(1)) == ["g01"]  # the rank's first replica, whichever group
+    assert chosen(RankTarget(1, "nope")) == []  # no such group: wait (the router backs off)

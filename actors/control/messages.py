@@ -15,9 +15,12 @@ from actors.control.request import Request, SamplingParams, TokenLogprobs
 
 @dataclass(frozen=True, slots=True)
 class RankTarget:
-    """Steers a call to one rank of a group (``dp_rank``); None lets the router choose."""
+    """Steers a call to one rank of a group (``dp_rank``); None lets the router choose. With
+    several groups, ``gang_id`` (the ``group`` label of the rank's metrics) names the group;
+    without it a pinned call goes to one fixed group's rank of that number."""
 
     dp_rank: int | None = None
+    gang_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -43,6 +43,7 @@ class ElasticRank:
         self.seat: seats.Seat | None = None
         self.gather: ElasticGather | None = None
         self._last_beat = 0.0
+        self._members: set[str] = set()  # the last epoch's, to tell who departed
 
     async def take_seat(self) -> tuple[int, int, str]:
         """This replica's seat: (dp_rank, the group's full size, the group's id)."""
@@ -58,6 +59,7 @@ class ElasticRank:
             dp_size,
             self.me,
             STALE_S,
+            await asyncio.to_thread(_node_id) if self.spec.spread else None,
         )
         return self.seat.dp_rank, dp_size, group_id(self.spec, self.seat.group)
 
@@ -101,7 +103,7 @@ class ElasticRank:
             on_reform=self._on_reform,
             poll_s=BEAT_S,
             host=host,
-            on_poll=self._beat,
+            on_poll=self._gathering_beat,
             meeting=meeting,
         )
         replica.core.loop.gather = SendAfterGather(self.gather, replica._outbox)
@@ -134,20 +136,24 @@ class ElasticRank:
             old.close()
         replica.row_rank = epoch.rank
         replica.metrics.note_group(epoch.world_size, reason, epoch.rank)
-        if epoch.rank == 0 and self.seat is not None:
+        departed, self._members = self._members - set(epoch.members), set(epoch.members)
+        if epoch.rank == 0 and self.seat is not None and departed:
             seats.release_departed(
-                self.store,
-                self.spec.deployment,
-                self.seat.group,
-                args.dp_size,
-                set(epoch.members),
+                self.store, self.spec.deployment, self.seat.group, args.dp_size, departed
             )
 
-    def _beat(self) -> None:
+    def _beat(self, reclaim: bool = False) -> None:
         now = time.monotonic()
         if now - self._last_beat >= BEAT_S:
             self._last_beat = now
-            seats.beat(self.store, self.spec.deployment, self.me)
+            seat = self.seat if reclaim else None
+            seats.beat(self.store, self.spec.deployment, self.me, seat=seat)
+
+    def _gathering_beat(self) -> None:
+        """The beat of a member that is gathering rounds in the current epoch: it is in the
+        group, so a seat freed under it is taken back (a paused member may have been left
+        out of an epoch it slept through, and must not)."""
+        self._beat(reclaim=True)
 
     def pause_stop(self, pause_epoch: int) -> _PauseStop:
         """What the idle pause checks each second: the replica stopping, or a joiner waiting
@@ -171,3 +177,9 @@ class _PauseStop:
             rank.replica._wake.wake(self.pause_epoch)
             return True
         return False
+
+
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()

@@ -37,6 +37,7 @@ class ElasticSpec:
     deployment: str
     num_groups: int
     window_s: float = 2.0
+    spread: bool = False  # gang_placement: spread (seats chosen by node, ``seats.claim``)
 
 
 def group_id(spec: ElasticSpec, group: int) -> str:

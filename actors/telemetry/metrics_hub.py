@@ -102,6 +102,8 @@ def get_hub() -> Any:
     """The application's hub actor, created on first use (any process may be first)."""
     import ray
 
+    from actors.head_node import on_head_node
+
     return (
         ray.remote(MetricsHub)
         .options(
@@ -111,6 +113,7 @@ def get_hub() -> Any:
             lifetime="detached",
             num_cpus=0,
             max_concurrency=16,
+            **on_head_node(),
         )
         .remote()
     )
@@ -143,18 +146,26 @@ class Pusher:
         import ray
 
         hub = None
+        last_push = None  # the previous push's result: a dead hub shows up there
         pushed_version: int | None = None
         pushed_at = -KEEPALIVE_S
         while not self._stop.wait(PUSH_INTERVAL_S):
             if not ray.is_initialized():
                 continue  # outside Ray (unit tests, the offline engine): nothing to push to
+            if last_push is not None and ray.wait([last_push], timeout=0)[0]:
+                try:
+                    ray.get(last_push)
+                except Exception as exc:  # its hub died (with its node): find or make anew
+                    logger.warning("metrics hub lost (%s); pushing to a new one", exc)
+                    hub, pushed_version = None, None
+                last_push = None
             version = self.version() if self.version is not None else None
             now = time.monotonic()
             if version is not None and version == pushed_version and now - pushed_at < KEEPALIVE_S:
                 continue
             try:
                 hub = hub or get_hub()
-                hub.push.remote(self.source, self.collect())
+                last_push = hub.push.remote(self.source, self.collect())
                 pushed_version, pushed_at = version, now
             except Exception as exc:  # the hub may be restarting; try again next tick
                 logger.debug("metrics push failed: %s", exc)

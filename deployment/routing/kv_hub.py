@@ -69,6 +69,7 @@ class KvEventLogBook:
         self._gone: deque[tuple[int, str]] = deque(maxlen=max_batches)
         self._resync_cursor = 0  # a rank (re)connected here: routers before it resync
         self.stats = HubStats()
+        self._pollers: dict[str, int] = {}  # router -> the cursor its last poll reached
 
     def publish(self, messages: Sequence[KvEventBatch | KvSnapshot]) -> None:
         """A rank's batches (and, after it (re)connects, its snapshot first), in its order."""
@@ -93,8 +94,11 @@ class KvEventLogBook:
         self._cursor += 1
         self._gone.append((self._cursor, source))
 
-    def poll(self, cursor: int, resync: bool = False) -> KvPoll:
-        """What a router at ``cursor`` lacks (a new router passes -1)."""
+    def poll(self, cursor: int, resync: bool = False, poller: str | None = None) -> KvPoll:
+        """What a router at ``cursor`` lacks (a new router passes -1); ``poller`` names the
+        router, so ``pollers`` shows how far each one has read."""
+        if poller is not None:
+            self._pollers[poller] = self._cursor
         oldest = self._log[0][0] if self._log else self._cursor + 1
         behind = cursor + 1 < oldest or cursor < self._resync_cursor
         if resync or cursor < 0 or behind:
@@ -115,6 +119,14 @@ class KvEventLogBook:
             out.append(KvSnapshot(str(source), epoch or 0, seq, keys, load, load_s))
         return out
 
+    def pollers(self) -> dict[str, int]:
+        """Each router that named itself -> the hub cursor its last poll reached: a router
+        at cursor ``c`` holds every rank's events up to ``c``."""
+        return dict(self._pollers)
+
+    def cursor(self) -> int:
+        return self._cursor
+
     def stats_dict(self) -> dict[str, float]:
         return self.stats.as_dict()
 
@@ -127,5 +139,9 @@ def hub_actor(namespace: str = HUB_NAMESPACE) -> Any:
     if not ray.is_initialized():
         return None
 
+    from actors.head_node import on_head_node
+
     cls = ray.remote(num_cpus=0, max_concurrency=1)(KvEventLogBook)
-    return cls.options(name=HUB_NAME, namespace=namespace, get_if_exists=True).remote()
+    return cls.options(
+        name=HUB_NAME, namespace=namespace, get_if_exists=True, **on_head_node()
+    ).remote()

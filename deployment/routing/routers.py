@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
+import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -47,6 +49,13 @@ def pinned_rank(pending: PendingRequest | None) -> int | None:
     return None if rank is None else int(rank)
 
 
+def pinned_gang(pending: PendingRequest | None) -> str | None:
+    """The group a pinned call names (``RankTarget.gang_id``), if any."""
+    if pending is None or not pending.args:
+        return None
+    return getattr(pending.args[0], "gang_id", None)
+
+
 def _rank_of(replica: RunningReplica) -> int | None:
     # Static metadata arrives with the replica itself; periodic stats may lag (after a gang
     # restart they can take a while), so they are only the fallback.
@@ -74,7 +83,13 @@ class _RankRouter(RequestRouter):
         pinned = pinned_rank(pending_request)
         if pinned is not None:
             # Empty until the ranks have reported their stats: the router backs off and retries.
-            matches = [r for r in ranked if _rank_of(r) == pinned]
+            gang = pinned_gang(pending_request)
+            matches = [
+                r
+                for r in ranked
+                if _rank_of(r) == pinned
+                and (gang is None or r.replica_metadata.get("gang_id") == gang)
+            ]
             if not matches:
                 self._log_missing_rank(pinned, ranked)
             return [matches[:1]] if matches else []
@@ -198,6 +213,7 @@ class KvAwareRouter(_RankRouter):
         self._cursor = -1
         self._polling: asyncio.Future | None = None
         self._last_poll = float("-inf")
+        self._poller = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"  # for the hub
 
     def make_policy(self, config: KvRouterConfig) -> KvCostPolicy | DecodeLoadPolicy:
         return KvCostPolicy(config)
@@ -226,7 +242,7 @@ class KvAwareRouter(_RankRouter):
                 if self._hub is None:  # no cluster: nothing publishes
                     return
             resync = bool(self.policy.index.needs_resync())
-            self.apply(await self._hub.poll.remote(self._cursor, resync))
+            self.apply(await self._hub.poll.remote(self._cursor, resync, self._poller))
         except Exception as exc:  # the hub went away with its creator: make a new one
             logger.warning("KV-event hub poll failed (%s); reconnecting", exc)
             self._hub, self._cursor = None, -1

@@ -6,9 +6,14 @@ after it needs the shared app), and every node and process started here is shut 
 On it: a dp=2 elastic group spread over both nodes (``gang_placement: spread``) serves and
 streams, its idle pause and wake crossing nodes through the TCP store, ``/metrics`` naming
 both ranks; P/D with its roles pinned to different nodes (``resources_per_rank``) moves KV over
-a TCP pair; the worker node lost under streaming load costs only its rank (the group re-forms
-on the head node's rank, no stream fails) and the group returns to two ranks when a node comes
-back; ``roundgate serve --address`` joins the running cluster and leaves it running.
+a TCP pair; ``roundgate serve --address`` joins the running cluster and leaves it running.
+Then two groups of two behind two ingress replicas (the ingress and the one HTTP proxy on the
+head node, ``ingress_resources``, ``proxy_location: HeadOnly``): requests reach every rank of
+both groups, ``/metrics`` has each rank's series once per scrape, every ingress replica's
+kv-aware router reads the ranks' events; one group's restart leaves the other's epoch alone;
+and the worker node lost under both groups' streams costs each group its rank there only (no
+stream fails), the groups back to two when a node comes back. Last, a gang deployment with
+``autoscaling`` grows by a whole group under load and shrinks back after it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.helpers import BackgroundStream, complete, wait_for
 
@@ -104,13 +110,15 @@ def deploy(**args: Any) -> dict[str, Any]:
     return cfg
 
 
-def rank_call(method: str, rank: int, deployment: str = "RankReplica") -> Any:
+def rank_call(
+    method: str, rank: int, deployment: str = "RankReplica", gang: str | None = None
+) -> Any:
     from ray import serve
 
     from actors.control.messages import RankTarget
 
     handle = serve.get_deployment_handle(deployment, app_name="roundgate")
-    return getattr(handle, method).remote(RankTarget(rank)).result(timeout_s=30)
+    return getattr(handle, method).remote(RankTarget(rank, gang)).result(timeout_s=30)
 
 
 def group_sizes() -> list[int]:
@@ -132,6 +140,21 @@ def node_names() -> dict[str, str]:
     }
 
 
+def rank_series(text: str, family: str) -> list[tuple[str, str, float]]:
+    """``(group, dp_rank, value)`` of each sample of a rank family in a scrape."""
+    return [
+        (sample.labels["group"], sample.labels["dp_rank"], sample.value)
+        for metric in text_string_to_metric_families(text)
+        if metric.name == family
+        for sample in metric.samples
+        if not sample.name.endswith("_created")
+    ]
+
+
+def scrape() -> str:
+    return httpx.get(f"{URL}/metrics", timeout=30).text
+
+
 def test_a_spread_group_serves_and_wakes_across_nodes(two_nodes: TwoNodes) -> None:
     deploy(model="tiny-llama", elastic_dp=True, gang_placement="spread")
     wait_whole("one group of two")
@@ -146,44 +169,11 @@ def test_a_spread_group_serves_and_wakes_across_nodes(two_nodes: TwoNodes) -> No
         assert body["choices"][0]["finish_reason"] == "length"
     stream = BackgroundStream(URL, prompt=[9, 9, 9], max_tokens=24, ignore_eos=True)
     assert stream.done.wait(60) and stream.error is None and stream.events[-1] == "[DONE]"
-    text = httpx.get(f"{URL}/metrics", timeout=30).text
-    for rank in (0, 1):
-        assert f'dp_rank="{rank}"' in text
-
-
-def test_losing_the_worker_node_costs_only_its_rank(two_nodes: TwoNodes) -> None:
-    """Streams on both ranks; the worker node (its raylet and every process on it) is killed:
-    the head node's rank re-forms alone and keeps serving, no stream fails, and the group is two
-    again once a node comes back."""
-    names = node_names()
-    wait_whole("one group of two")
-    where = [names[rank_call("stats_snapshot", r)["node_id"]] for r in range(2)]
-    on_head = where.index("node_a")
-    streams = [BackgroundStream(URL, prompt=[7, 8, 9 + i], **STREAM) for i in range(4)]
-    for s in streams:
-        assert s.started.wait(60), s.error
-    lost_at = time.monotonic()
-    two_nodes.lose_worker()
     wait_for(
-        lambda: rank_call("stats_snapshot", on_head)["group_size"],
-        DEADLINE_S,
-        "the head node's rank to re-form alone",
-        until=lambda size: size == 1,
-        errors=(Exception,),
-    )
-    reformed_s = time.monotonic() - lost_at
-    answer = complete(URL, prompt=[3, 4, 5], max_tokens=4)
-    assert answer["choices"][0]["finish_reason"] == "length"
-    for s in streams:
-        assert s.done.wait(DEADLINE_S), "a stream never ended"
-        assert s.error is None and not s.in_stream_errors(), (s.error, s.in_stream_errors())
-        assert s.events[-1] == "[DONE]"
-    served_s = time.monotonic() - lost_at
-    two_nodes.add_worker()
-    wait_whole("the group back to two once a node came back")
-    print(
-        f"node lost: re-formed after {reformed_s:.1f} s, every stream served after "
-        f"{served_s:.1f} s, two ranks again after {time.monotonic() - lost_at:.1f} s"
+        scrape,
+        30,
+        "both ranks' series",
+        until=lambda text: all(f'dp_rank="{rank}"' in text for rank in (0, 1)),
     )
 
 
@@ -205,8 +195,8 @@ def test_pd_roles_on_two_nodes_move_kv_over_tcp(two_nodes: TwoNodes) -> None:
     prompt = list(range(3, 60))  # several pages
     body = complete(URL, prompt=prompt, max_tokens=8, temperature=0)
     assert body["choices"][0]["finish_reason"] == "length"
-    text = httpx.get(f"{URL}/metrics", timeout=30).text
-    assert "roundgate_kv_transfer" in text
+    # The transfer's series reach the hub with the ranks' next push.
+    wait_for(scrape, 30, "the KV transfer's series", until=lambda t: "roundgate_kv_transfer" in t)
 
 
 def test_serve_address_joins_a_running_cluster(two_nodes: TwoNodes, tmp_path: Path) -> None:
@@ -246,3 +236,199 @@ def test_serve_address_joins_a_running_cluster(two_nodes: TwoNodes, tmp_path: Pa
     assert "roundgate ready on" in out
     assert ray.is_initialized() and len([n for n in ray.nodes() if n["Alive"]]) == 2
     assert "roundgate" not in serve.status().applications
+
+
+# Two groups of two, spread: each node holds one rank of each group (``seats.claim`` by node);
+# the front door on the head node, so losing the worker node cannot take a client's connection.
+TWO_GROUPS = {
+    "model": "tiny-llama",
+    "elastic_dp": True,
+    "gang_placement": "spread",
+    "num_groups": 2,
+    "ingress_replicas": 2,
+    "ingress_resources": {"node_a": 0.01},
+    "router": "kv-aware",
+    "enable_prefix_caching": True,
+}
+
+
+def ranks_seen() -> dict[tuple[str, int], dict[str, Any]]:
+    """(group, dp_rank) -> that rank's ``stats_snapshot``, for every rank in ``/metrics``."""
+    keys = {(g, int(r)) for g, r, _ in rank_series(scrape(), "roundgate_group_size")}
+    return {(g, r): rank_call("stats_snapshot", r, gang=g) for g, r in sorted(keys)}
+
+
+def wait_two_whole_groups() -> dict[tuple[str, int], dict[str, Any]]:
+    return wait_for(
+        ranks_seen,
+        DEADLINE_S,
+        "two groups of two",
+        until=lambda seen: len(seen) == 4 and all(s["group_size"] == 2 for s in seen.values()),
+        errors=(Exception,),
+    )
+
+
+def test_two_groups_behind_two_ingress_replicas(two_nodes: TwoNodes) -> None:
+    import ray
+
+    from actors.control.kv_events import HUB_NAME, HUB_NAMESPACE
+
+    deploy(**TWO_GROUPS)
+    seen = wait_two_whole_groups()
+    names = node_names()
+    groups = sorted({g for g, _ in seen})
+    for group in groups:  # a node's loss will cost each group one rank, not one group two
+        nodes = sorted(names[seen[(group, r)]["node_id"]] for r in range(2))
+        assert nodes == ["node_a", "node_b"], (group, nodes)
+    hub = ray.get_actor(HUB_NAME, namespace=HUB_NAMESPACE)
+    # Sixteen distinct prompts at once: both ingress replicas' routers spread them.
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [[11 + i, 40 + i, *range(60, 60 + 40)] for i in range(16)]
+    with ThreadPoolExecutor(8) as pool:
+        bodies = list(pool.map(lambda p: complete(URL, prompt=p, max_tokens=8), prompts))
+    assert all(b["choices"][0]["finish_reason"] == "length" for b in bodies)
+    # Every rank prefilled some of them (its metrics reach the hub a push interval later).
+    wait_for(
+        lambda: {
+            (g, int(r)): v for g, r, v in rank_series(scrape(), "roundgate_rank_prefill_tokens")
+        },
+        30,
+        "every rank's share of the prompts",
+        until=lambda tokens: (
+            sorted(tokens) == sorted(seen)
+            and all(v > 0 for v in tokens.values())
+            and sum(tokens.values()) >= sum(len(p) for p in prompts)
+        ),
+    )
+    # /metrics: every rank's series once per scrape, whichever ingress replica answers it.
+    for _ in range(6):
+        keys = [(g, r) for g, r, _ in rank_series(scrape(), "roundgate_group_size")]
+        assert sorted(keys) == sorted((g, str(r)) for g, r in seen), keys
+    # Every rank's events are in the hub; each ingress replica's router has read up to them.
+    held = wait_for(
+        lambda: ray.get(hub.snapshots.remote(), timeout=30),
+        30,
+        "the hub to hold every rank's pages",
+        until=lambda snaps: len([s for s in snaps if s.keys]) == 4,
+    )
+    assert len(held) == 4
+    cursor = ray.get(hub.cursor.remote(), timeout=30)
+    for i in range(16):  # sequential: Serve's proxy spreads them over both ingress replicas
+        complete(URL, prompt=prompts[i], max_tokens=1)
+    pollers = ray.get(hub.pollers.remote(), timeout=30)
+    current = [p for p, c in pollers.items() if c >= cursor]
+    assert len({p.split(":")[1] for p in current}) == 2, (pollers, cursor)
+
+
+def test_every_rank_finds_a_new_metrics_hub_when_the_hub_dies(two_nodes: TwoNodes) -> None:
+    """The hub is one actor (on the head node); killed, the next scrape makes a new one and
+    every rank's pusher, seeing its last push fail, pushes there: all four ranks are back."""
+    import ray
+
+    from actors.telemetry.metrics_hub import HUB_NAME, HUB_NAMESPACE
+
+    seen = wait_two_whole_groups()
+    ray.kill(ray.get_actor(HUB_NAME, namespace=HUB_NAMESPACE))
+    wait_for(
+        lambda: sorted((g, int(r)) for g, r, _ in rank_series(scrape(), "roundgate_group_size")),
+        60,
+        "every rank's series on a new hub",
+        until=lambda keys: keys == sorted(seen),
+        errors=(httpx.HTTPError,),
+    )
+
+
+def test_a_group_restart_is_invisible_to_the_other_group(two_nodes: TwoNodes) -> None:
+    """One rank of one group killed under eight streams: its group re-forms (a new epoch),
+    the other group's epoch never changes, and no stream fails."""
+    import ray
+
+    seen = wait_two_whole_groups()
+    victim_group, other = sorted({g for g, _ in seen})
+    before = {r: seen[(other, r)]["epoch"] for r in range(2)}
+    victim_epoch = seen[(victim_group, 0)]["epoch"]
+    streams = [BackgroundStream(URL, prompt=[4, 5, 6 + i], **STREAM) for i in range(8)]
+    for s in streams:
+        assert s.started.wait(60), s.error
+    ray.kill(ray.get_actor(seen[(victim_group, 1)]["actor_name"], namespace="serve"))
+    for s in streams:
+        assert s.done.wait(DEADLINE_S), "a stream never ended"
+        assert s.error is None and not s.in_stream_errors(), (s.error, s.in_stream_errors())
+    seen = wait_two_whole_groups()
+    assert {r: seen[(other, r)]["epoch"] for r in range(2)} == before
+    assert seen[(victim_group, 0)]["epoch"] > victim_epoch  # it did re-form
+
+
+def test_losing_the_worker_node_costs_each_group_its_rank_there(two_nodes: TwoNodes) -> None:
+    """Both groups stream; the worker node (its raylet and every process on it) is killed:
+    each group re-forms on its head-node rank and serves on, no stream fails, and both are two
+    again once a node comes back."""
+    seen = wait_two_whole_groups()
+    names = node_names()
+    on_head = [key for key, s in seen.items() if names[s["node_id"]] == "node_a"]
+    assert sorted(g for g, _ in on_head) == sorted({g for g, _ in seen})  # one per group
+    streams = [BackgroundStream(URL, prompt=[7, 8, 9 + i], **STREAM) for i in range(8)]
+    for s in streams:
+        assert s.started.wait(60), s.error
+    lost_at = time.monotonic()
+    two_nodes.lose_worker()
+    wait_for(
+        lambda: [rank_call("stats_snapshot", r, gang=g)["group_size"] for g, r in on_head],
+        DEADLINE_S,
+        "each group's head-node rank to re-form alone",
+        until=lambda sizes: sizes == [1, 1],
+        errors=(Exception,),
+    )
+    reformed_s = time.monotonic() - lost_at
+    answer = complete(URL, prompt=[3, 4, 5], max_tokens=4)
+    assert answer["choices"][0]["finish_reason"] == "length"
+    for s in streams:
+        assert s.done.wait(DEADLINE_S), "a stream never ended"
+        assert s.error is None and not s.in_stream_errors(), (s.error, s.in_stream_errors())
+        assert s.events[-1] == "[DONE]"
+    served_s = time.monotonic() - lost_at
+    two_nodes.add_worker()
+    wait_two_whole_groups()
+    print(
+        f"node lost: both groups re-formed after {reformed_s:.1f} s, every stream served "
+        f"after {served_s:.1f} s, both groups two again after {time.monotonic() - lost_at:.1f} s"
+    )
+
+
+def test_autoscaling_adds_and_removes_whole_groups(two_nodes: TwoNodes) -> None:
+    """A gang deployment with ``autoscaling`` (one to two groups of two): eight long streams
+    bring up a second whole group, their end takes it away, and Serve never runs (or
+    starts, or stops) a replica count that is not whole groups."""
+    from ray import serve
+
+    scale = {
+        "min_groups": 1,
+        "max_groups": 2,
+        "target_ongoing_requests_per_rank": 1,
+        "upscale_delay_s": 0.5,
+        "downscale_delay_s": 2,
+        "look_back_period_s": 2,
+    }
+    deploy(model="tiny-llama", elastic_dp=False, num_groups=1, autoscaling=scale)
+    counts: list[int] = []  # every replica Serve has, in any state, at each sample
+
+    def running() -> int:
+        states = serve.status().applications["roundgate"].deployments["RankReplica"]
+        counts.append(sum(states.replica_states.values()))
+        return states.replica_states.get("RUNNING", 0)
+
+    wait_for(running, 60, "one group at rest", until=lambda n: n == 2)
+    streams = [
+        BackgroundStream(URL, prompt=[2, 3, 4 + i], max_tokens=2000, ignore_eos=True)
+        for i in range(8)
+    ]
+    try:
+        wait_for(running, DEADLINE_S, "a second group under load", until=lambda n: n == 4)
+        assert all(s.error is None for s in streams)
+    finally:
+        for s in streams:
+            s.close()
+    wait_for(lambda: (running(), counts[-1]), DEADLINE_S, "back to one group",
+             until=lambda n: n == (2, 2))  # fmt: skip
+    assert counts and all(n % 2 == 0 for n in counts), counts
