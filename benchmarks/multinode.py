@@ -100,7 +100,7 @@ def main() -> None:
     folder = Path("/tmp") / f"roundgate-multinode-{ns.port}"
     folder.mkdir(exist_ok=True)
     try:
-        cluster.add_node(num_cpus=2, resources={"node_b": 1})
+        cluster.add_node(num_cpus=2, resources={"node_b": 1}, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, logging_level="WARNING")
         result["cluster_start_s"] = time.monotonic() - started
@@ -109,6 +109,10 @@ def main() -> None:
         base = {"model": ns.model, "elastic_dp": True, "gang_placement": "spread",
                 "ingress_resources": {"node_a": 0.01}}  # fmt: skip
         for groups in (1, 2):
+            # A fresh app each time: Serve's rolling update would start the new version's
+            # replicas beside the old ones, and ``max_replicas_per_node`` (spread) counts both.
+            if groups > 1:
+                serve.delete("roundgate")
             t0 = time.monotonic()
             deploy(cfg, {**base, "num_groups": groups})
             wait_ready(url)
@@ -160,7 +164,7 @@ def main() -> None:
             t.join(600)
         result["node_loss_all_streams_ended_s"] = time.monotonic() - lost
         result["node_loss_failed_streams"] = sum(1 for o in outs if o.get("error"))
-        cluster.add_node(num_cpus=2, resources={"node_b": 1})
+        cluster.add_node(num_cpus=2, resources={"node_b": 1}, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
         while True:
             try:

@@ -1,4 +1,9 @@
-"""Test-session setup: Triton's interpreter on machines without a GPU.
+"""Test-session setup: Ray on loopback, and Triton's interpreter on machines without a GPU.
+
+Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` once, when first imported: unset, it takes a
+cluster address of ``127.0.0.1`` to mean the machine's outward address, and a driver joining
+the multi-node tests' cluster dials that instead of loopback (where a sandbox may not answer).
+Any unit test may import ray first, so the loopback settings go in before all of them.
 
 Triton fixes the mode of its own ``tl`` helpers when it is first imported, so
 ``TRITON_INTERPRET=1`` has to be in the environment before anything imports triton: here,
@@ -13,6 +18,10 @@ from __future__ import annotations
 import os
 
 import pytest
+
+from deployment.local import use_loopback_env
+
+use_loopback_env()
 
 if not os.path.exists("/dev/nvidiactl"):
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -52,7 +52,9 @@ class TwoNodes:
     worker: Any
 
     def add_worker(self) -> None:
-        self.worker = self.cluster.add_node(num_cpus=2, resources={"node_b": 1})
+        self.worker = self.cluster.add_node(
+            num_cpus=2, resources={"node_b": 1}, node_ip_address="127.0.0.1"
+        )
         self.cluster.wait_for_nodes()
 
     def lose_worker(self) -> None:
