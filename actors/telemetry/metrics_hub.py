@@ -152,13 +152,14 @@ class Pusher:
         while not self._stop.wait(PUSH_INTERVAL_S):
             if not ray.is_initialized():
                 continue  # outside Ray (unit tests, the offline engine): nothing to push to
-            if last_push is not None and ray.wait([last_push], timeout=0)[0]:
+            if last_push is not None:
                 try:
-                    ray.get(last_push)
-                except Exception as exc:  # its hub died (with its node): find or make anew
+                    if ray.wait([last_push], timeout=0)[0]:
+                        ray.get(last_push)
+                        last_push = None
+                except Exception as exc:  # its hub died (with its node), or the cluster did
                     logger.warning("metrics hub lost (%s); pushing to a new one", exc)
-                    hub, pushed_version = None, None
-                last_push = None
+                    hub, pushed_version, last_push = None, None, None
             version = self.version() if self.version is not None else None
             now = time.monotonic()
             if version is not None and version == pushed_version and now - pushed_at < KEEPALIVE_S:

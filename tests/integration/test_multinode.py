@@ -2,18 +2,18 @@
 and a custom resource), shared by this module's tests.
 
 The session's one-node cluster is ended first (this module sorts after every other; nothing
-after it needs the shared app), and every node and process started here is shut down after.
-On it: a dp=2 elastic group spread over both nodes (``gang_placement: spread``) serves and
-streams, its idle pause and wake crossing nodes through the TCP store, ``/metrics`` naming
-both ranks; P/D with its roles pinned to different nodes (``resources_per_rank``) moves KV over
-a TCP pair; ``roundgate serve --address`` joins the running cluster and leaves it running.
-Then two groups of two behind two ingress replicas (the ingress and the one HTTP proxy on the
-head node, ``ingress_resources``, ``proxy_location: HeadOnly``): requests reach every rank of
-both groups, ``/metrics`` has each rank's series once per scrape, every ingress replica's
-kv-aware router reads the ranks' events; one group's restart leaves the other's epoch alone;
-and the worker node lost under both groups' streams costs each group its rank there only (no
-stream fails), the groups back to two when a node comes back. Last, a gang deployment with
-``autoscaling`` grows by a whole group under load and shrinks back after it.
+after it needs the shared app), and every node and process started here is shut down after. On
+it: P/D with its roles pinned to different nodes (``resources_per_rank``) moves KV over a TCP
+pair; ``roundgate serve --address`` joins the running cluster and leaves it running; a gang
+deployment with ``autoscaling`` grows by a whole group under load and shrinks back after it.
+Then two elastic groups of two, each spread over both nodes (``gang_placement: spread``), behind
+two ingress replicas (the ingress and the one HTTP proxy on the head node,
+``ingress_resources``, ``proxy_location: HeadOnly``): idle pause and wake cross nodes through
+the TCP store, streams flow, requests reach every rank of both groups, ``/metrics`` has each
+rank's series once per scrape, every ingress replica's kv-aware router reads the ranks' events;
+one group's restart leaves the other's epoch alone; and the worker node lost under both groups'
+streams costs each group its rank there only (no stream fails), the groups back to two when a
+node comes back.
 """
 
 from __future__ import annotations
@@ -71,8 +71,9 @@ def two_nodes() -> Iterator[TwoNodes]:
     from ray import serve
     from ray.cluster_utils import Cluster
 
+    # Both clusters go with everything on them, so Serve gets seconds, not a graceful drain.
     if ray.is_initialized():  # the session's one-node cluster: nothing after this needs it
-        shutdown(serve, ray)
+        shutdown(serve, ray, timeout_s=5)
     started = time.monotonic()
     cluster = Cluster(
         initialize_head=True,
@@ -90,7 +91,7 @@ def two_nodes() -> Iterator[TwoNodes]:
         print(f"two-node cluster up in {time.monotonic() - started:.1f} s")
         yield nodes
     finally:
-        shutdown(serve, ray)
+        shutdown(serve, ray, timeout_s=5)
         cluster.shutdown()
 
 
@@ -123,14 +124,6 @@ def rank_call(
     return getattr(handle, method).remote(RankTarget(rank, gang)).result(timeout_s=30)
 
 
-def group_sizes() -> list[int]:
-    return [rank_call("stats_snapshot", r)["group_size"] for r in range(2)]
-
-
-def wait_whole(what: str) -> None:
-    wait_for(group_sizes, DEADLINE_S, what, until=lambda s: s == [2, 2], errors=(Exception,))
-
-
 def node_names() -> dict[str, str]:
     """Node id -> the custom resource that names it (``node_a``: the head)."""
     import ray
@@ -155,28 +148,6 @@ def rank_series(text: str, family: str) -> list[tuple[str, str, float]]:
 
 def scrape() -> str:
     return httpx.get(f"{URL}/metrics", timeout=30).text
-
-
-def test_a_spread_group_serves_and_wakes_across_nodes(two_nodes: TwoNodes) -> None:
-    deploy(model="tiny-llama", elastic_dp=True, gang_placement="spread")
-    wait_whole("one group of two")
-    names = node_names()
-    where = [names[rank_call("stats_snapshot", r)["node_id"]] for r in range(2)]
-    assert sorted(where) == ["node_a", "node_b"], where
-    # Each request below meets a paused (idle) group: the wake crosses nodes (TCP store).
-    for rank in (0, 1, None):
-        pinned = {} if rank is None else {"dp_rank": rank}
-        time.sleep(0.5)
-        body = complete(URL, prompt=[5, 6, 7], max_tokens=8, **pinned)
-        assert body["choices"][0]["finish_reason"] == "length"
-    stream = BackgroundStream(URL, prompt=[9, 9, 9], max_tokens=24, ignore_eos=True)
-    assert stream.done.wait(60) and stream.error is None and stream.events[-1] == "[DONE]"
-    wait_for(
-        scrape,
-        30,
-        "both ranks' series",
-        until=lambda text: all(f'dp_rank="{rank}"' in text for rank in (0, 1)),
-    )
 
 
 def test_pd_roles_on_two_nodes_move_kv_over_tcp(two_nodes: TwoNodes) -> None:
@@ -240,6 +211,52 @@ def test_serve_address_joins_a_running_cluster(two_nodes: TwoNodes, tmp_path: Pa
     assert "roundgate" not in serve.status().applications
 
 
+def test_autoscaling_adds_and_removes_whole_groups(two_nodes: TwoNodes) -> None:
+    """A gang deployment with ``autoscaling`` (one to two groups of two): eight long streams
+    bring up a second whole group, their end takes it away, and Serve never runs (or
+    starts, or stops) a replica count that is not whole groups."""
+    from ray import serve
+
+    scale = {
+        "min_groups": 1,
+        "max_groups": 2,
+        "target_ongoing_requests_per_rank": 1,
+        "upscale_delay_s": 0.5,
+        "downscale_delay_s": 1,
+        "look_back_period_s": 2,
+    }
+    deploy(model="tiny-llama", elastic_dp=False, num_groups=1, autoscaling=scale)
+    counts: list[int] = []  # every replica Serve has, in any state, at each sample
+
+    def running() -> int:
+        states = serve.status().applications["roundgate"].deployments["RankReplica"]
+        counts.append(sum(states.replica_states.values()))
+        return states.replica_states.get("RUNNING", 0)
+
+    wait_for(running, 60, "one group at rest", until=lambda n: n == 2)
+    streams: list[BackgroundStream] = []
+
+    def loaded() -> int:
+        """Eight streams in flight (an ended one replaced), and the running replicas."""
+        streams[:] = [s for s in streams if not s.done.is_set()]
+        while len(streams) < 8:
+            streams.append(
+                BackgroundStream(URL, prompt=[2, 3, 4, len(counts) % 50], max_tokens=1000,
+                                 ignore_eos=True)
+            )  # fmt: skip
+        return running()
+
+    try:
+        wait_for(loaded, DEADLINE_S, "a second group under load", until=lambda n: n == 4)
+    finally:
+        for s in streams:
+            s.close()
+    assert all(s.error is None for s in streams), [s.error for s in streams]
+    wait_for(lambda: (running(), counts[-1]), DEADLINE_S, "back to one group",
+             until=lambda n: n == (2, 2))  # fmt: skip
+    assert counts and all(n % 2 == 0 for n in counts), counts
+
+
 # Two groups of two, spread: each node holds one rank of each group (``seats.claim`` by node);
 # the front door on the head node, so losing the worker node cannot take a client's connection.
 TWO_GROUPS = {
@@ -282,13 +299,23 @@ def test_two_groups_behind_two_ingress_replicas(two_nodes: TwoNodes) -> None:
     for group in groups:  # a node's loss will cost each group one rank, not one group two
         nodes = sorted(names[seen[(group, r)]["node_id"]] for r in range(2))
         assert nodes == ["node_a", "node_b"], (group, nodes)
+    # Each request below meets paused (idle) groups: a wake crosses nodes (the TCP store).
+    for rank, group in ((0, groups[0]), (1, groups[1]), (None, None)):
+        time.sleep(0.5)
+        pinned = {} if rank is None else {"dp_rank": rank}
+        body = complete(URL, prompt=[5, 6, 7], max_tokens=8, ignore_eos=True, **pinned)
+        assert body["choices"][0]["finish_reason"] == "length", group
+    stream = BackgroundStream(URL, prompt=[9, 9, 9], max_tokens=24, ignore_eos=True)
+    assert stream.done.wait(60) and stream.error is None and stream.events[-1] == "[DONE]"
     hub = ray.get_actor(HUB_NAME, namespace=HUB_NAMESPACE)
     # Sixteen distinct prompts at once: both ingress replicas' routers spread them.
     from concurrent.futures import ThreadPoolExecutor
 
     prompts = [[11 + i, 40 + i, *range(60, 60 + 40)] for i in range(16)]
     with ThreadPoolExecutor(8) as pool:
-        bodies = list(pool.map(lambda p: complete(URL, prompt=p, max_tokens=8), prompts))
+        bodies = list(
+            pool.map(lambda p: complete(URL, prompt=p, max_tokens=8, ignore_eos=True), prompts)
+        )
     assert all(b["choices"][0]["finish_reason"] == "length" for b in bodies)
     # Every rank prefilled some of them (its metrics reach the hub a push interval later).
     wait_for(
@@ -383,7 +410,7 @@ def test_losing_the_worker_node_costs_each_group_its_rank_there(two_nodes: TwoNo
         errors=(Exception,),
     )
     reformed_s = time.monotonic() - lost_at
-    answer = complete(URL, prompt=[3, 4, 5], max_tokens=4)
+    answer = complete(URL, prompt=[3, 4, 5], max_tokens=4, ignore_eos=True)
     assert answer["choices"][0]["finish_reason"] == "length"
     for s in streams:
         assert s.done.wait(DEADLINE_S), "a stream never ended"
@@ -396,41 +423,3 @@ def test_losing_the_worker_node_costs_each_group_its_rank_there(two_nodes: TwoNo
         f"node lost: both groups re-formed after {reformed_s:.1f} s, every stream served "
         f"after {served_s:.1f} s, both groups two again after {time.monotonic() - lost_at:.1f} s"
     )
-
-
-def test_autoscaling_adds_and_removes_whole_groups(two_nodes: TwoNodes) -> None:
-    """A gang deployment with ``autoscaling`` (one to two groups of two): eight long streams
-    bring up a second whole group, their end takes it away, and Serve never runs (or
-    starts, or stops) a replica count that is not whole groups."""
-    from ray import serve
-
-    scale = {
-        "min_groups": 1,
-        "max_groups": 2,
-        "target_ongoing_requests_per_rank": 1,
-        "upscale_delay_s": 0.5,
-        "downscale_delay_s": 2,
-        "look_back_period_s": 2,
-    }
-    deploy(model="tiny-llama", elastic_dp=False, num_groups=1, autoscaling=scale)
-    counts: list[int] = []  # every replica Serve has, in any state, at each sample
-
-    def running() -> int:
-        states = serve.status().applications["roundgate"].deployments["RankReplica"]
-        counts.append(sum(states.replica_states.values()))
-        return states.replica_states.get("RUNNING", 0)
-
-    wait_for(running, 60, "one group at rest", until=lambda n: n == 2)
-    streams = [
-        BackgroundStream(URL, prompt=[2, 3, 4 + i], max_tokens=2000, ignore_eos=True)
-        for i in range(8)
-    ]
-    try:
-        wait_for(running, DEADLINE_S, "a second group under load", until=lambda n: n == 4)
-        assert all(s.error is None for s in streams)
-    finally:
-        for s in streams:
-            s.close()
-    wait_for(lambda: (running(), counts[-1]), DEADLINE_S, "back to one group",
-             until=lambda n: n == (2, 2))  # fmt: skip
-    assert counts and all(n % 2 == 0 for n in counts), counts
