@@ -64,16 +64,17 @@ class TwoNodes:
 
 @pytest.fixture(scope="module")
 def two_nodes() -> Iterator[TwoNodes]:
-    from deployment.local import shutdown, use_loopback_env
+    from deployment.local import use_loopback_env
 
     use_loopback_env()
     import ray
-    from ray import serve
     from ray.cluster_utils import Cluster
 
-    # Both clusters go with everything on them, so Serve gets seconds, not a graceful drain.
+    # Both clusters go with everything on them, Serve's processes too: no graceful drain (a
+    # ``serve.shutdown`` still running would reconnect the driver once Ray is down), and the
+    # next ``serve.start`` drops the old session's client by itself.
     if ray.is_initialized():  # the session's one-node cluster: nothing after this needs it
-        shutdown(serve, ray, timeout_s=5)
+        ray.shutdown()
     started = time.monotonic()
     cluster = Cluster(
         initialize_head=True,
@@ -91,7 +92,7 @@ def two_nodes() -> Iterator[TwoNodes]:
         print(f"two-node cluster up in {time.monotonic() - started:.1f} s")
         yield nodes
     finally:
-        shutdown(serve, ray, timeout_s=5)
+        ray.shutdown()
         cluster.shutdown()
 
 
@@ -213,8 +214,9 @@ def test_serve_address_joins_a_running_cluster(two_nodes: TwoNodes, tmp_path: Pa
 
 def test_autoscaling_adds_and_removes_whole_groups(two_nodes: TwoNodes) -> None:
     """A gang deployment with ``autoscaling`` (one to two groups of two): eight long streams
-    bring up a second whole group, their end takes it away, and Serve never runs (or
-    starts, or stops) a replica count that is not whole groups."""
+    bring up a second whole group, their end takes it away, and Serve never holds a replica
+    count that is not whole groups (a gang's two replicas change state one after the other,
+    so an odd count may show for a moment, never for seconds)."""
     from ray import serve
 
     scale = {
@@ -227,10 +229,18 @@ def test_autoscaling_adds_and_removes_whole_groups(two_nodes: TwoNodes) -> None:
     }
     deploy(model="tiny-llama", elastic_dp=False, num_groups=1, autoscaling=scale)
     counts: list[int] = []  # every replica Serve has, in any state, at each sample
+    odd_since: list[float] = []  # when the current run of odd counts began
+    longest_odd_s = 0.0
 
     def running() -> int:
+        nonlocal longest_odd_s
         states = serve.status().applications["roundgate"].deployments["RankReplica"]
         counts.append(sum(states.replica_states.values()))
+        if counts[-1] % 2:
+            odd_since[:] = odd_since or [time.monotonic()]
+            longest_odd_s = max(longest_odd_s, time.monotonic() - odd_since[0])
+        else:
+            odd_since.clear()
         return states.replica_states.get("RUNNING", 0)
 
     wait_for(running, 60, "one group at rest", until=lambda n: n == 2)
@@ -254,7 +264,7 @@ def test_autoscaling_adds_and_removes_whole_groups(two_nodes: TwoNodes) -> None:
     assert all(s.error is None for s in streams), [s.error for s in streams]
     wait_for(lambda: (running(), counts[-1]), DEADLINE_S, "back to one group",
              until=lambda n: n == (2, 2))  # fmt: skip
-    assert counts and all(n % 2 == 0 for n in counts), counts
+    assert longest_odd_s < 3.0, (longest_odd_s, counts)
 
 
 # Two groups of two, spread: each node holds one rank of each group (``seats.claim`` by node);
