@@ -24,6 +24,7 @@ from actors.replica.elastic_gather import ElasticGather
 from actors.replica.elastic_member import ElasticSpec, enter, group_id
 from actors.replica.epoch_group import form_group
 from actors.replica.membership import Epoch, RayKvStore, joiners
+from actors.replica.node import node_id
 
 # A seat whose holder has not said it is alive for this long is free to take.
 STALE_S = 30.0
@@ -59,7 +60,7 @@ class ElasticRank:
             dp_size,
             self.me,
             STALE_S,
-            await asyncio.to_thread(_node_id) if self.spec.spread else None,
+            await asyncio.to_thread(node_id) if self.spec.spread else None,
         )
         return self.seat.dp_rank, dp_size, group_id(self.spec, self.seat.group)
 
@@ -177,9 +178,3 @@ class _PauseStop:
             rank.replica._wake.wake(self.pause_epoch)
             return True
         return False
-
-
-def _node_id() -> str:
-    import ray
-
-    return ray.get_runtime_context().get_node_id()

@@ -18,3 +18,10 @@ def multinode_host() -> str | None:
     if len(nodes) <= 1:
         return None
     return ray.util.get_node_ip_address()
+
+
+def node_id() -> str:
+    """The Ray node this process runs on (where placement put it)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()

@@ -34,7 +34,7 @@ from actors.replica.elastic import ElasticRank
 from actors.replica.elastic_member import ElasticSpec
 from actors.replica.group_wake import STOP_CHECK_S, open_group_wake
 from actors.replica.kv_sender import KvEventSender
-from actors.replica.node import device_type, multinode_host
+from actors.replica.node import device_type, multinode_host, node_id
 from actors.replica.outbox import RoundOutbox, SendAfterGather
 from actors.server_args import ServerArgs
 from actors.telemetry import gate_log
@@ -353,7 +353,7 @@ class RankReplica:
         return {
             "dp_rank": self.rank,
             "pid": os.getpid(),
-            "node_id": _node_id(),
+            "node_id": node_id(),
             "gang_id": self.gang_id,
             "actor_name": _actor_name(),
             "waiting": len(sched.queues.waiting),
@@ -416,13 +416,6 @@ def _actor_name() -> str | None:
     import ray
 
     return ray.get_runtime_context().get_actor_name()
-
-
-def _node_id() -> str:
-    """The Ray node this rank runs on (where ``gang_placement`` put it)."""
-    import ray
-
-    return ray.get_runtime_context().get_node_id()
 
 
 def _limit_threads() -> None:
