@@ -74,6 +74,18 @@ def sizes(gangs: list[tuple[str, int]]) -> list[int]:
     ]
 
 
+def wait_sizes(gangs: list[tuple[str, int]], size: int) -> None:
+    """Until every named rank reports a group of ``size`` (a rank between lives may not
+    answer: try again)."""
+    while True:
+        try:
+            if sizes(gangs) == [size] * len(gangs):
+                return
+        except Exception:
+            pass
+        time.sleep(0.2)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
@@ -152,13 +164,7 @@ def main() -> None:
         lost = time.monotonic()
         worker = next(n for n in cluster.worker_nodes)
         cluster.remove_node(worker, allow_graceful=False)
-        while True:
-            try:
-                if sizes(on_head) == [1] * len(on_head):
-                    break
-            except Exception:
-                pass
-            time.sleep(0.2)
+        wait_sizes(on_head, 1)
         result["node_loss_reformed_s"] = time.monotonic() - lost
         for t in threads:
             t.join(600)
@@ -166,13 +172,7 @@ def main() -> None:
         result["node_loss_failed_streams"] = sum(1 for o in outs if o.get("error"))
         cluster.add_node(num_cpus=2, resources={"node_b": 1}, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
-        while True:
-            try:
-                if sizes(every) == [2] * len(every):
-                    break
-            except Exception:
-                pass
-            time.sleep(0.5)
+        wait_sizes(every, 2)
         result["node_loss_whole_again_s"] = time.monotonic() - lost
     finally:
         print(json.dumps(result, indent=1))
