@@ -92,8 +92,13 @@ def two_nodes() -> Iterator[TwoNodes]:
         print(f"two-node cluster up in {time.monotonic() - started:.1f} s")
         yield nodes
     finally:
-        ray.shutdown()
-        cluster.shutdown()
+        for _ in range(3):
+            ray.shutdown()
+            try:
+                cluster.shutdown()
+                break
+            except ValueError:  # a driver thread's Ray call reconnected it after the shutdown
+                continue
 
 
 def config(**args: Any) -> dict[str, Any]:
