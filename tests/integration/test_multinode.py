@@ -99,6 +99,11 @@ def two_nodes() -> Iterator[TwoNodes]:
                 break
             except ValueError:  # a driver thread's Ray call reconnected it after the shutdown
                 continue
+        else:  # still reconnected: end every node's processes directly
+            ray.shutdown()
+            for node in [*cluster.worker_nodes, cluster.head_node]:
+                if node is not None:
+                    node.kill_all_processes(check_alive=False, allow_graceful=False)
 
 
 def config(**args: Any) -> dict[str, Any]:
