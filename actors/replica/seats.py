@@ -54,9 +54,9 @@ def beat(
 ) -> None:
     """Say ``me`` is alive (every second or so, running or paused); with ``seat``, also take
     it back if it was freed while ``me`` held it, so no replacement can sit there too."""
-    key = f"roundgate/seats/{deployment}/beat/{me}"
-    store.delete(key)
-    store.put_if_absent(key, repr(time.time() if now is None else now))
+    _put(
+        store, f"roundgate/seats/{deployment}/beat/{me}", repr(time.time() if now is None else now)
+    )
     if seat is not None:
         store.put_if_absent(_key(deployment, seat), me)
 
