@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
 
 from actors.telemetry.metrics import RequestMetricSet
 from actors.telemetry.metrics_hub import Pusher, get_hub, snapshot
+from deployment.openai.errors import APIError
+
+# A killed hub's name is freed a moment after its death; the scrape that sees the dead actor
+# asks for the hub again (a new one, once the name is free) this many times before a 503.
+HUB_TRIES = 5
+HUB_RETRY_S = 0.5
 
 
 class RequestTimer:
@@ -76,5 +83,25 @@ class RequestRecorder:
 
 
 async def exposition() -> bytes:
-    """The merged exposition of every process of the application."""
-    return await get_hub().exposition.remote()
+    """The merged exposition of every process of the application.
+
+    The hub is one actor: killed (or lost with a node), the next call creates a new one, which
+    the ranks find on their next push. Until the old one's name is freed, ``get_hub`` can still
+    hand back the dead actor, so a failed call is retried; a hub still unreachable then is a 503
+    naming it, not a 500 (``/health`` of an elastic deployment reads group sizes here too).
+    """
+    from ray.exceptions import RayActorError
+
+    lost: RayActorError | None = None
+    for _ in range(HUB_TRIES):
+        try:
+            return await get_hub().exposition.remote()
+        except RayActorError as exc:
+            lost = exc
+            await asyncio.sleep(HUB_RETRY_S)
+    raise APIError(
+        503,
+        f"the metrics hub actor is unavailable: {type(lost).__name__}",
+        code="metrics_hub_unavailable",
+        headers={"Retry-After": "1"},
+    ) from lost

@@ -158,7 +158,9 @@ class Pusher:
                         ray.get(last_push)
                         last_push = None
                 except Exception as exc:  # its hub died (with its node), or the cluster did
-                    logger.warning("metrics hub lost (%s); pushing to a new one", exc)
+                    logger.warning(
+                        "metrics hub lost (%s); pushing to a new one", type(exc).__name__
+                    )
                     hub, pushed_version, last_push = None, None, None
             version = self.version() if self.version is not None else None
             now = time.monotonic()
