@@ -68,11 +68,18 @@ def two_nodes() -> Iterator[TwoNodes]:
 
     use_loopback_env()
     import ray
+    import ray._private.auto_init_hook as auto_init_hook
     from ray.cluster_utils import Cluster
 
     # Both clusters go with everything on them, Serve's processes too: no graceful drain (a
     # ``serve.shutdown`` still running would reconnect the driver once Ray is down), and the
-    # next ``serve.start`` drops the old session's client by itself.
+    # next ``serve.start`` drops the old session's client by itself. Ray's auto-connect is off
+    # from here on: a thread that an earlier test left in this process (a metrics pusher, a
+    # handle's) making a Ray call between a ``ray.shutdown`` and the next ``ray.init`` would
+    # otherwise connect the driver again, and a driver connected to a cluster whose processes
+    # are then ended exits the whole pytest process once it gives up on the GCS.
+    auto_connect = auto_init_hook.enable_auto_connect
+    auto_init_hook.enable_auto_connect = False
     if ray.is_initialized():  # the session's one-node cluster: nothing after this needs it
         ray.shutdown()
     started = time.monotonic()
@@ -92,18 +99,9 @@ def two_nodes() -> Iterator[TwoNodes]:
         print(f"two-node cluster up in {time.monotonic() - started:.1f} s")
         yield nodes
     finally:
-        for _ in range(3):
-            ray.shutdown()
-            try:
-                cluster.shutdown()
-                break
-            except ValueError:  # a driver thread's Ray call reconnected it after the shutdown
-                continue
-        else:  # still reconnected: end every node's processes directly
-            ray.shutdown()
-            for node in [*cluster.worker_nodes, cluster.head_node]:
-                if node is not None:
-                    node.kill_all_processes(check_alive=False, allow_graceful=False)
+        ray.shutdown()
+        cluster.shutdown()
+        auto_init_hook.enable_auto_connect = auto_connect
 
 
 def config(**args: Any) -> dict[str, Any]:
