@@ -151,21 +151,25 @@ def pd_fault(url: str, ns: argparse.Namespace) -> dict[str, Any]:
     fault_at = time.monotonic()
     os.kill(victim["pid"], signal.SIGKILL)
     restarted_s = answered_s = None
-    while time.monotonic() - fault_at < 300 and answered_s is None:
+    # Both moments are waited for: a request can be answered (by the role's other ranks, or
+    # by a restarted prefill rank before a stats probe reaches it) before the new process is
+    # seen, and the other way round.
+    while time.monotonic() - fault_at < 300 and (answered_s is None or restarted_s is None):
         if restarted_s is None:
             try:
                 if rank_stats(handle, 0)["pid"] != victim["pid"]:
                     restarted_s = time.monotonic() - fault_at
             except Exception:
                 pass
-        try:
-            r = httpx.post(
-                f"{url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 1}, timeout=30
-            )
-            if r.status_code == 200:
-                answered_s = time.monotonic() - fault_at
-        except httpx.HTTPError:
-            pass
+        if answered_s is None:
+            try:
+                r = httpx.post(
+                    f"{url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 1}, timeout=30
+                )
+                if r.status_code == 200:
+                    answered_s = time.monotonic() - fault_at
+            except httpx.HTTPError:
+                pass
         time.sleep(0.2)
     for s in streams:
         s.join(600)
