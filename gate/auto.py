@@ -28,7 +28,13 @@ gathered rows, with defaults meant to be left alone:
   many long streams running (reasoning), windows must be rare. Such a window waits until the
   oldest prompt has used three quarters of its TTFT slack (the TTFT bound less its own
   prefill), so each one carries as many prompts as the TTFT bound allows.
-- **Liveness** (``--prefill-max-wait-ms``): whatever the estimates say, no prompt waits longer.
+- **Liveness** (``--prefill-max-wait-ms``): whatever the estimates say, no prompt waits longer,
+  but for the one round that keeps two windows apart. A rank's prompts queue behind its own
+  chunked prefill, so under a steady stream of long prompts some held prompt is always past the
+  bound; granting it the round right after a window would run windows back to back every
+  round, and every stream of a rank that extends in both sees one gap of two chunk rounds
+  while its decodes starve (the long-prefill regime past saturation lost a third of its
+  goodput so).
 
 An idle group (no rank decodes) has nothing to protect: the gate opens at once. Every input is
 a gathered row or state derived from gathered rows, so every rank votes the same.
@@ -161,9 +167,11 @@ class AutoGate(RoundByRound):
             return _VOTES["idle"]
         now = max(row.extras[_NOW] for row in rows)
         ages = [self._age_ms(row.extras[_HEAD], now) for row in wanting]
+        if self.since_prefill < self._gap:
+            return CLOSED  # never two windows back to back, not even for liveness
         if max(ages) >= self.config.max_wait_ms:
             return _VOTES["liveness"]
-        if self.credit < self._per_window or self.since_prefill < self._gap:
+        if self.credit < self._per_window:
             return CLOSED
         if not any(row.has_decode_work and not row.wants_prefill for row in rows):
             return _VOTES["all"]

@@ -187,6 +187,26 @@ def wait_until_open_any(gate: AutoGate, t: int) -> int:
     raise AssertionError("never opened")
 
 
+@pytest.mark.parametrize(("hold", "waits"), [(2, 1), (0, 0)])
+def test_liveness_keeps_two_windows_apart(hold: int, waits: int) -> None:
+    """A prompt past the bound, met right after a window, waits that one round (with any hold
+    asked for): back-to-back windows give the streams of a rank extending in both one gap of
+    two chunk rounds, and under a steady stream of long prompts they would run every round."""
+    gate, t = learned(max_wait_ms=300.0, hold_rounds=hold)
+    head = 40  # rounds: far past 300 ms
+    window = step(
+        gate, [auto_row(True, extend_tokens=4000, head=head, now=t), auto_row(False, now=t)]
+    )
+    assert window.open and window.reason == "liveness"
+    t += DECODE_MS + 620
+    for held in range(waits + 1):
+        head += 1
+        vote = step(gate, [auto_row(True, head=head, now=t), auto_row(False, now=t)])
+        assert vote.open == (held == waits), (held, vote)
+        t += DECODE_MS
+    assert vote.reason == "liveness"
+
+
 @pytest.mark.parametrize(
     ("config", "flag"),
     [
