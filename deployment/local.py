@@ -47,11 +47,16 @@ def use_loopback_env() -> None:
 
 
 def start_local_cluster(num_cpus: int | None = None) -> None:
-    """``ray.init`` on loopback, without the dashboard (call before any other Ray use)."""
+    """``ray.init`` of a new cluster on loopback, without the dashboard (call before any
+    other Ray use). ``address="local"``: a bare ``ray.init()`` joins the cluster named in
+    Ray's ``ray_current_cluster`` file instead, which a ``ray start`` (or a test cluster) that
+    died without cleaning up leaves behind; joining a cluster is ``join_cluster``'s, asked
+    for with ``--address``."""
     use_loopback_env()
     import ray
 
     ray.init(
+        address="local",
         num_cpus=num_cpus,
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
