@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from typing import Any
@@ -10,6 +11,8 @@ from typing import Any
 from actors.telemetry.metrics import RequestMetricSet
 from actors.telemetry.metrics_hub import Pusher, get_hub, snapshot
 from deployment.openai.errors import APIError
+
+logger = logging.getLogger("roundgate.metrics")
 
 # A killed hub's name is freed a moment after its death; the scrape that sees the dead actor
 # asks for the hub again (a new one, once the name is free) this many times before a 503.
@@ -90,14 +93,15 @@ async def exposition() -> bytes:
     hand back the dead actor, so a failed call is retried; a hub still unreachable then is a 503
     naming it, not a 500 (``/health`` of an elastic deployment reads group sizes here too).
     """
-    from ray.exceptions import RayActorError
-
-    lost: RayActorError | None = None
+    lost: Exception | None = None
     for _ in range(HUB_TRIES):
         try:
             return await get_hub().exposition.remote()
-        except RayActorError as exc:
+        except Exception as exc:  # the dead actor's error, or a new one's creation racing
             lost = exc
+            logger.warning(
+                "metrics hub call failed (%s: %s); asking again", type(exc).__name__, exc
+            )
             await asyncio.sleep(HUB_RETRY_S)
     raise APIError(
         503,

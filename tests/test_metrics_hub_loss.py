@@ -55,3 +55,19 @@ def test_a_hub_that_stays_dead_is_a_503_naming_it(monkeypatch: pytest.MonkeyPatc
     assert err.value.code == "metrics_hub_unavailable"
     assert "metrics hub" in err.value.message
     assert len(handed) == request_metrics.HUB_TRIES
+
+
+def test_a_pusher_made_outside_ray_starts_no_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica's pusher runs in its Ray worker; one made elsewhere (a unit test, the offline
+    engine) must not leave a thread behind that later pushes from a test session's driver."""
+    import threading
+
+    import ray
+
+    from actors.telemetry.metrics_hub import Pusher
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    before = {t for t in threading.enumerate() if t.name == "metrics-push"}
+    pusher = Pusher("ingress:test", lambda: [])
+    assert {t for t in threading.enumerate() if t.name == "metrics-push"} == before
+    pusher.stop()  # nothing to join or drop

@@ -133,14 +133,21 @@ class Pusher:
         ``KEEPALIVE_S``. An idle rank then costs nothing a second."""
         # Imported here, on the caller's thread: ray's package init is not safe to race
         # against another thread's first ``import ray`` (a partially initialised module).
-        import ray  # noqa: F401
+        import ray
 
         self.source = source
         self.collect = collect
         self.version = version
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="metrics-push", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        # Outside Ray (unit tests, the offline engine) there is no hub: no thread either.
+        # Replicas are made inside their Ray worker, so this is never a Ray process that
+        # joins a cluster later; a thread started here anyway would outlive its owner and,
+        # once the process did join one (a test session's driver), push under a source
+        # nobody drops, once a second.
+        if ray.is_initialized():
+            self._thread = threading.Thread(target=self._run, name="metrics-push", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         import ray
@@ -151,7 +158,7 @@ class Pusher:
         pushed_at = -KEEPALIVE_S
         while not self._stop.wait(PUSH_INTERVAL_S):
             if not ray.is_initialized():
-                continue  # outside Ray (unit tests, the offline engine): nothing to push to
+                return  # the process left its cluster (it is shutting down)
             if last_push is not None:
                 try:
                     if ray.wait([last_push], timeout=0)[0]:
@@ -178,7 +185,7 @@ class Pusher:
         """Stop pushing and (``leave``) take this source's series off the hub now, so a
         replaced replica's numbers do not linger beside its successor's for ``STALE_S``."""
         self._stop.set()
-        if not leave:
+        if not leave or self._thread is None:
             return
         # A push in flight would put the series back after the drop.
         if self._thread is not threading.current_thread():
