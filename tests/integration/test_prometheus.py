@@ -6,6 +6,7 @@ a deadline, and a timeout says what was awaited and what was last seen."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -112,14 +113,22 @@ def _empty(items: list) -> bool:
 
 
 def _scrapes_since(url: str, since: float) -> dict[str, float]:
-    """Per series of the prefill counter: samples in the last minute, and whether the newest
-    was scraped after ``since`` (a wall-clock time)."""
-    counts = query(url, "count_over_time(roundgate_prefill_rounds_total[1m])")["result"]
-    stamps = query(url, "timestamp(roundgate_prefill_rounds_total)")["result"]
+    """Per series of the prefill counter that the newest scrape still holds: samples in the
+    last minute, and whether its newest was scraped after ``since`` (a wall-clock time). A
+    series gone from the scrapes (a replaced replica's, from an earlier module) is left out:
+    it keeps whatever count it had in the minute's window until the window passes it."""
+    counts = {
+        json.dumps(v["metric"], sort_keys=True): float(v["value"][1])
+        for v in query(url, "count_over_time(roundgate_prefill_rounds_total[1m])")["result"]
+    }
+    stamps = {
+        json.dumps(v["metric"], sort_keys=True): float(v["value"][1])
+        for v in query(url, "timestamp(roundgate_prefill_rounds_total)")["result"]
+    }
     return {
-        "series": len(counts),
-        "min_samples": min((float(v["value"][1]) for v in counts), default=0.0),
-        "newest_after_start": bool(stamps) and min(float(v["value"][1]) for v in stamps) > since,
+        "series": len(stamps),
+        "min_samples": min((counts.get(k, 0.0) for k in stamps), default=0.0),
+        "newest_after_start": bool(stamps) and min(stamps.values()) > since,
     }
 
 
