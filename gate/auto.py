@@ -165,10 +165,10 @@ class AutoGate(RoundByRound):
             return CLOSED
         if not any(row.has_decode_work for row in rows):
             return _VOTES["idle"]
-        now = max(row.extras[_NOW] for row in rows)
-        ages = [self._age_ms(row.extras[_HEAD], now) for row in wanting]
         if self.since_prefill < self._gap:
             return CLOSED  # never two windows back to back, not even for liveness
+        now = max(row.extras[_NOW] for row in rows)
+        ages = [self._age_ms(row.extras[_HEAD], now) for row in wanting]
         if max(ages) >= self.config.max_wait_ms:
             return _VOTES["liveness"]
         if self.credit < self._per_window:
