@@ -18,6 +18,8 @@ logger = logging.getLogger("roundgate.metrics")
 # asks for the hub again (a new one, once the name is free) this many times before a 503.
 HUB_TRIES = 5
 HUB_RETRY_S = 0.5
+# What a 503 tells the scraper: a new hub is up within about a second of the old one's death.
+HUB_RETRY_AFTER_S = 1
 
 
 class RequestTimer:
@@ -93,19 +95,17 @@ async def exposition() -> bytes:
     hand back the dead actor, so a failed call is retried; a hub still unreachable then is a 503
     naming it, not a 500 (``/health`` of an elastic deployment reads group sizes here too).
     """
-    lost: Exception | None = None
-    for _ in range(HUB_TRIES):
+    for attempt in range(1, HUB_TRIES + 1):
         try:
             return await get_hub().exposition.remote()
         except Exception as exc:  # the dead actor's error, or a new one's creation racing
-            lost = exc
-            logger.warning(
-                "metrics hub call failed (%s: %s); asking again", type(exc).__name__, exc
-            )
+            logger.warning("metrics hub call failed (%s: %s)", type(exc).__name__, exc)
+            if attempt == HUB_TRIES:
+                raise APIError(
+                    503,
+                    f"the metrics hub actor is unavailable: {type(exc).__name__}",
+                    code="metrics_hub_unavailable",
+                    headers={"Retry-After": str(HUB_RETRY_AFTER_S)},
+                ) from exc
             await asyncio.sleep(HUB_RETRY_S)
-    raise APIError(
-        503,
-        f"the metrics hub actor is unavailable: {type(lost).__name__}",
-        code="metrics_hub_unavailable",
-        headers={"Retry-After": "1"},
-    ) from lost
+    raise AssertionError("HUB_TRIES must be >= 1")
