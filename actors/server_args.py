@@ -19,14 +19,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from actors import kv_budget
-from actors.model.config import ModelConfig
-from actors.model.resolve import resolve_model_config
-from gate import registry
-from gate.delay import PrefillDelay
-from gate.policy import PrefillPolicy
-from gate.spec import PolicyContext, annotation_type
-from kernels.triton_env import check_triton_device
+from roundgate.actors import kv_budget
+from roundgate.actors.model.config import ModelConfig
+from roundgate.actors.model.resolve import resolve_model_config
+from roundgate.gate import registry
+from roundgate.gate.delay import PrefillDelay
+from roundgate.gate.policy import PrefillPolicy
+from roundgate.gate.spec import PolicyContext, annotation_type
+from roundgate.kernels.triton_env import check_triton_device
 
 
 class DisaggregationRole(enum.StrEnum):
@@ -35,7 +35,7 @@ class DisaggregationRole(enum.StrEnum):
     ``FUSED`` prefills and decodes; ``PREFILL`` computes a prompt's KV and first token, then
     hands the request to a decode rank; ``DECODE`` takes handoffs, receives their KV, and only
     decodes. The KV crosses between the two through the scheduler's connector
-    (``actors.control.kv_connector``).
+    (``roundgate.actors.control.kv_connector``).
     """
 
     FUSED = "fused"

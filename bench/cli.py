@@ -16,15 +16,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.client import RequestResult, run_load
-from bench.report import format_table, summarize, write_plots
-from bench.sessions import hit_counters, hit_rate, run_sessions, scrape_metrics, scrape_settled
-from deployment.local import DEFAULT_CONFIG
-from gate import registry
-from routing import registry as routers
-from sim.arrivals import Arrival
-from sim.sessions import SESSION_WORKLOADS, Session, SessionSpec, make_sessions
-from sim.workload import ARRIVALS, LENGTH_DISTS, WorkloadSpec, generate
+from roundgate.bench.client import RequestResult, run_load
+from roundgate.bench.report import format_table, summarize, write_plots
+from roundgate.bench.sessions import (
+    hit_counters,
+    hit_rate,
+    run_sessions,
+    scrape_metrics,
+    scrape_settled,
+)
+from roundgate.deployment.local import DEFAULT_CONFIG
+from roundgate.gate import registry
+from roundgate.routing import registry as routers
+from roundgate.sim.arrivals import Arrival
+from roundgate.sim.sessions import SESSION_WORKLOADS, Session, SessionSpec, make_sessions
+from roundgate.sim.workload import ARRIVALS, LENGTH_DISTS, WorkloadSpec, generate
 
 LENGTH_PRESETS = {"short": (32, 32), "chat": (230, 200), "long-prompt": (900, 32)}
 
@@ -210,7 +216,7 @@ def run(ns: argparse.Namespace) -> int:
         arrivals = session_workload(ns) if ns.sessions else workload(ns)
         policies = [s.strip() for s in ns.compare.split(",")] if ns.compare else []
         if ns.compare or ns.compare_prefix_caching:
-            from deployment.local import load_config
+            from roundgate.deployment.local import load_config
 
             cfg = load_config(ns.config)
             base = cfg["applications"][0]["args"]
@@ -252,7 +258,7 @@ def run(ns: argparse.Namespace) -> int:
 def _compare(
     ns: argparse.Namespace, cfg: dict[str, Any], overrides: dict[str, dict], arrivals: list[Arrival]
 ):
-    from deployment.local import config_url, each_deployment, load_config
+    from roundgate.deployment.local import config_url, each_deployment, load_config
 
     url = config_url(cfg)
     named, configs = [], {}

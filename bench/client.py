@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from sim.arrivals import Arrival
+from roundgate.sim.arrivals import Arrival
 
 
 @dataclass

@@ -3,8 +3,8 @@ the comparisons decode.
 
 ``make llamacpp`` builds ``.venv-llamacpp`` with the ``xllamacpp`` package (llama.cpp and ggml
 statically linked); its server runs there (``benchmarks/llamacpp_server.py``), never in a
-process with torch, and ggml's own operations are called in its library by ``bench.ggml_ops``.
-``benchmarks/vs_llamacpp.py`` compares throughput against it and
+process with torch, and ggml's own operations are called in its library by
+``roundgate.bench.ggml_ops``. ``benchmarks/vs_llamacpp.py`` compares throughput against it and
 ``tests/integration/test_int8_dot_vs_llamacpp.py`` the int8-dot weight path's tokens.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actors.model.gguf_file import packaged_path
+from roundgate.actors.model.gguf_file import packaged_path
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMACPP_VENV = REPO / ".venv-llamacpp"

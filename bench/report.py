@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.client import RequestResult
-from sim.goodput import count_slow, meets_itl_p99
-from sim.report import percentiles
+from roundgate.bench.client import RequestResult
+from roundgate.sim.goodput import count_slow, meets_itl_p99
+from roundgate.sim.report import percentiles
 
 
 def summarize(

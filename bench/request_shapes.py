@@ -7,7 +7,8 @@ shapes one chat completion's data takes from the HTTP body to the scheduler and 
   ``dict``, because holding several of a type adds no type a reader must learn; only a
   container of scalars is a shape of its own (``list[int]``: token ids), since scalars are not
   shapes. A named tuple is a record, not a container: ``TokenEvent`` counts as itself.
-- Per-request telemetry (types of ``deployment.request_metrics``: ``RequestTimer``) is not the
+- Per-request telemetry (types of ``roundgate.deployment.request_metrics``: ``RequestTimer``) is not
+the
   request's data: it counts tokens and times about the request, and nothing of the response or
   of the rank's work is built from it.
 """
@@ -18,9 +19,9 @@ from typing import Any
 
 SCALARS = (int, float, str, bool, bytes, type(None))
 # Per-request telemetry, not the request's data.
-TELEMETRY_MODULES = ("deployment.request_metrics",)
+TELEMETRY_MODULES = ("roundgate.deployment.request_metrics",)
 # The project's packages: their types are named bare, any other with its package.
-PROJECT_MODULES = ("deployment", "actors", "sim")
+PROJECT_MODULES = ("roundgate.deployment", "roundgate.actors", "roundgate.sim")
 
 
 def is_container(value: Any) -> bool:

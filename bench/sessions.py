@@ -2,7 +2,7 @@
 
 Each session sends its turns one after another: a turn's prompt is the previous prompt, the
 token ids the server answered (``return_token_ids``) and the next message, sent ``think_s``
-after the answer ended, as ``sim.sessions`` builds them for the simulator. The
+after the answer ended, as ``roundgate.sim.sessions`` builds them for the simulator. The
 session's id travels as the API's ``user`` field (the cache-aware router's affinity key).
 The deployment's prefix-cache hit rate is read from its ``/metrics`` before and after.
 """
@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 
 import httpx
 
-from bench.client import RequestResult, one_request
-from sim.sessions import Session
+from roundgate.bench.client import RequestResult, one_request
+from roundgate.sim.sessions import Session
 
 HIT_COUNTERS = ("roundgate_prefix_cache_queries", "roundgate_prefix_cache_hits")
 
@@ -99,7 +99,7 @@ def scrape_settled(url: str, api_key: str | None = None, max_wait_s: float = 10.
     so a scrape right after the last response can miss that response's own counts (a served
     test read the same too-low hit rate, 0.195, twice). Scrapes a push interval
     apart until the hit counters stop moving, at most ``max_wait_s``."""
-    from actors.telemetry.metrics_hub import PUSH_INTERVAL_S
+    from roundgate.actors.telemetry.metrics_hub import PUSH_INTERVAL_S
 
     gap = 1.5 * PUSH_INTERVAL_S
     text = scrape_metrics(url, api_key)

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.cli import DEFAULT_CONFIG, policy_overrides
-from deployment.local import config_url, each_deployment, load_config
+from roundgate.bench.cli import DEFAULT_CONFIG, policy_overrides
+from roundgate.deployment.local import config_url, each_deployment, load_config
 
 # AIPerf's metric tags kept in the report (its JSON has many more).
 KEPT = (
@@ -42,7 +42,7 @@ KEPT = (
 
 def tokenizer_dir(model_args: dict[str, Any]) -> Path:
     """A directory holding the served model's tokenizer (AIPerf needs one, offline)."""
-    from actors.model.tokenizer import HFTokenizer, load_tokenizer
+    from roundgate.actors.model.tokenizer import HFTokenizer, load_tokenizer
 
     tok = load_tokenizer(model_args["model"])
     if not isinstance(tok, HFTokenizer):

@@ -18,13 +18,13 @@ import argparse
 import statistics
 import time
 
-from actors.control.rank_loop import RankLoop
-from actors.control.request import Request, SamplingParams
-from actors.control.scheduler import Scheduler
-from actors.server_args import ServerArgs
-from gate import registry
-from sim.cost_executor import CostExecutor
-from sim.round_costs import TOY
+from roundgate.actors.control.rank_loop import RankLoop
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate import registry
+from roundgate.sim.cost_executor import CostExecutor
+from roundgate.sim.round_costs import TOY
 
 POLICY_ARGS = {
     "roundgate": {"prefill_attempt_interval": 4, "prefill_any_attempt_interval": 16},

@@ -12,7 +12,7 @@ and the tied LM head (576 -> 49152, a fifth of the model's bytes). Kernels:
 - ``int8-weight-only``: ``aten._weight_int8pack_mm`` (int8 weights, float activations);
 - ``int8-dynamic``: fbgemm's ``quantized.linear_dynamic`` (int8 weights per channel,
   activations quantized per call);
-- ``gguf-blocks``: ours (``kernels.quant``), the weight as a GGUF file's Q4_1 blocks, what
+- ``gguf-blocks``: ours (``roundgate.kernels.quant``), the weight as a GGUF file's Q4_1 blocks, what
   ``--gguf-weights packed`` runs (exact to the dequantized weights);
 - ``gguf-int8-dot``: the same blocks, activations quantized to 8 bits per block and integer
   dot products (``--gguf-weights int8-dot``, llama.cpp's arithmetic).
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels.quant import FORMATS, BlockWeights, block_linear
+from roundgate.kernels.quant import FORMATS, BlockWeights, block_linear
 
 SHAPES = {"gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, 49152)}
 # One decode step of SmolLM2-135M's GGUF: (in, out) per layer, then the tied Q8_0 LM head.

@@ -30,10 +30,10 @@ def decode_tok_s(threads: int, weights: str, new_tokens: int, repeats: int, mode
     """Batch-1 decode tokens/s (median round of each request, median over requests)."""
     import torch
 
-    from actors.control.engine_core import EngineCore
-    from actors.control.request import Request, SamplingParams
-    from actors.model.runner import ModelRunner
-    from actors.server_args import ServerArgs
+    from roundgate.actors.control.engine_core import EngineCore
+    from roundgate.actors.control.request import Request, SamplingParams
+    from roundgate.actors.model.runner import ModelRunner
+    from roundgate.actors.server_args import ServerArgs
 
     torch.set_num_threads(threads)
     args = ServerArgs(model="smollm2-135m-instruct", device="cpu", gguf_weights=weights)

@@ -40,7 +40,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import join_pair, run_pair, serve_config, stop, wait_ready
+from common import join_pair, run_pair, serve_config, stop, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
 PORT = 18773
@@ -150,7 +150,7 @@ def bench_once(
     out = folder / f"bench-{seed}.json"
     num_requests = 1 if concurrency == 1 else 2 * concurrency
     command = [
-        sys.executable, "-m", "cli.main", "bench", "--url", url,
+        sys.executable, "-m", "roundgate.cli.main", "bench", "--url", url,
         "--concurrency", str(concurrency), "--num-requests", str(num_requests),
         "--input-len", "256", "--output-len", "64",
         "--seed", str(seed), "--json", str(out), "--no-progress",

@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from actors.model.tokenizer import load_tokenizer
+    from roundgate.actors.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer("smollm2-135m-instruct")
     hf_tok, vocab = tok._tok, 49152

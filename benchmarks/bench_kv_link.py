@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def _peer(rank: int, init: str, ns: dict[str, Any], out: Any) -> None:
     import torch
 
-    from actors.model.resolve import resolve_model_config
-    from actors.replica.kv_link import KVLink, open_store
-    from kernels.attention import PagedKVCache
+    from roundgate.actors.model.resolve import resolve_model_config
+    from roundgate.actors.replica.kv_link import KVLink, open_store
+    from roundgate.kernels.attention import PagedKVCache
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)

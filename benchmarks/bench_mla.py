@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from actors.model.config import ModelConfig
-from actors.model.families import read_model_dir
+from roundgate.actors.model.config import ModelConfig
+from roundgate.actors.model.families import read_model_dir
 
 SHAPE = {
     "vocab_size": 4096,

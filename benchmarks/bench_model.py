@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable
 
 import torch
+from common import ragged_prompts, runner_decode_steps, runner_prefill_seconds
 
-from actors.model.config import PRESETS
-from actors.model.gguf_file import find_gguf
-from actors.model.runner import ModelRunner
-from actors.model.weights import random_hf_state, save_hf_dir
-from actors.server_args import ServerArgs
-from benchmarks.common import ragged_prompts, runner_decode_steps, runner_prefill_seconds
+from roundgate.actors.model.config import PRESETS
+from roundgate.actors.model.gguf_file import find_gguf
+from roundgate.actors.model.runner import ModelRunner
+from roundgate.actors.model.weights import random_hf_state, save_hf_dir
+from roundgate.actors.server_args import ServerArgs
 
 # Wall clock by default; --clock cpu switches to process CPU time, steadier on a shared
 # machine (with --threads 1 it is the compute actually spent).

@@ -27,11 +27,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
-from actors.control.kv_pool import KVPool
-from actors.control.request import Request, SamplingParams
-from actors.control.round import RoundPlan, ScheduledChunk
-from actors.model.runner import ModelRunner
-from actors.server_args import ServerArgs
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.control.round import RoundPlan, ScheduledChunk
+from roundgate.actors.model.runner import ModelRunner
+from roundgate.actors.server_args import ServerArgs
 
 # Process CPU time by default (--clock), steadier on a shared machine.
 CLOCK: Callable[[], float] = time.process_time

@@ -24,8 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from benchmarks.common import join_pair, run_pair
+from common import join_pair, run_pair
 
 CONTROL = ("vote", "plan", "probe", "observe", "update", "stream")
 
@@ -44,11 +43,11 @@ def timed(store: dict[str, list[float]], name: str, fn: Callable) -> Callable:
 
 def worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
     join_pair(rank, port)
-    from actors.control.engine_core import EngineCore
-    from actors.control.request import Request, SamplingParams
-    from actors.model.runner import ModelRunner
-    from actors.replica.torch_gather import TorchGather
-    from actors.server_args import ServerArgs
+    from roundgate.actors.control.engine_core import EngineCore
+    from roundgate.actors.control.request import Request, SamplingParams
+    from roundgate.actors.model.runner import ModelRunner
+    from roundgate.actors.replica.torch_gather import TorchGather
+    from roundgate.actors.server_args import ServerArgs
 
     args = ServerArgs(
         model="tiny-moe",
@@ -79,7 +78,7 @@ def worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
     loop.gather.all_gather = timed(times, "all_gather", loop.gather.all_gather)
     loop.executor.execute = timed(times, "forward", loop.executor.execute)
     core.on_event = timed(times, "stream", sink.append)
-    from actors.telemetry.rank_metrics import RankMetrics
+    from roundgate.actors.telemetry.rank_metrics import RankMetrics
 
     metrics = RankMetrics("bench", "tiny-moe", rank)
     gen = torch.Generator().manual_seed(rank)

@@ -19,14 +19,14 @@ import time
 
 import torch
 
-from actors.control.kv_pool import KVPool
-from actors.control.request import Request, SamplingParams
-from actors.control.round import RoundPlan, ScheduledChunk
-from actors.model.generation_config import read_generation_config
-from actors.model.round_sampling import sample_round
-from actors.model.runner import ModelRunner
-from actors.model.tokenizer import load_tokenizer, stop_token_ids
-from actors.server_args import ServerArgs
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.control.round import RoundPlan, ScheduledChunk
+from roundgate.actors.model.generation_config import read_generation_config
+from roundgate.actors.model.round_sampling import sample_round
+from roundgate.actors.model.runner import ModelRunner
+from roundgate.actors.model.tokenizer import load_tokenizer, stop_token_ids
+from roundgate.actors.server_args import ServerArgs
 
 MODEL = "smollm2-135m-instruct"
 SCHEMA = {

@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from actors.control.messages import RankTarget
+from roundgate.actors.control.messages import RankTarget
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_MS = 15.0
@@ -62,8 +62,8 @@ async def http_ttft(client: httpx.AsyncClient, prompt: str) -> float:
 
 
 async def direct_ttft(ranks: Any, prompt_ids: list[int]) -> float:
-    from actors.control.messages import GenerateRequest
-    from actors.control.request import SamplingParams
+    from roundgate.actors.control.messages import GenerateRequest
+    from roundgate.actors.control.request import SamplingParams
 
     message = GenerateRequest(
         request_id=f"bench-{uuid.uuid4().hex}",
@@ -108,7 +108,7 @@ def summarize(seconds: list[float]) -> dict[str, float]:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from ray import serve
 
-    from actors.model.tokenizer import ByteTokenizer
+    from roundgate.actors.model.tokenizer import ByteTokenizer
 
     # Inside the event loop: a handle's router may live on the caller's loop (Serve's
     # throughput-optimized mode), and the HTTP client shares the same loop either way.
@@ -163,7 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.requests < 2 or args.warmup < 0 or args.gap_s < 0:
         parser.error("--requests must be >= 2; --warmup and --gap-s >= 0")
 
-    from deployment.local import LOOPBACK_ENV, deploy, load_config, shutdown, start_local_cluster
+    from roundgate.deployment.local import (
+        LOOPBACK_ENV,
+        deploy,
+        load_config,
+        shutdown,
+        start_local_cluster,
+    )
 
     if args.attach:
         for key, value in LOOPBACK_ENV.items():

@@ -3,11 +3,11 @@
     .venv/bin/python benchmarks/bench_simulator.py [--policy roundgate] [--rounds 100000]
         [--rate 8] [--workload chat] [--costs h100-dsv3] [--profile]
 
-Runs ``--rounds`` group rounds of the real control plane (``sim.spec.simulate``, no timeline,
-no progress bar) on a Poisson workload with enough requests to keep the group busy throughout,
-and prints rounds/s by wall clock and by process CPU time (steadier on a shared machine), the
-mean decodes per rank-round (the per-request share of the work), and the output tokens/s.
-``--profile`` prints the top of a cProfile of the same run instead of timing it.
+Runs ``--rounds`` group rounds of the real control plane (``roundgate.sim.spec.simulate``, no
+timeline, no progress bar) on a Poisson workload with enough requests to keep the group busy
+throughout, and prints rounds/s by wall clock and by process CPU time (steadier on a shared
+machine), the mean decodes per rank-round (the per-request share of the work), and the output
+tokens/s. ``--profile`` prints the top of a cProfile of the same run instead of timing it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import cProfile
 import pstats
 import time
 
-from actors.server_args import ServerArgs
-from gate import registry
-from sim.round_costs import PRESETS
-from sim.spec import SimSpec, simulate
-from sim.workload import WORKLOADS, WorkloadSpec, generate
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate import registry
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.spec import SimSpec, simulate
+from roundgate.sim.workload import WORKLOADS, WorkloadSpec, generate
 
 # Each policy's own settings (the simulate command's defaults).
 POLICY_ARGS = {

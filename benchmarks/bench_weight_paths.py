@@ -19,14 +19,14 @@ import time
 from collections.abc import Callable
 
 import torch
+from common import ragged_prompts, runner_decode_steps, runner_prefill_seconds
 
-from actors.model.gguf_blocks import decode_weight_bytes
-from actors.model.runner import ModelRunner
-from actors.server_args import ServerArgs
-from benchmarks.common import ragged_prompts, runner_decode_steps, runner_prefill_seconds
-from kernels.attention.batch import PagedKVCache, build_attention_batch
-from kernels.attention.torch_ref import TorchAttention
-from kernels.quant import BlockLinear
+from roundgate.actors.model.gguf_blocks import decode_weight_bytes
+from roundgate.actors.model.runner import ModelRunner
+from roundgate.actors.server_args import ServerArgs
+from roundgate.kernels.attention.batch import PagedKVCache, build_attention_batch
+from roundgate.kernels.attention.torch_ref import TorchAttention
+from roundgate.kernels.quant import BlockLinear
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:

@@ -9,7 +9,7 @@ Each ``--bench`` is a ``roundgate bench --compare ... --metrics-dir DIR`` report
 fitted over the runs' scrapes (``--fit-from`` limits which policies' runs, ``--fit-bench``
 which reports', i.e. which loads, so a prediction can be checked on runs the fit never saw),
 each run is replayed in the simulator with them, and live vs simulated TTFT and ITL are
-printed with the error of each (``sim.live_check``).
+printed with the error of each (``roundgate.sim.live_check``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sim.live_check import TOLERANCE, predict
+from roundgate.sim.live_check import TOLERANCE, predict
 
 
 def main(argv: list[str] | None = None) -> int:

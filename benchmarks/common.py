@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 if TYPE_CHECKING:
-    from actors.model.runner import ModelRunner
+    from roundgate.actors.model.runner import ModelRunner
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,7 +36,7 @@ def serve_config(
     """``roundgate serve`` on ``cfg`` (written to ``path``), in its own session."""
     path.write_text(yaml.safe_dump(cfg))
     return subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "serve", "--config", str(path)],
+        [sys.executable, "-m", "roundgate.cli.main", "serve", "--config", str(path)],
         cwd=REPO,
         env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
@@ -97,7 +97,7 @@ def run_pair(target: Callable, ns: argparse.Namespace, timeout_s: float) -> dict
     loopback port); what each put on ``out`` as ``(rank, result)``, by rank."""
     import torch.multiprocessing as mp
 
-    from actors.replica.rendezvous import free_port
+    from roundgate.actors.replica.rendezvous import free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -130,9 +130,9 @@ def runner_decode_steps(
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[float]:
     """Seconds of each decode round after one prefill round (``new_tokens - 1`` rounds)."""
-    from actors.control.kv_pool import KVPool
-    from actors.control.request import Request, SamplingParams
-    from actors.control.round import RoundPlan, ScheduledChunk
+    from roundgate.actors.control.kv_pool import KVPool
+    from roundgate.actors.control.request import Request, SamplingParams
+    from roundgate.actors.control.round import RoundPlan, ScheduledChunk
 
     page_size = runner.args.page_size
     pool = KVPool(runner.args.num_kv_pages, page_size)
@@ -161,9 +161,9 @@ def runner_prefill_seconds(
     runner: ModelRunner, prompt: list[int], clock: Callable[[], float] = time.perf_counter
 ) -> float:
     """Seconds of one prefill round of ``prompt``."""
-    from actors.control.kv_pool import KVPool
-    from actors.control.request import Request, SamplingParams
-    from actors.control.round import RoundPlan, ScheduledChunk
+    from roundgate.actors.control.kv_pool import KVPool
+    from roundgate.actors.control.request import Request, SamplingParams
+    from roundgate.actors.control.round import RoundPlan, ScheduledChunk
 
     pool = KVPool(runner.args.num_kv_pages, runner.args.page_size)
     request = Request("p", prompt, SamplingParams(max_tokens=1))

@@ -78,7 +78,7 @@ class Stream(threading.Thread):
 
 
 def rank_stats(handle: Any, rank: int) -> dict[str, Any]:
-    from actors.control.messages import RankTarget
+    from roundgate.actors.control.messages import RankTarget
 
     return handle.stats_snapshot.remote(RankTarget(rank)).result(timeout_s=10)
 
@@ -201,7 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ns = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from deployment.local import deploy, load_config, shutdown, start_local_cluster, wait_ready
+    from roundgate.deployment.local import (
+        deploy,
+        load_config,
+        shutdown,
+        start_local_cluster,
+        wait_ready,
+    )
 
     cfg = load_config(ns.config)
     cfg["http_options"]["port"] = ns.port

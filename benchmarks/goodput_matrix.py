@@ -23,8 +23,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.goodput_matrix_cells import LOADS, WORKLOAD_NAMES, Arm, Cell, arms, run_arm
-from sim.tune import candidates
+from goodput_matrix_cells import LOADS, WORKLOAD_NAMES, Arm, Cell, arms, run_arm
+
+from roundgate.sim.tune import candidates
 
 AUTO = "roundgate-auto"
 FIXED = "roundgate "  # label prefix of the tune grid's arms

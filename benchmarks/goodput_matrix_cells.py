@@ -14,15 +14,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from actors.server_args import ServerArgs
-from gate import registry
-from sim.goodput import Slo, goodput
-from sim.options import GROUP_DEFAULTS
-from sim.regimes import REGIMES
-from sim.report import summarize
-from sim.round_costs import PRESETS
-from sim.spec import SimSpec, simulate
-from sim.workload import WORKLOADS, WorkloadSpec, generate
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate import registry
+from roundgate.sim.goodput import Slo, goodput
+from roundgate.sim.options import GROUP_DEFAULTS
+from roundgate.sim.regimes import REGIMES
+from roundgate.sim.report import summarize
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.spec import SimSpec, simulate
+from roundgate.sim.workload import WORKLOADS, WorkloadSpec, generate
 
 COSTS = "h100-dsv3"
 LOADS = {"below": 0.35, "near": 0.8, "past": 1.2}

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from actors.engine import Engine, SamplingParams
-from actors.model.config import PRESETS, with_overrides
-from actors.model.weights import random_hf_state, save_hf_dir
-from actors.server_args import ServerArgs
+from roundgate.actors.engine import Engine, SamplingParams
+from roundgate.actors.model.config import PRESETS, with_overrides
+from roundgate.actors.model.weights import random_hf_state, save_hf_dir
+from roundgate.actors.server_args import ServerArgs
 
 PROMPTS = [[5, 7, 9], list(range(20, 37)), [3, 1, 4, 1, 5, 9, 2, 6, 5], [250, 11, 42, 42, 7, 8]]
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -34,7 +34,13 @@ def main() -> None:
     p.add_argument("--properties", type=int, default=3000)
     p.add_argument("--plain", type=int, default=3)
     ns = p.parse_args()
-    from deployment.local import deploy, load_config, shutdown, start_local_cluster, wait_ready
+    from roundgate.deployment.local import (
+        deploy,
+        load_config,
+        shutdown,
+        start_local_cluster,
+        wait_ready,
+    )
 
     start_local_cluster()
     import ray

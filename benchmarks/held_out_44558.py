@@ -28,8 +28,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from sim.round_costs import PRESETS, RoundCosts
-from sim.scenarios import SCENARIOS, figure_of, run_arm
+from roundgate.sim.round_costs import PRESETS, RoundCosts
+from roundgate.sim.scenarios import SCENARIOS, figure_of, run_arm
 
 SCENARIO = SCENARIOS["vllm-44558"]
 ARMS = {arm.label: arm for arm in SCENARIO.arms}

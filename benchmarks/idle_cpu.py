@@ -66,7 +66,13 @@ def main() -> None:
     p.add_argument("--cold-samples", type=int, default=1)
     ns = p.parse_args()
 
-    from deployment.local import deploy, load_config, shutdown, start_local_cluster, wait_ready
+    from roundgate.deployment.local import (
+        deploy,
+        load_config,
+        shutdown,
+        start_local_cluster,
+        wait_ready,
+    )
 
     start_local_cluster()
     import ray

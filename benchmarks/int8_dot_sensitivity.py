@@ -30,16 +30,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from actors.control.request import Request, SamplingParams
-from actors.engine import Engine
-from actors.model import layers
-from actors.model.decoder import rotary_table
-from actors.model.rope import RotaryTable, apply_rope
-from actors.model.tokenizer import load_tokenizer
-from actors.server_args import ServerArgs
-from bench import ggml_ops
-from bench.llamacpp import LLAMACPP_VENV, NEW_TOKENS, PROMPTS
-from kernels.attention import TorchAttention
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.engine import Engine
+from roundgate.actors.model import layers
+from roundgate.actors.model.decoder import rotary_table
+from roundgate.actors.model.rope import RotaryTable, apply_rope
+from roundgate.actors.model.tokenizer import load_tokenizer
+from roundgate.actors.server_args import ServerArgs
+from roundgate.bench import ggml_ops
+from roundgate.bench.llamacpp import LLAMACPP_VENV, NEW_TOKENS, PROMPTS
+from roundgate.kernels.attention import TorchAttention
 
 
 def nudged_rms_norm(self: layers.RMSNorm, x: torch.Tensor) -> torch.Tensor:

@@ -29,13 +29,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.cli import recorded_path
-from bench.client import run_load
-from bench.report import summarize
-from bench.sessions import run_sessions
-from deployment.local import DEFAULT_CONFIG, config_url, each_deployment, load_config
-from sim.sessions import SESSION_WORKLOADS, SessionSpec, make_sessions
-from sim.workload import WorkloadSpec, generate
+from roundgate.bench.cli import recorded_path
+from roundgate.bench.client import run_load
+from roundgate.bench.report import summarize
+from roundgate.bench.sessions import run_sessions
+from roundgate.deployment.local import DEFAULT_CONFIG, config_url, each_deployment, load_config
+from roundgate.sim.sessions import SESSION_WORKLOADS, SessionSpec, make_sessions
+from roundgate.sim.workload import WorkloadSpec, generate
 
 SESSIONS = replace(
     SESSION_WORKLOADS["chat-sessions"],
@@ -57,7 +57,7 @@ ARMS = {
 def hub_stats() -> dict[str, float] | None:
     import ray
 
-    from actors.control.kv_events import HUB_NAME, HUB_NAMESPACE
+    from roundgate.actors.control.kv_events import HUB_NAME, HUB_NAMESPACE
 
     try:
         hub = ray.get_actor(HUB_NAME, namespace=HUB_NAMESPACE)
@@ -80,7 +80,7 @@ def rank_counters(ranks_of: tuple[str, int] = ("RankReplica", 2)) -> tuple[int, 
     the metrics endpoint's series can outlive a redeploy)."""
     from ray import serve
 
-    from actors.control.messages import RankTarget
+    from roundgate.actors.control.messages import RankTarget
 
     deployment, num_ranks = ranks_of
     ranks = serve.get_deployment_handle(deployment, app_name="roundgate")

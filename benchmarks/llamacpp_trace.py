@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.llamacpp import LLAMACPP_PYTHON, LLAMACPP_VENV, MODEL
+from roundgate.bench.llamacpp import LLAMACPP_PYTHON, LLAMACPP_VENV, MODEL
 
 # llama_context_params of this xllamacpp (byte offsets), with the defaults that identify them.
 N_CTX, N_BATCH, N_UBATCH, N_THREADS, N_THREADS_BATCH = 0, 4, 8, 28, 32
@@ -124,8 +124,8 @@ with open(out_path, "wb") as f:
 
 def llamacpp_steps(steps: list[list[int]], vocab: int, dump: str) -> dict:
     """Run llama.cpp on ``steps`` (one ``llama_decode`` each) in its own venv's interpreter."""
-    from actors.model.gguf_file import packaged_path
-    from bench import ggml_ops
+    from roundgate.actors.model.gguf_file import packaged_path
+    from roundgate.bench import ggml_ops
 
     library = ggml_ops.library_path(LLAMACPP_VENV)
     if library is None or not LLAMACPP_PYTHON.exists():
@@ -168,10 +168,10 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from actors.model.runner import ModelRunner
-    from actors.model.tokenizer import load_tokenizer
-    from actors.server_args import ServerArgs
-    from kernels.attention import build_attention_batch
+    from roundgate.actors.model.runner import ModelRunner
+    from roundgate.actors.model.tokenizer import load_tokenizer
+    from roundgate.actors.server_args import ServerArgs
+    from roundgate.kernels.attention import build_attention_batch
 
     torch.set_num_threads(1)
     runner = ModelRunner(

@@ -53,7 +53,7 @@ def stream(url: str, prompt: list[int], out: dict[str, Any]) -> None:
 def bench(url: str, requests: int, folder: Path, label: str) -> dict[str, float]:
     report = folder / f"{label}.json"
     subprocess.run(
-        [sys.executable, "-m", "cli.main", "bench", "--url", url, "--concurrency", "8",
+        [sys.executable, "-m", "roundgate.cli.main", "bench", "--url", url, "--concurrency", "8",
          "--num-requests", str(requests), "--input-len", "256", "--output-len", "64",
          "--seed", "7", "--json", str(report), "--no-progress"],
         cwd=REPO, check=False, stdout=subprocess.DEVNULL,
@@ -65,7 +65,7 @@ def bench(url: str, requests: int, folder: Path, label: str) -> dict[str, float]
 def sizes(gangs: list[tuple[str, int]]) -> list[int]:
     from ray import serve
 
-    from actors.control.messages import RankTarget
+    from roundgate.actors.control.messages import RankTarget
 
     handle = serve.get_deployment_handle("RankReplica", app_name="roundgate")
     return [
@@ -93,8 +93,14 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8400)
     p.add_argument("--json", type=Path, default=None)
     ns = p.parse_args()
-    from actors.control.messages import RankTarget
-    from deployment.local import deploy, load_config, shutdown, use_loopback_env, wait_ready
+    from roundgate.actors.control.messages import RankTarget
+    from roundgate.deployment.local import (
+        deploy,
+        load_config,
+        shutdown,
+        use_loopback_env,
+        wait_ready,
+    )
 
     use_loopback_env()
     import ray

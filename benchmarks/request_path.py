@@ -2,7 +2,7 @@
 and back (issue 22: "the request path, shorter").
 
 One chat completion, non-streamed and then streamed, is driven in-process through the real
-route (``deployment.app.OpenAIServer.chat``), the real ``Ingress`` and the real rank side:
+route (``roundgate.deployment.app.OpenAIServer.chat``), the real ``Ingress`` and the real rank side:
 ``RankReplica.generate`` (its Serve shell is skipped: no Ray actor, no process group) over an
 ``EngineCore`` whose executor is the simulator's ``CostExecutor`` (no model weights). While it
 runs, ``sys.setprofile`` records
@@ -14,7 +14,7 @@ runs, ``sys.setprofile`` records
   tokenizer, scheduler...), scalars (``int``, ``str``, ...), callables and coroutines.
 
 The counted shapes are what the request's data is carried as, by the rules of
-``bench.request_shapes`` (a container is its elements; per-request telemetry is not data).
+``roundgate.bench.request_shapes`` (a container is its elements; per-request telemetry is not data).
 Both lists are printed: the raw shapes (with what each counts as) and the counted ones.
 
 Run from the repository root::
@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from bench.request_shapes import SCALARS, counted, describe
+from roundgate.bench.request_shapes import SCALARS, counted, describe
 
 REPO = Path.cwd().resolve()
 # The request path's own modules (shapes are recorded in their frames): the HTTP surface and
@@ -119,8 +119,8 @@ class Tracer:
 
 
 def _cost_executor() -> Any:
-    from sim.cost_executor import CostExecutor
-    from sim.round_costs import TOY
+    from roundgate.sim.cost_executor import CostExecutor
+    from roundgate.sim.round_costs import TOY
 
     return CostExecutor(TOY)
 
@@ -134,9 +134,9 @@ class LocalRanks:
     """A rank deployment handle that runs ``RankReplica.generate`` on a local ``EngineCore``."""
 
     def __init__(self) -> None:
-        from actors.control.engine_core import EngineCore
-        from actors.replica.rank_replica import RankReplica
-        from actors.server_args import ServerArgs
+        from roundgate.actors.control.engine_core import EngineCore
+        from roundgate.actors.replica.rank_replica import RankReplica
+        from roundgate.actors.server_args import ServerArgs
 
         replica = object.__new__(RankReplica)  # the Serve shell (gang, rendezvous) is skipped
         replica.args = ServerArgs(**APP_ARGS)
@@ -156,7 +156,7 @@ class LocalRanks:
         return self
 
     def remote(self, message: Any) -> _Call:
-        from actors.replica.outbox import RoundOutbox
+        from roundgate.actors.replica.outbox import RoundOutbox
 
         loop = self.replica._loop = asyncio.get_running_loop()
         # A real rank builds its outbox at start, before any request: built here by hand, so
@@ -233,8 +233,8 @@ _SERVERS: list[Any] = []
 
 def measure(stream: bool) -> tuple[Tracer, str]:
     """The tracer's record (files, shapes) of one chat completion, and the response text."""
-    from deployment.app import OpenAIServer
-    from deployment.ingress import Ingress
+    from roundgate.deployment.app import OpenAIServer
+    from roundgate.deployment.ingress import Ingress
 
     server = object.__new__(OpenAIServer)  # the route's class without Serve's wrapper
     _SERVERS.append(server)  # Serve's wrapper has an async ``__del__``: never collect it

@@ -24,16 +24,16 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from actors.server_args import ServerArgs
-from gate import registry
-from sim.kv_channel import ChannelSpec
-from sim.report import summarize
-from sim.round_costs import PRESETS
-from sim.router import RouterSpec
-from sim.sessions import SESSION_WORKLOADS, SessionSpec
-from sim.simulator import GroupSimulator
-from sim.spec import SimSpec, arrivals_of
-from sim.workload import WorkloadSpec
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate import registry
+from roundgate.sim.kv_channel import ChannelSpec
+from roundgate.sim.report import summarize
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.router import RouterSpec
+from roundgate.sim.sessions import SESSION_WORKLOADS, SessionSpec
+from roundgate.sim.simulator import GroupSimulator
+from roundgate.sim.spec import SimSpec, arrivals_of
+from roundgate.sim.workload import WorkloadSpec
 
 COSTS = "gb200-dsv3"
 # Random-prompt workloads at dp=8 (as benchmarks/sim_matrix.py): (in, out, dist, light, heavy).

@@ -16,13 +16,13 @@ import argparse
 import json
 from pathlib import Path
 
-from actors.server_args import ServerArgs
-from gate import registry
-from sim.report import summarize
-from sim.round_costs import PRESETS
-from sim.router import RouterSpec
-from sim.spec import SimSpec, simulate
-from sim.workload import WorkloadSpec, generate
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate import registry
+from roundgate.sim.report import summarize
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.router import RouterSpec
+from roundgate.sim.spec import SimSpec, simulate
+from roundgate.sim.workload import WorkloadSpec, generate
 
 DP = 8
 # (input, output, length_dist, light rate, heavy rate): heavy is near each workload's knee on

@@ -6,8 +6,8 @@
 Each cell draws one seeded workload (the matrix's chat and agentic lengths and loads,
 ``benchmarks/sim_matrix.py``) and runs it three ways on the same GPUs: a fused group of P+8
 ranks without a gate and with the gate, and P prefill ranks + 8 decode ranks (the roles'
-control plane, ``sim.disaggregated``) with the KV transfer cost swept over multiples of the
-preset's sourced value (x0: free; x1: the preset's link; x10, x100: slower links). Per-rank
+control plane, ``roundgate.sim.disaggregated``) with the KV transfer cost swept over multiples of
+the preset's sourced value (x0: free; x1: the preset's link; x10, x100: slower links). Per-rank
 limits are the matrix's. It prints one markdown table per preset and workload and writes
 everything as JSON. Every number is simulated; nothing is asserted.
 """
@@ -19,14 +19,14 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from actors.server_args import ServerArgs
-from sim.disaggregated import describe_transfers, simulate_pd
-from sim.options import policy_args
-from sim.report import summarize
-from sim.round_costs import PRESETS, RoundCosts
-from sim.router import RouterSpec
-from sim.spec import SimSpec, simulate
-from sim.workload import WorkloadSpec, generate
+from roundgate.actors.server_args import ServerArgs
+from roundgate.sim.disaggregated import describe_transfers, simulate_pd
+from roundgate.sim.options import policy_args
+from roundgate.sim.report import summarize
+from roundgate.sim.round_costs import PRESETS, RoundCosts
+from roundgate.sim.router import RouterSpec
+from roundgate.sim.spec import SimSpec, simulate
+from roundgate.sim.workload import WorkloadSpec, generate
 
 DECODE_RANKS = 8
 # (input, output, length_dist, light rate, heavy rate): the matrix's (sim_matrix.py).

@@ -6,7 +6,7 @@
 Runs ``roundgate simulate --disaggregate P:D --workload chat-sessions --router R`` (gb200-dsv3,
 the routing matrix's group: page 64, 4096 pages a rank, prefix caching and mixed batches on)
 for round-robin, cache-aware (the ingress's guess), kv-aware (the ranks' own KV events, both
-groups: ``routing.kv_router`` and ``decode_load``) and the oracle (kv-aware's cost
+groups: ``roundgate.routing.kv_router`` and ``decode_load``) and the oracle (kv-aware's cost
 on the pools themselves), at each split and session rate, once per seed, and prints the
 medians over the seeds of the P/D arm: prefix hit rate (the prefill ranks' counters), TTFT
 p50/p99, ITL p99 and throughput. Every number is simulated; nothing is asserted.
@@ -20,7 +20,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from cli.main import main as roundgate
+from roundgate.cli.main import main as roundgate
 
 ROUTERS = ("round-robin", "cache-aware", "kv-aware", "oracle")
 # (split, total ranks, sessions, session rates/s): the matrix's dp=8 chat-sessions loads on

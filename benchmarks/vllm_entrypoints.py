@@ -36,7 +36,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.vllm_entrypoints_run import GROUP_ARGS, VENV, launched, needs, report, run_pytest
+from vllm_entrypoints_run import GROUP_ARGS, VENV, launched, needs, report, run_pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Only what the chosen tests import (torch: module-level in test_chat/test_prompt_validation;

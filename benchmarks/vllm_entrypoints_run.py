@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from benchmarks.common import serve_config, stop, wait_ready
-from deployment.local import DEFAULT_CONFIG, load_config
+from common import serve_config, stop, wait_ready
+
+from roundgate.deployment.local import DEFAULT_CONFIG, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-vllmtests"

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from common import REPO, serve_config, stop, wait_ready
 
-from bench.cli import policy_overrides
-from bench.llamacpp import LLAMACPP_PYTHON, llamacpp_command
-from benchmarks.common import REPO, serve_config, stop, wait_ready
+from roundgate.bench.cli import policy_overrides
+from roundgate.bench.llamacpp import LLAMACPP_PYTHON, llamacpp_command
 
 PORT = 18771
 # run name -> (config file, overrides of its args); llamacpp is not one of ours.
@@ -86,7 +86,7 @@ def bench(url: str, concurrency: int, requests: int, seed: int, folder: Path) ->
     command = [
         sys.executable,
         "-m",
-        "cli.main",
+        "roundgate.cli.main",
         "bench",
         "--url",
         url,

@@ -7,14 +7,14 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench import cli as bench_cli
-from deployment.local import DEFAULT_CONFIG
-from sim import calibrate_cli, tune
-from sim import cli as sim_cli
+from roundgate.bench import cli as bench_cli
+from roundgate.deployment.local import DEFAULT_CONFIG
+from roundgate.sim import calibrate_cli, tune
+from roundgate.sim import cli as sim_cli
 
 
 def _serve(ns: argparse.Namespace) -> int:
-    from deployment.local import serve_forever
+    from roundgate.deployment.local import serve_forever
 
     try:
         return serve_forever(ns.config, address=ns.address or os.environ.get("RAY_ADDRESS"))

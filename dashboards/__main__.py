@@ -2,6 +2,6 @@
 
 import sys
 
-from dashboards.build import main
+from roundgate.dashboards.build import main
 
 sys.exit(main())

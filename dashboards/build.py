@@ -1,6 +1,6 @@
 """Render the dashboards to ``dashboards/*.json`` and list their PromQL.
 
-The JSON sits directly in ``dashboards/`` because ``k8s.tools.dashboards_configmap`` packs
+The JSON sits directly in ``dashboards/`` because ``roundgate.k8s.tools.dashboards_configmap`` packs
 ``dashboards/*.json`` into the Grafana sidecar's ConfigMap. Output is stable: keys sorted,
 two-space indent, panel ids numbered in layout order.
 
@@ -20,7 +20,7 @@ from typing import Any
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from dashboards import gate, serving
+from roundgate.dashboards import gate, serving
 
 DIRECTORY = Path(__file__).resolve().parent
 BOARDS: dict[str, Callable[[], Dashboard]] = {

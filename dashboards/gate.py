@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
-from dashboards.panels import (
+from roundgate.dashboards.panels import (
     GROUP,
     RANK,
     Panel,

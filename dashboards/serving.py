@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
-from dashboards.panels import (
+from roundgate.dashboards.panels import (
     MODEL,
     RANK,
     Panel,

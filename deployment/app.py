@@ -1,8 +1,8 @@
 """The Serve application: ``build_app(args)`` → ingress + one gang of rank replicas per group.
 
-``serve run deployment/configs/local.yaml`` imports ``deployment.app:build_app`` and passes the
-config's ``args``; they are validated (pydantic ``AppArgs``, which builds the one ``ServerArgs``)
-before any replica starts.
+``serve run deployment/configs/local.yaml`` imports ``roundgate.deployment.app:build_app`` and
+passes the config's ``args``; they are validated (pydantic ``AppArgs``, which builds the one
+``ServerArgs``) before any replica starts.
 """
 
 import uuid
@@ -16,39 +16,39 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
-from actors.replica.rank_replica import RankReplica
-from deployment.config import AppArgs
-from deployment.ingress import Ingress
-from deployment.openai.api import api, json_body
-from deployment.openai.chat import create_chat_completion
-from deployment.openai.chat_batch import create_batch_chat_completion
-from deployment.openai.completions import create_completion
-from deployment.openai.invocations import invocations
-from deployment.openai.models import list_models, server_version
-from deployment.openai.protocol import ChatRequest, CompletionRequest
-from deployment.openai.responses import create_response
-from deployment.openai.responses_background import (
+from roundgate.actors.replica.rank_replica import RankReplica
+from roundgate.deployment.config import AppArgs
+from roundgate.deployment.ingress import Ingress
+from roundgate.deployment.openai.api import api, json_body
+from roundgate.deployment.openai.chat import create_chat_completion
+from roundgate.deployment.openai.chat_batch import create_batch_chat_completion
+from roundgate.deployment.openai.completions import create_completion
+from roundgate.deployment.openai.invocations import invocations
+from roundgate.deployment.openai.models import list_models, server_version
+from roundgate.deployment.openai.protocol import ChatRequest, CompletionRequest
+from roundgate.deployment.openai.responses import create_response
+from roundgate.deployment.openai.responses_background import (
     cancel_response,
     delete_response,
     retrieve_response,
 )
-from deployment.openai.responses_request import ResponsesRequest
-from deployment.openai.tokenization import (
+from roundgate.deployment.openai.responses_request import ResponsesRequest
+from roundgate.deployment.openai.tokenization import (
     DetokenizeRequest,
     TokenizeRequest,
     detokenize_route,
     tokenize_route,
     tokenizer_info,
 )
-from deployment.pd_app import build_roles
-from deployment.request_metrics import exposition
-from deployment.routing.routers import ROUTER_CLASSES
+from roundgate.deployment.pd_app import build_roles
+from roundgate.deployment.request_metrics import exposition
+from roundgate.deployment.routing.routers import ROUTER_CLASSES
 
 
 @serve.ingress(api)
 class OpenAIServer:
     """HTTP front door; holds a handle to the rank deployment. Each route's body lives in
-    its endpoint family's module of ``deployment.openai``."""
+    its endpoint family's module of ``roundgate.deployment.openai``."""
 
     def __init__(
         self,
@@ -67,7 +67,7 @@ class OpenAIServer:
     async def health(self) -> dict[str, Any]:
         """200 only while every rank replica passes its health checks; 503 says why. An
         elastic deployment: 200 while some rank serves, the body naming the groups short of
-        ranks (``deployment.group_health``)."""
+        ranks (``roundgate.deployment.group_health``)."""
         self.core.check_available()
         if self.core.app_args.elastic_dp:
             return await self.core.elastic_health()
@@ -122,7 +122,7 @@ class OpenAIServer:
 
     @api.post("/v1/responses", openapi_extra=json_body(ResponsesRequest))
     async def responses(self, request: Request) -> Any:
-        """OpenAI's Responses API on the chat path (``deployment.openai.responses``)."""
+        """OpenAI's Responses API on the chat path (``roundgate.deployment.openai.responses``)."""
         return await self.core.load.track(create_response(self.core, request))
 
     @api.get("/v1/responses/{response_id}")
@@ -158,7 +158,7 @@ class OpenAIServer:
 
 def build_app(args: dict[str, Any]) -> Application:
     """Validate ``args`` and bind the ingress to ``num_groups`` gangs of ``dp_size`` ranks
-    (P/D: to a prefill group and a decode group, ``deployment.pd_app``)."""
+    (P/D: to a prefill group and a decode group, ``roundgate.deployment.pd_app``)."""
     cfg = AppArgs.model_validate(args)
     ingress = serve.deployment(
         OpenAIServer,

@@ -7,13 +7,13 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, create_model, model_validator
 
-from actors.control.request import DEFAULT_MAX_LOGPROBS
-from actors.server_args import ServerArgs, engine_arg_names
-from deployment.autoscaling import GroupAutoscaling
-from deployment.openai.grammar_limits import GrammarLimits
-from deployment.pd_config import ROLES, RoleArgs, role_server_args, split_role
-from routing import registry
-from routing.spec import Option, key
+from roundgate.actors.control.request import DEFAULT_MAX_LOGPROBS
+from roundgate.actors.server_args import ServerArgs, engine_arg_names
+from roundgate.deployment.autoscaling import GroupAutoscaling
+from roundgate.deployment.openai.grammar_limits import GrammarLimits
+from roundgate.deployment.pd_config import ROLES, RoleArgs, role_server_args, split_role
+from roundgate.routing import registry
+from roundgate.routing.spec import Option, key
 
 _GRAMMAR = GrammarLimits()  # the defaults live with the limits' checks
 
@@ -26,7 +26,7 @@ def _annotation(option: Option) -> Any:
 
 def _router_fields() -> dict[str, Any]:
     """``router`` (the serve choices) and every setting of a router Serve runs, each with its
-    default, bound and help as the router module declares them (``routing.registry``)."""
+    default, bound and help as the router module declares them (``roundgate.routing.registry``)."""
     fields: dict[str, Any] = {"router": (Literal[registry.names("serve")], registry.DEFAULT)}
     for option in registry.options("serve"):
         field = Field(option.default, ge=option.minimum, description=option.help)
@@ -46,8 +46,8 @@ class AppArgs(RouterArgs):
     flags become one ``ServerArgs`` at validation (``server_args()`` returns it), so a process
     that validates its ``AppArgs`` validates its ``ServerArgs`` exactly once. The router keys
     (``router`` and the routers' settings) are ``RouterArgs``', checked against the routers'
-    declarations (``routing.registry.check``: a setting no router of the deployment reads is
-    refused by name).
+    declarations (``roundgate.routing.registry.check``: a setting no router of the deployment reads
+    is refused by name).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -284,7 +284,7 @@ class AppArgs(RouterArgs):
         return registry.arguments(router, self.router_values(), engine)
 
     def pd_router(self, role: str) -> str:
-        """A P/D role's Serve router (its router's ``pd_roles``, ``routing.registry``)."""
+        """A P/D role's Serve router (its router's ``pd_roles``, ``roundgate.routing.registry``)."""
         return self._role_routers[role]
 
     def pd_router_kwargs(self, role: str) -> dict[str, Any]:

@@ -1,12 +1,12 @@
 """The ingress's state and request logic: checks, tokens in, one ``GenerateRequest`` per prompt.
 
-The routes (``deployment.app``, bodies in ``deployment.openai``) call into ``Ingress``: it
-checks the key and the model, checks the request against the model's limits (prompt count,
-vocabulary, context length: here and nowhere else on this side), builds ``SamplingParams``,
+The routes (``roundgate.deployment.app``, bodies in ``roundgate.deployment.openai``) call into
+``Ingress``: it checks the key and the model, checks the request against the model's limits (prompt
+count, vocabulary, context length: here and nowhere else on this side), builds ``SamplingParams``,
 forwards each prompt (its ``n`` choices) to a rank through the configured router and
 detokenizes what streams back. A request whose rank dies continues on a live rank
-(``deployment.resume``); new requests are answered 503 with ``Retry-After`` for a few seconds
-after a group failure.
+(``roundgate.deployment.resume``); new requests are answered 503 with ``Retry-After`` for a few
+seconds after a group failure.
 """
 
 from __future__ import annotations
@@ -22,21 +22,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel
 
-from actors.control.messages import GenerateRequest
-from actors.control.request import SamplingParams
-from deployment.openai.api import read_json
-from deployment.openai.choices import Choice, Delta, RequestFailed, merge
-from deployment.openai.errors import APIError
-from deployment.openai.grammar_limits import GrammarLimits, check_grammar
-from deployment.openai.logprobs import TokenTexts
-from deployment.openai.protocol import parse
-from deployment.openai.response_store import ResponseStore
-from deployment.openai.sampling import GenerateBody, check_logprobs, sampling_params
-from deployment.openai.server_load import ServerLoad
-from deployment.pd_route import PDRoute
-from deployment.request_metrics import RequestRecorder
-from deployment.resume import RankStream, ResumeFailed, ResumePolicy, Resumer
-from deployment.serve_context import client_request_id, rank_health, set_serve_request_id
+from roundgate.actors.control.messages import GenerateRequest
+from roundgate.actors.control.request import SamplingParams
+from roundgate.deployment.openai.api import read_json
+from roundgate.deployment.openai.choices import Choice, Delta, RequestFailed, merge
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.grammar_limits import GrammarLimits, check_grammar
+from roundgate.deployment.openai.logprobs import TokenTexts
+from roundgate.deployment.openai.protocol import parse
+from roundgate.deployment.openai.response_store import ResponseStore
+from roundgate.deployment.openai.sampling import GenerateBody, check_logprobs, sampling_params
+from roundgate.deployment.openai.server_load import ServerLoad
+from roundgate.deployment.pd_route import PDRoute
+from roundgate.deployment.request_metrics import RequestRecorder
+from roundgate.deployment.resume import RankStream, ResumeFailed, ResumePolicy, Resumer
+from roundgate.deployment.serve_context import client_request_id, rank_health, set_serve_request_id
 
 if TYPE_CHECKING:  # Ray is not imported for a type (the ingress is tested without it)
     from ray.serve.handle import DeploymentHandle
@@ -58,7 +58,8 @@ Body = TypeVar("Body", bound=BaseModel)
 
 
 class Ingress:
-    """State and logic behind the routes; ``deployment.app`` wraps it in a Serve deployment."""
+    """State and logic behind the routes; ``roundgate.deployment.app`` wraps it in a Serve
+    deployment."""
 
     def __init__(
         self,
@@ -68,9 +69,9 @@ class Ingress:
     ) -> None:
         """``ranks``: the rank deployment's handle (P/D: the prefill role's, and ``decode``
         the decode role's); ``app_args``: the bound ``AppArgs``."""
-        from actors.model.generation_config import read_generation_config
-        from actors.model.tokenizer import load_tokenizer, stop_token_ids
-        from deployment.config import AppArgs
+        from roundgate.actors.model.generation_config import read_generation_config
+        from roundgate.actors.model.tokenizer import load_tokenizer, stop_token_ids
+        from roundgate.deployment.config import AppArgs
 
         self.app_args = AppArgs.model_validate(app_args)  # this process's one validation
         # P/D: the decode role's args (both roles share the model, template and context).
@@ -142,8 +143,12 @@ class Ingress:
 
     async def elastic_health(self) -> dict[str, Any]:
         """An elastic deployment's ``/health`` body; 503 only when no rank replica runs."""
-        from deployment.group_health import group_sizes, health_body, running_rank_replicas
-        from deployment.request_metrics import exposition
+        from roundgate.deployment.group_health import (
+            group_sizes,
+            health_body,
+            running_rank_replicas,
+        )
+        from roundgate.deployment.request_metrics import exposition
 
         running = await asyncio.to_thread(running_rank_replicas)
         if running == 0:
@@ -268,7 +273,7 @@ class Ingress:
         self, choices: list[Choice], message: GenerateRequest
     ) -> AsyncIterator[Delta]:
         """The choices' deltas; a request whose rank dies continues on a live rank
-        (``deployment.resume``), so the client's stream carries on."""
+        (``roundgate.deployment.resume``), so the client's stream carries on."""
         resumer = Resumer(
             self._submit,
             message,
@@ -291,7 +296,7 @@ class Ingress:
             raise APIError(
                 503, str(exc), code=exc.code, headers={"Retry-After": str(RETRY_AFTER_S)}
             ) from None
-        except Exception as exc:  # not a rank loss (``deployment.resume``): not resumed
+        except Exception as exc:  # not a rank loss (``roundgate.deployment.resume``): not resumed
             self._group_failed(exc, message)
             raise APIError(
                 503,

@@ -76,7 +76,7 @@ def join_cluster(address: str) -> None:
 
 def build(cfg: dict[str, Any], overrides: dict[str, Any] | None = None) -> Any:
     """The config's application, its args validated (``build_app``); needs no cluster."""
-    from deployment.app import build_app
+    from roundgate.deployment.app import build_app
 
     return build_app({**cfg["applications"][0]["args"], **(overrides or {})})
 

@@ -5,7 +5,8 @@ both join one P/D link (``actors/replica/kv_link.py``) under an id drawn here, s
 app never meets the old one's ranks. The prefill role routes a prompt to the rank with the
 fewest uncached tokens, the decode role to the least-loaded rank: by default on the ingress's
 guess (the cache-aware index of what it sent) and Serve's request counts; under ``router:
-kv-aware`` on what both roles' ranks publish to the KV-event hub (``deployment.pd_config``).
+kv-aware`` on what both roles' ranks publish to the KV-event hub
+(``roundgate.deployment.pd_config``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from typing import Any
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from actors.replica.decode_replica import DecodeRankReplica
-from actors.replica.pd_messages import LinkSpec
-from actors.replica.prefill_replica import PrefillRankReplica
-from actors.server_args import DisaggregationRole
-from deployment.config import AppArgs
-from deployment.routing.routers import ROUTER_CLASSES
+from roundgate.actors.replica.decode_replica import DecodeRankReplica
+from roundgate.actors.replica.pd_messages import LinkSpec
+from roundgate.actors.replica.prefill_replica import PrefillRankReplica
+from roundgate.actors.server_args import DisaggregationRole
+from roundgate.deployment.config import AppArgs
+from roundgate.deployment.routing.routers import ROUTER_CLASSES
 
 
 def build_roles(cfg: AppArgs) -> tuple[Any, Any]:

@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from actors.server_args import DisaggregationRole, ServerArgs, engine_arg_names
-from gate import registry
+from roundgate.actors.server_args import DisaggregationRole, ServerArgs, engine_arg_names
+from roundgate.gate import registry
 
 # A P/D deployment's sections, one per disaggregated role (each also its role's value).
 ROLES = (DisaggregationRole.PREFILL, DisaggregationRole.DECODE)

@@ -3,12 +3,12 @@
 The prefill role's router picks the rank with the fewest uncached prompt tokens (within its
 load limits); its ``Handoff`` goes to the decode role, whose router picks the least-loaded
 rank (on the ingress's guess and Serve's counts, or under ``router: kv-aware`` on what the
-ranks report: ``deployment.pd_config``); the decode rank receives the KV and streams the tokens
-(its first item reports the transfer, recorded here). The result reads like a fused rank's
+ranks report: ``roundgate.deployment.pd_config``); the decode rank receives the KV and streams the
+tokens (its first item reports the transfer, recorded here). The result reads like a fused rank's
 ``generate`` stream, so the OpenAI surface above it is the same, resumption included
-(``deployment.resume``): a role's rank that dies raises Ray's actor error through this stream,
-and a transfer whose prefill process died raises ``PrefillRankLost``; both read as a lost rank,
-so the request is prefilled again (a continuation when tokens were streamed) on live ranks.
+(``roundgate.deployment.resume``): a role's rank that dies raises Ray's actor error through this
+stream, and a transfer whose prefill process died raises ``PrefillRankLost``; both read as a lost
+rank, so the request is prefilled again (a continuation when tokens were streamed) on live ranks.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from actors.control.handoff import Handoff
-from actors.control.messages import GenerateChunk, GenerateRequest
-from actors.replica.pd_messages import DecodeRequest, ReleaseHandoff, TransferReport
-from deployment.request_metrics import RequestRecorder
+from roundgate.actors.control.handoff import Handoff
+from roundgate.actors.control.messages import GenerateChunk, GenerateRequest
+from roundgate.actors.replica.pd_messages import DecodeRequest, ReleaseHandoff, TransferReport
+from roundgate.deployment.request_metrics import RequestRecorder
 
 if TYPE_CHECKING:  # Ray is not imported for a type (the ingress is tested without it)
     from ray.serve.handle import DeploymentHandle
@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # Ray is not imported for a type (the ingress is tested witho
 
 class PrefillRankLost(RuntimeError):
     """The prefill process that held a request's KV is gone (its rank restarted): a lost rank
-    for ``deployment.resume`` (its ``RANK_LOSS`` names this class)."""
+    for ``roundgate.deployment.resume`` (its ``RANK_LOSS`` names this class)."""
 
 
 class PDStream:

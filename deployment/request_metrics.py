@@ -8,9 +8,9 @@ import time
 import uuid
 from typing import Any
 
-from actors.telemetry.metrics import RequestMetricSet
-from actors.telemetry.metrics_hub import Pusher, get_hub, snapshot
-from deployment.openai.errors import APIError
+from roundgate.actors.telemetry.metrics import RequestMetricSet
+from roundgate.actors.telemetry.metrics_hub import Pusher, get_hub, snapshot
+from roundgate.deployment.openai.errors import APIError
 
 logger = logging.getLogger("roundgate.metrics")
 

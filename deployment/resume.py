@@ -12,7 +12,7 @@ is submitted again:
   from where it stopped, so a seeded sampler draws the same noise per position), in presence
   and frequency penalties, and in the grammar matcher (replayed over them).
 
-The choices themselves (``deployment.openai.choices.Choice``) are fed by every attempt in
+The choices themselves (``roundgate.deployment.openai.choices.Choice``) are fed by every attempt in
 turn, so their detokenizer, held-back stop-string text and logprob offsets carry on across
 the break, and the client sees one stream with no repeated or missing token. The rank's usage
 of a continuation counts the resumed tokens as prompt; ``shift_usage`` moves them back to
@@ -35,8 +35,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from actors.control.messages import GenerateChunk, GenerateRequest, Usage
-from deployment.openai.choices import Choice, Delta, merge, run_choices
+from roundgate.actors.control.messages import GenerateChunk, GenerateRequest, Usage
+from roundgate.deployment.openai.choices import Choice, Delta, merge, run_choices
 
 # Error classes (matched by name along the exception's MRO, so the ingress needs no Ray import
 # and Ray's ``RayTaskError(GroupFailure)`` wrapper matches too) that mean the rank under the

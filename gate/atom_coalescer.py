@@ -11,8 +11,8 @@ no rank's clock can disagree with another's.
 Here the SUM rides the round's one gather as columns (``prefillable``, ``pending_permille``:
 pending tokens capped at the budget in thousandths of it, ``gen_requests``, ``kv_permille``,
 ``backlog_requests`` and ``waiting``, whose difference is the rank's resident chunks), and the
-decision reads last round's rows. As for SGLang's delayer (``gate.sglang_delayer``), a rank
-admits on a FIRE only what its own row published as prefillable: a prompt that arrived after
+decision reads last round's rows. As for SGLang's delayer (``roundgate.gate.sglang_delayer``), a
+rank admits on a FIRE only what its own row published as prefillable: a prompt that arrived after
 the rank published is published first and decided on next round, as ATOM decides on it with
 the fresh reduce. Without that, "nobody prefillable → FIRE" would admit every scattered prompt
 at once and the coalescer would be ``none``. A HOLD stops resident chunks too: ATOM's admission
@@ -30,10 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gate.policy import RoundByRound
-from gate.rows import RankRow, RoundView
-from gate.spec import PolicyContext, PolicySpec
-from gate.vote import GateVote
+from roundgate.gate.policy import RoundByRound
+from roundgate.gate.rows import RankRow, RoundView
+from roundgate.gate.spec import PolicyContext, PolicySpec
+from roundgate.gate.vote import GateVote
 
 COLUMNS = (
     "prefillable",

@@ -19,8 +19,8 @@ gathered rows, with defaults meant to be left alone:
   other ranks, but one whose prefill takes six seconds (chunk after chunk) loses little by
   waiting a second for the others to join its window, and the group then runs its chunk rounds
   together instead of "mixed". So a rank's oldest held prompt may wait ``ratio`` times its own
-  prefill time, measured (``gate.prefill_cost``: the step fitted online from round lengths),
-  before the gate opens for it.
+  prefill time, measured (``roundgate.gate.prefill_cost``: the step fitted online from round
+  lengths), before the gate opens for it.
 - **Ration slow windows against the SLO** (``--prefill-auto-itl-slo-ms`` 200,
   ``--prefill-auto-ttft-slo-ms`` 2000). A window whose round would outlast the ITL bound
   (the decode round plus the step of the largest backlog) gives every running stream a slow
@@ -47,11 +47,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gate.policy import RoundByRound
-from gate.prefill_cost import PrefillCost, prefill_tokens
-from gate.rows import RankRow, RoundView
-from gate.spec import PolicyContext, PolicySpec
-from gate.vote import CLOSED, GateVote
+from roundgate.gate.policy import RoundByRound
+from roundgate.gate.prefill_cost import PrefillCost, prefill_tokens
+from roundgate.gate.rows import RankRow, RoundView
+from roundgate.gate.spec import PolicyContext, PolicySpec
+from roundgate.gate.vote import CLOSED, GateVote
 
 COLUMNS = ("head_tokens", "head_wait_rounds", "now_ms", "backlog_tokens")
 _TOKENS, _HEAD, _NOW, _BACKLOG = range(len(COLUMNS))

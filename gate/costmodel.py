@@ -2,8 +2,8 @@
 
 An iteration costs ``decode_cost`` per decoding sequence plus ``prefill_cost`` per prefill
 token it processes. It is small enough to reason about by hand; the group simulator prices a
-rank's forward with ``iteration_time`` (``sim.round_costs.RoundCosts.rank_ms``: its ``toy``
-preset is exactly this model, the calibrated presets add a fixed and a context-length term).
+rank's forward with ``iteration_time`` (``roundgate.sim.round_costs.RoundCosts.rank_ms``: its
+``toy`` preset is exactly this model, the calibrated presets add a fixed and a context-length term).
 Pure arithmetic, no clocks. See docs/cost-model.md for the worked examples.
 """
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gate.delay import PrefillDelay
-from gate.rows import RankRow, RoundView
-from gate.spec import PolicyContext, PolicySpec
-from gate.vote import CLOSED, GateVote
+from roundgate.gate.delay import PrefillDelay
+from roundgate.gate.rows import RankRow, RoundView
+from roundgate.gate.spec import PolicyContext, PolicySpec
+from roundgate.gate.vote import CLOSED, GateVote
 
 # Votes are built every round on every rank; the gate's four outcomes are shared constants.
 _VOTES = {(o, p): GateVote(o, p) for o in (False, True) for p in ("any", "all")}

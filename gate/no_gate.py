@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gate.rows import RankRow, RoundView
-from gate.spec import PolicyContext, PolicySpec
-from gate.vote import OPEN, GateVote
+from roundgate.gate.rows import RankRow, RoundView
+from roundgate.gate.spec import PolicyContext, PolicySpec
+from roundgate.gate.vote import OPEN, GateVote
 
 
 @dataclass(frozen=True)

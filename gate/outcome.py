@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gate.rows import RankRow
-from gate.vote import GateVote
+from roundgate.gate.rows import RankRow
+from roundgate.gate.vote import GateVote
 
 # #35241's ranks split "within ~5 s": the bin the progress spread is taken over.
 PROGRESS_BIN_S = 5.0

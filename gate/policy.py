@@ -1,8 +1,8 @@
 """The interface ``RankLoop`` calls for prefill permission (and the simulator, for quiet rounds).
 
 ``RoundByRound`` is the quiet-round answer of the policies that have no closed form for them.
-Which policies exist, and their flags, is ``gate.registry``'s business; each policy declares
-itself in its own module (``gate.spec.PolicySpec``).
+Which policies exist, and their flags, is ``roundgate.gate.registry``'s business; each policy
+declares itself in its own module (``roundgate.gate.spec.PolicySpec``).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from gate.rows import RankRow, RoundView
-from gate.vote import GateVote
+from roundgate.gate.rows import RankRow, RoundView
+from roundgate.gate.vote import GateVote
 
 
 class LocalProbe(Protocol):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gate.rows import RankRow
+from roundgate.gate.rows import RankRow
 
 # Weight of a round's sample in the running averages: recent enough to follow a change of
 # batch shape, smooth enough that one slow round (a GC pause) does not swing the estimate.

@@ -10,22 +10,22 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from gate.policy import PrefillPolicy
-from gate.spec import Flag, PolicyContext, PolicySpec
+from roundgate.gate.policy import PrefillPolicy
+from roundgate.gate.spec import Flag, PolicyContext, PolicySpec
 
 # Each module defines ``POLICY: PolicySpec``. Imported by name (not at the top) so the policy
 # modules may import the gate's shared parts without a cycle through this file.
 BUILTIN_MODULES = (
-    "gate.group_gate",
-    "gate.auto",
-    "gate.no_gate",
-    "gate.local_interval",
-    "gate.sglang_delayer",
-    "gate.vllm_interval",
-    "gate.trtllm_balance",
-    "gate.vllm_alignment",
-    "gate.atom_coalescer",
-    "gate.tpu_dp_hold",
+    "roundgate.gate.group_gate",
+    "roundgate.gate.auto",
+    "roundgate.gate.no_gate",
+    "roundgate.gate.local_interval",
+    "roundgate.gate.sglang_delayer",
+    "roundgate.gate.vllm_interval",
+    "roundgate.gate.trtllm_balance",
+    "roundgate.gate.vllm_alignment",
+    "roundgate.gate.atom_coalescer",
+    "roundgate.gate.tpu_dp_hold",
 )
 
 _SPECS: dict[str, PolicySpec] = {}

@@ -1,11 +1,11 @@
 """What a prefill policy declares about itself, so nothing else needs a branch per policy.
 
 A policy module defines a frozen config dataclass (its flags: defaults, help, and validation in
-``__post_init__`` that names the flag), the policy class (``gate.policy.PrefillPolicy``: its
-``extra_columns`` name the gather columns it reads; ``RoundByRound`` gives the quiet-round
+``__post_init__`` that names the flag), the policy class (``roundgate.gate.policy.PrefillPolicy``:
+its ``extra_columns`` name the gather columns it reads; ``RoundByRound`` gives the quiet-round
 answers of a policy without a closed form for them) and one ``PolicySpec`` tying them to the
 policy's name. The registry
-(``gate.registry``) derives the CLI flags, the ``ServerArgs`` / serve-config keys and the
+(``roundgate.gate.registry``) derives the CLI flags, the ``ServerArgs`` / serve-config keys and the
 ``--prefill-policy`` choices from these declarations.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gate.policy import PrefillPolicy
+from roundgate.gate.policy import PrefillPolicy
 
 
 @dataclass(frozen=True, slots=True)

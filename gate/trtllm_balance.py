@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gate.policy import RoundByRound
-from gate.rows import RankRow, RoundView
-from gate.spec import PolicyContext, PolicySpec
-from gate.vote import GateVote
+from roundgate.gate.policy import RoundByRound
+from roundgate.gate.rows import RankRow, RoundView
+from roundgate.gate.spec import PolicyContext, PolicySpec
+from roundgate.gate.vote import GateVote
 
 COLUMNS = ("ctx_requests", "gen_requests")
 

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from nccl_log.result import (
+from roundgate.nccl_log.result import (
     Measurement,
     NcclTestsResult,
     RankInfo,

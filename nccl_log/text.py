@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from nccl_log.result import (
+from roundgate.nccl_log.result import (
     Measurement,
     NcclTestsResult,
     RankInfo,

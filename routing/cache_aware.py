@@ -1,10 +1,10 @@
 """Cache-aware routing over the ranks of DP groups: send a prompt where its prefix is cached.
 
-Pure policy (no Ray), shared by the Serve router (``deployment.routing.routers``) and the
+Pure policy (no Ray), shared by the Serve router (``roundgate.deployment.routing.routers``) and the
 simulator.
 The router cannot see the ranks' pools, so it keeps an *approximate* index per rank of the
-page keys (``actors.control.page_keys``, the same chain the pools use) of the prompts it sent
-there, forgetting the least recently routed beyond the rank's pool size, as the pool evicts.
+page keys (``roundgate.actors.control.page_keys``, the same chain the pools use) of the prompts it
+sent there, forgetting the least recently routed beyond the rank's pool size, as the pool evicts.
 
 A choice, in order (SGLang router's cache-aware policy, per rank instead of per worker):
 
@@ -26,18 +26,18 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from actors.control.page_keys import PageKey, num_leading, page_keys
-from routing.options import (
+from roundgate.actors.control.page_keys import PageKey, num_leading, page_keys
+from roundgate.routing.options import (
     BALANCE,
     BALANCE_ABS_THRESHOLD,
     BALANCE_REL_THRESHOLD,
     SESSION_AFFINITY,
     check_balance,
 )
-from routing.spec import RouterEntry
+from roundgate.routing.spec import RouterEntry
 
 if TYPE_CHECKING:
-    from actors.server_args import ServerArgs
+    from roundgate.actors.server_args import ServerArgs
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ ROUTER = RouterEntry(
     summary="the rank holding the prompt's longest prefix, by the router's own index of what it "
     "sent where, within the load limits",
     options=(*BALANCE, SESSION_AFFINITY),
-    serve_class="deployment.routing.routers:CacheAwareRouter",
+    serve_class="roundgate.deployment.routing.routers:CacheAwareRouter",
     arguments=_arguments,
     # P/D: the prefill rank by the ingress's index of what it sent, the decode rank by Serve's
     # request counts.

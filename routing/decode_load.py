@@ -1,13 +1,14 @@
 """The decode role's rank choice under P/D: the least decode load, as the ranks report it.
 
-Pure policy (no Ray): the P/D Serve router (``deployment.routing.routers.DecodeLoadRouter``)
-and the simulator's P/D (``sim.disaggregated``) run this same code; only where the
-``KvIndex`` is fed from differs.
+Pure policy (no Ray): the P/D Serve router
+(``roundgate.deployment.routing.routers.DecodeLoadRouter``) and the simulator's P/D
+(``roundgate.sim.disaggregated``) run this same code; only where the ``KvIndex`` is fed from
+differs.
 
 A decode rank's load is what its pool will have to hold: its active KV tokens, the prompt
 tokens of the handoffs waiting there for pages (its ``backlog_tokens``: a waiting handoff has
 no KV yet), and the prompt tokens of the handoffs this router sent it that it has not
-reported receiving yet. That is the kv-aware cost (``routing.kv_router``) with no
+reported receiving yet. That is the kv-aware cost (``roundgate.routing.kv_router``) with no
 prefill term and the decode term at weight 1, so ``KvCostPolicy`` computes it, in-flight
 settlement and balance thresholds included. What it cannot do is compare a rank that has
 reported with one that has not (tokens against nothing): while *no* candidate has a report
@@ -21,15 +22,15 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from actors.control.page_keys import PageKey
-from routing.cache_aware import RouteChoice
-from routing.kv_index import KvIndex
-from routing.kv_router import KvCostPolicy, KvRouterConfig
-from routing.options import BALANCE
-from routing.spec import RouterEntry
+from roundgate.actors.control.page_keys import PageKey
+from roundgate.routing.cache_aware import RouteChoice
+from roundgate.routing.kv_index import KvIndex
+from roundgate.routing.kv_router import KvCostPolicy, KvRouterConfig
+from roundgate.routing.options import BALANCE
+from roundgate.routing.spec import RouterEntry
 
 if TYPE_CHECKING:
-    from actors.server_args import ServerArgs
+    from roundgate.actors.server_args import ServerArgs
 
 
 class DecodeLoadPolicy:
@@ -100,7 +101,7 @@ ROUTER = RouterEntry(
     summary="P/D's decode role under router kv-aware: the decode rank with the least reported "
     "decode load",
     options=BALANCE,
-    serve_class="deployment.routing.routers:DecodeLoadRouter",
+    serve_class="roundgate.deployment.routing.routers:DecodeLoadRouter",
     serve=False,  # not a choice of its own: P/D's kv-aware runs it for the decode role
     simulate=False,  # the simulator's P/D builds the policy itself (sim.disaggregated)
     reads_kv_events=True,

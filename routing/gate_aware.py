@@ -1,4 +1,4 @@
-"""``gate-aware``: the kv-aware cost plus the gate's terms (``routing.gate_cohort``).
+"""``gate-aware``: the kv-aware cost plus the gate's terms (``roundgate.routing.gate_cohort``).
 
 Under the group gate a new prompt waits for an ALL point or the ANY bound. The router sends
 it to a decoding rank that blocks ALL (no backlog), spreads one window's backlog over the
@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from routing.gate_cohort import GATE_COHORT_FRACTION
-from routing.kv_router import DECODE_WEIGHT, GATE_WEIGHT, PREFILL_WEIGHT, cost_arguments
-from routing.options import BALANCE, SESSION_AFFINITY
-from routing.spec import RouterEntry, Spell
+from roundgate.routing.gate_cohort import GATE_COHORT_FRACTION
+from roundgate.routing.kv_router import DECODE_WEIGHT, GATE_WEIGHT, PREFILL_WEIGHT, cost_arguments
+from roundgate.routing.options import BALANCE, SESSION_AFFINITY
+from roundgate.routing.spec import RouterEntry, Spell
 
 
 def _check(values: Mapping[str, Any], dp_size: int, spell: Spell) -> None:
@@ -38,7 +38,7 @@ ROUTER = RouterEntry(
         *BALANCE,
         SESSION_AFFINITY,
     ),
-    serve_class="deployment.routing.routers:KvAwareRouter",
+    serve_class="roundgate.deployment.routing.routers:KvAwareRouter",
     reads_kv_events=True,
     needs_prefill_policy=("roundgate", "roundgate-auto"),
     arguments=lambda values, engine: cost_arguments(ROUTER, values, engine),

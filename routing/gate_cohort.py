@@ -1,7 +1,7 @@
 """The gate-aware router's view of the group gate: which ranks block the ALL point, how much
 prefill a window would put on each rank, and the cohort of ranks that take new prompts.
 
-Pure policy, read by ``routing.kv_router`` (the ``gate-aware`` router), on what the live
+Pure policy, read by ``roundgate.routing.kv_router`` (the ``gate-aware`` router), on what the live
 ingress also has: each rank's last ``RankLoad`` (gate probe, backlog, the gate's counter,
 ``num_received``) and this router's own unsettled sends.
 
@@ -30,8 +30,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from actors.control.kv_events import RankLoad
-from routing.spec import Option
+from roundgate.actors.control.kv_events import RankLoad
+from roundgate.routing.spec import Option
 
 GATE_COHORT_FRACTION = Option(
     "gate_cohort_fraction",

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from actors.control.kv_events import KvEventBatch, KvSnapshot, RankLoad
-from actors.control.page_keys import PageKey, num_leading
+from roundgate.actors.control.kv_events import KvEventBatch, KvSnapshot, RankLoad
+from roundgate.actors.control.page_keys import PageKey, num_leading
 
 
 @dataclass(slots=True)

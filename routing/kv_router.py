@@ -1,8 +1,8 @@
 """Cost-based rank routing on what the ranks hold (``kv-aware``), and on the gate (``gate-aware``).
 
-Pure policy (no Ray): the Serve router (``deployment.routing.routers``) and the simulator
-(``sim.router``) run this same code; only where the ``KvIndex`` is fed from differs. The
-``gate-aware`` router (``routing.gate_aware``), the simulator's ``oracle`` and P/D's
+Pure policy (no Ray): the Serve router (``roundgate.deployment.routing.routers``) and the simulator
+(``roundgate.sim.router``) run this same code; only where the ``KvIndex`` is fed from differs. The
+``gate-aware`` router (``roundgate.routing.gate_aware``), the simulator's ``oracle`` and P/D's
 ``decode-load`` are this policy under other settings.
 
 A choice, in order:
@@ -14,7 +14,8 @@ A choice, in order:
             + decode_weight  x (active KV + backlog tokens on the rank as last reported,
                                 + the prompt tokens this router sent it that the rank has
                                 not reported receiving yet)
-            + [gate-aware only, ``routing.gate_cohort``: gate_weight while some rank blocks
+            + [gate-aware only, ``roundgate.routing.gate_cohort``: gate_weight while some rank
+            blocks
                the gate's ALL point and this one does not; prefill_weight x the rank's
                backlog, prefilled in the same window round; ranks outside the cohort
                excluded]
@@ -36,21 +37,21 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from actors.control.page_keys import PageKey, page_keys
-from routing.cache_aware import RouteChoice
-from routing.gate_cohort import GATE_COHORT_FRACTION, Cohort, add_gate_terms
-from routing.kv_index import KvIndex
-from routing.options import (
+from roundgate.actors.control.page_keys import PageKey, page_keys
+from roundgate.routing.cache_aware import RouteChoice
+from roundgate.routing.gate_cohort import GATE_COHORT_FRACTION, Cohort, add_gate_terms
+from roundgate.routing.kv_index import KvIndex
+from roundgate.routing.options import (
     BALANCE,
     BALANCE_ABS_THRESHOLD,
     BALANCE_REL_THRESHOLD,
     SESSION_AFFINITY,
     check_balance,
 )
-from routing.spec import Option, RouterEntry, flag
+from roundgate.routing.spec import Option, RouterEntry, flag
 
 if TYPE_CHECKING:
-    from actors.server_args import ServerArgs
+    from roundgate.actors.server_args import ServerArgs
 
 # A lookup of how many leading pages of ``keys`` a rank holds (the index, or the pools
 # themselves for the simulator's oracle).
@@ -259,7 +260,7 @@ ROUTER = RouterEntry(
     summary="the least-cost rank on what the ranks report holding (their own KV events): "
     "uncached prompt tokens and active KV, within the load limits",
     options=(PREFILL_WEIGHT, DECODE_WEIGHT, *BALANCE, SESSION_AFFINITY),
-    serve_class="deployment.routing.routers:KvAwareRouter",
+    serve_class="roundgate.deployment.routing.routers:KvAwareRouter",
     reads_kv_events=True,
     arguments=lambda values, engine: cost_arguments(ROUTER, values, engine),
     # P/D: both on what the ranks report through the KV-event hub, the prefill rank by this

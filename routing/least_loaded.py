@@ -5,10 +5,10 @@ Serve breaks ties by the emptier KV pool (the ranks' reports); the simulator by 
 
 from __future__ import annotations
 
-from routing.spec import RouterEntry
+from roundgate.routing.spec import RouterEntry
 
 ROUTER = RouterEntry(
     name="least-loaded",
     summary="the rank with the fewest unfinished requests",
-    serve_class="deployment.routing.routers:LeastLoadedRouter",
+    serve_class="roundgate.deployment.routing.routers:LeastLoadedRouter",
 )

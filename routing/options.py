@@ -6,7 +6,7 @@ these, the serve config and ``roundgate simulate`` their keys and flags.
 
 from __future__ import annotations
 
-from routing.spec import Option, Spell
+from roundgate.routing.spec import Option, Spell
 
 # SGLang router's defaults.
 BALANCE_ABS_THRESHOLD = Option(

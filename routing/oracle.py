@@ -1,14 +1,14 @@
 """``oracle``: the simulator's yardstick for the kv routers.
 
-kv-aware's cost (``routing.kv_router``) read off the ranks' pools themselves, with loads that
-never lag: what a router that knew everything would choose. Simulated only.
+kv-aware's cost (``roundgate.routing.kv_router``) read off the ranks' pools themselves, with loads
+that never lag: what a router that knew everything would choose. Simulated only.
 """
 
 from __future__ import annotations
 
-from routing.kv_router import DECODE_WEIGHT, PREFILL_WEIGHT, cost_arguments
-from routing.options import BALANCE, SESSION_AFFINITY
-from routing.spec import RouterEntry
+from roundgate.routing.kv_router import DECODE_WEIGHT, PREFILL_WEIGHT, cost_arguments
+from roundgate.routing.options import BALANCE, SESSION_AFFINITY
+from roundgate.routing.spec import RouterEntry
 
 ROUTER = RouterEntry(
     name="oracle",

@@ -12,22 +12,22 @@ import importlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from routing.spec import Option, RouterEntry, Spell
+from roundgate.routing.spec import Option, RouterEntry, Spell
 
 if TYPE_CHECKING:
-    from actors.server_args import ServerArgs
+    from roundgate.actors.server_args import ServerArgs
 
 # Each module defines ``ROUTER: RouterEntry``; in the order the choices are listed.
 BUILTIN_MODULES = (
-    "routing.round_robin",
-    "routing.least_loaded",
-    "routing.skewed",
-    "routing.vllm_lb",
-    "routing.cache_aware",
-    "routing.kv_router",
-    "routing.gate_aware",
-    "routing.oracle",
-    "routing.decode_load",
+    "roundgate.routing.round_robin",
+    "roundgate.routing.least_loaded",
+    "roundgate.routing.skewed",
+    "roundgate.routing.vllm_lb",
+    "roundgate.routing.cache_aware",
+    "roundgate.routing.kv_router",
+    "roundgate.routing.gate_aware",
+    "roundgate.routing.oracle",
+    "roundgate.routing.decode_load",
 )
 DEFAULT = "round-robin"
 PD_DEFAULT = "cache-aware"  # a P/D deployment's router when none is given

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from routing.spec import Option, RouterEntry, Spell
+from roundgate.routing.spec import Option, RouterEntry, Spell
 
 if TYPE_CHECKING:
-    from actors.server_args import ServerArgs
+    from roundgate.actors.server_args import ServerArgs
 
 ROUTE_WEIGHTS = Option("route_weights", tuple, None, "one weight per dp rank, e.g. 8,1,1,1")
 
@@ -40,7 +40,7 @@ ROUTER = RouterEntry(
     name="skewed",
     summary="fixed weights per dp rank (--route-weights), seeded draws",
     options=(ROUTE_WEIGHTS,),
-    serve_class="deployment.routing.routers:SkewedRouter",
+    serve_class="roundgate.deployment.routing.routers:SkewedRouter",
     arguments=_arguments,
     check=_check,
 )

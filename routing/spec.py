@@ -3,7 +3,7 @@
 A router module defines one ``RouterEntry``: its name, a line of help, the settings it reads
 (``Option``: name, type, default, help and bound, each declared once and shared by the routers
 that read it), where it runs (a Serve request router class, the simulator, or both) and the
-arguments its policy is built with. The registry (``routing.registry``) derives the serve
+arguments its policy is built with. The registry (``roundgate.routing.registry``) derives the serve
 config's router keys, ``roundgate simulate``'s router flags and every ``--router`` choice from
 these declarations, and checks a configuration against them with errors that name the culprit
 as its user wrote it (a serve-config key, or a ``--flag``).
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from actors.server_args import ServerArgs
+    from roundgate.actors.server_args import ServerArgs
 
 # How a setting is named in an error: ``key`` for the serve config, ``flag`` for the CLI.
 Spell = Callable[[str], str]

@@ -1,13 +1,13 @@
 """``vllm-lb``: vLLM's internal data-parallel load balancer, as the simulator models it.
 
 Least ``4 x waiting + running`` on counts refreshed every 100 ms, one view per API server
-(``sim.vllm_lb`` has the model and its sources). Simulated only: the yardstick the
+(``roundgate.sim.vllm_lb`` has the model and its sources). Simulated only: the yardstick the
 ``gb200-dsv3`` cost preset was fitted with, not a router this deployment serves with.
 """
 
 from __future__ import annotations
 
-from routing.spec import Option, RouterEntry
+from roundgate.routing.spec import Option, RouterEntry
 
 LB_API_SERVERS = Option(
     "lb_api_servers",

@@ -1,6 +1,6 @@
 """Where the simulator's requests come from: one ``Arrival`` each, from a fixed arrival list
 (open loop) or N clients that each send their next request when the previous one finishes
-(closed loop); ``sim.sessions`` adds multi-turn sessions.
+(closed loop); ``roundgate.sim.sessions`` adds multi-turn sessions.
 
 Both hand the simulator requests in send order; the simulator routes each when it is sent
 and hands it to its rank's scheduler ``schedule_lag_ms`` later.
@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from actors.control.request import Request
+from roundgate.actors.control.request import Request
 
 INF = float("inf")
 
 
 class Conversation(Protocol):
-    """What an arrival knows of the session it is a turn of (``sim.sessions.Session``): its
-    id (the cache-aware router's affinity key) and how to build the turn after it."""
+    """What an arrival knows of the session it is a turn of (``roundgate.sim.sessions.Session``):
+    its id (the cache-aware router's affinity key) and how to build the turn after it."""
 
     @property
     def session_id(self) -> int: ...

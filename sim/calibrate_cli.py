@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from sim.calibration import calibrate
-from sim.round_costs import PRESETS
+from roundgate.sim.calibration import calibrate
+from roundgate.sim.round_costs import PRESETS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -7,7 +7,7 @@ Two sources, either or both:
   with the gate's five columns *plus the selected policy's extra columns* (SGLang's delayer
   gathers six more, the auto gate four);
 - **Prometheus scrapes of the engine** for the round costs: the group's round-time histogram
-  and the busiest rank's work by kind of round, recorded by rank 0; ``sim.cost_fit``
+  and the busiest rank's work by kind of round, recorded by rank 0; ``roundgate.sim.cost_fit``
   turns them into the decode, per-sequence, per-prompt-token and extend-round terms.
 
 The output names a ``base`` preset for every field it does not set, and records where each
@@ -22,13 +22,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gate import registry
-from gate.rows import NUM_COLUMNS
-from gate.spec import PolicyContext
-from nccl_log import parse
-from sim.cost_fit import fit_round_costs, kind_totals
-from sim.gather_fit import calibrate_metadata_gather
-from sim.round_costs import PRESETS, load_costs
+from roundgate.gate import registry
+from roundgate.gate.rows import NUM_COLUMNS
+from roundgate.gate.spec import PolicyContext
+from roundgate.nccl_log.read import parse
+from roundgate.sim.cost_fit import fit_round_costs, kind_totals
+from roundgate.sim.gather_fit import calibrate_metadata_gather
+from roundgate.sim.round_costs import PRESETS, load_costs
 
 
 def gather_columns(policy: str, dp_size: int) -> int:

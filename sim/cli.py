@@ -8,19 +8,25 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from gate import registry
-from routing import registry as routers
-from routing.spec import Option
-from sim import regime_cli
-from sim.disaggregated import (
+from roundgate.gate import registry
+from roundgate.routing import registry as routers
+from roundgate.routing.spec import Option
+from roundgate.sim import regime_cli
+from roundgate.sim.disaggregated import (
     describe_transfers,
     disaggregated_namespace,
     parse_split,
     simulate_pd,
 )
-from sim.goodput import DEFAULT_ITL_SLO_MS, DEFAULT_TTFT_SLO_MS, Slo, format_goodputs, goodput
-from sim.kv_channel import ChannelSpec
-from sim.options import (
+from roundgate.sim.goodput import (
+    DEFAULT_ITL_SLO_MS,
+    DEFAULT_TTFT_SLO_MS,
+    Slo,
+    format_goodputs,
+    goodput,
+)
+from roundgate.sim.kv_channel import ChannelSpec
+from roundgate.sim.options import (
     BASE_LENGTHS,
     COST_FLAGS,
     GROUP_DEFAULTS,
@@ -29,17 +35,17 @@ from sim.options import (
     resolve_lengths,
     sim_specs,
 )
-from sim.plots import steady_state
-from sim.records import SimResult
-from sim.regime_report import format_reports, regime_report
-from sim.regimes import REGIMES
-from sim.report import format_table, ratios_to, summarize, write_plots
-from sim.round_costs import PRESETS, RoundCosts
-from sim.scenarios import SCENARIOS, format_rows, replay
-from sim.sessions import SESSION_WORKLOADS
-from sim.spec import SimSpec, simulate
-from sim.steady import describe
-from sim.workload import ARRIVALS, LENGTH_DISTS, WORKLOADS
+from roundgate.sim.plots import steady_state
+from roundgate.sim.records import SimResult
+from roundgate.sim.regime_report import format_reports, regime_report
+from roundgate.sim.regimes import REGIMES
+from roundgate.sim.report import format_table, ratios_to, summarize, write_plots
+from roundgate.sim.round_costs import PRESETS, RoundCosts
+from roundgate.sim.scenarios import SCENARIOS, format_rows, replay
+from roundgate.sim.sessions import SESSION_WORKLOADS
+from roundgate.sim.spec import SimSpec, simulate
+from roundgate.sim.steady import describe
+from roundgate.sim.workload import ARRIVALS, LENGTH_DISTS, WORKLOADS
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
@@ -112,7 +118,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 def add_router_args(g: argparse._ArgumentGroup) -> None:
     """``--router`` and every simulated router's settings, as the router modules declare
-    them (``routing.registry``), then the simulated KV-event channel's flags."""
+    them (``roundgate.routing.registry``), then the simulated KV-event channel's flags."""
     names = routers.names("simulate")
     summaries = "; ".join(f"{n}: {routers.entry(n).summary}" for n in names)
     g.add_argument("--router", default=routers.DEFAULT, choices=names, help=summaries)
@@ -168,7 +174,7 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_slo_args(g: argparse._ArgumentGroup, *aliases: tuple[str, str]) -> None:
-    """``--slo-ttft-ms`` and ``--slo-itl-ms`` (goodput, ``sim.goodput``); ``aliases`` adds
+    """``--slo-ttft-ms`` and ``--slo-itl-ms`` (goodput, ``roundgate.sim.goodput``); ``aliases`` adds
     older spellings (``tune``'s). Unset: a regime scenario's own SLO, else the defaults."""
     names = dict(aliases)
     g.add_argument(

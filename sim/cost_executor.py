@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from actors.control.rank_loop import RankLoop
-from actors.control.round import RoundPlan, RoundResult
-from actors.control.scheduler import Scheduler
-from actors.server_args import ServerArgs
-from gate import RankRow, RoundView
-from sim.round_costs import RoundCosts
+from roundgate.actors.control.rank_loop import RankLoop
+from roundgate.actors.control.round import RoundPlan, RoundResult
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate.rows import RankRow, RoundView
+from roundgate.sim.round_costs import RoundCosts
 
 # The token every simulated sample returns; simulated requests stop on max_tokens only.
 SIM_TOKEN = 0

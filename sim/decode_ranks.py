@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from actors.control.rank_loop import RankLoop
-from actors.control.round import TokenEvent
-from gate import RankRow, RoundView, read_rows
-from sim import steady_rank
-from sim.cost_executor import SIM_TOKEN
-from sim.round_costs import RoundCosts
+from roundgate.actors.control.rank_loop import RankLoop
+from roundgate.actors.control.round import TokenEvent
+from roundgate.gate.rows import RankRow, RoundView, read_rows
+from roundgate.sim import steady_rank
+from roundgate.sim.cost_executor import SIM_TOKEN
+from roundgate.sim.round_costs import RoundCosts
 
 # A decoding rank's row by batch size: (n, n, 0, no prefill wanted, decode work iff n).
 _ROWS: dict[int, RankRow] = {}

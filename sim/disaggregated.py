@@ -1,11 +1,11 @@
 """P/D in the simulator: a prefill group and a decode group of the real control plane.
 
 Each group is a ``RankLoop`` per rank over the role's scheduler (``--disaggregation-mode
-prefill`` / ``decode``, ``actors.control.prefill_role`` and ``decode_role``), with its own
+prefill`` / ``decode``, ``roundgate.actors.control.prefill_role`` and ``decode_role``), with its own
 round clock: a group round costs its slowest rank (``RoundCosts.group_ms``; the decode group
 never extends, so it never pays ``extend_overhead_ms``). The two groups run side by side in
-the fused runs' event loop (``sim.loop``), which always steps the one whose clock is behind,
-so what one group hands the other is seen no earlier than it was sent; each group is a
+the fused runs' event loop (``roundgate.sim.loop``), which always steps the one whose clock is
+behind, so what one group hands the other is seen no earlier than it was sent; each group is a
 ``GroupStep`` that acts at its clock while it has work, else at its next inbound event.
 
     arrival ─► router ─► prefill rank ── Handoff at its round's end ──► least-loaded decode rank
@@ -17,7 +17,7 @@ The prefill router is the fused runs' (``--router``) over the prefill ranks. Und
 routers (``kv-aware``, ``oracle``) both choices read the ranks' own KV events, as the served
 P/D does under ``router: kv-aware``: each group's pools publish through a ``KvChannel`` (the
 run's lag and loss); the prefill rank is kv-aware's least cost (uncached prompt tokens, then
-backlog), the decode rank the least reported decode load (``routing.decode_load``).
+backlog), the decode rank the least reported decode load (``roundgate.routing.decode_load``).
 Under the other routers a handoff goes to the decode rank with the fewest requests (held,
 waiting or on their way). ``gate-aware`` is refused: neither group runs the gate.
 
@@ -31,28 +31,28 @@ import heapq
 from collections import deque
 from collections.abc import Callable
 
-from actors.control.handoff import Handoff, HandoffReleased, KVArrived, TransferEnd
-from actors.control.rank_loop import RoundOutcome
-from actors.control.request import Request
-from actors.disaggregated import check_roles
-from actors.server_args import ServerArgs
-from gate import read_rows
-from routing import registry
-from routing.decode_load import DecodeLoadPolicy
-from routing.spec import flag
-from sim.arrivals import INF, Arrival
-from sim.cost_executor import cost_loops
-from sim.kv_channel import KvChannel
-from sim.loop import IDLE_ROUND_MS, SimLoop
-from sim.prompts import FillerPrompts
-from sim.records import SimResult
-from sim.round_costs import RoundCosts
-from sim.router import Router
-from sim.sessions import arrival_source
+from roundgate.actors.control.handoff import Handoff, HandoffReleased, KVArrived, TransferEnd
+from roundgate.actors.control.rank_loop import RoundOutcome
+from roundgate.actors.control.request import Request
+from roundgate.actors.disaggregated import check_roles
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate.rows import read_rows
+from roundgate.routing import registry
+from roundgate.routing.decode_load import DecodeLoadPolicy
+from roundgate.routing.spec import flag
+from roundgate.sim.arrivals import INF, Arrival
+from roundgate.sim.cost_executor import cost_loops
+from roundgate.sim.kv_channel import KvChannel
+from roundgate.sim.loop import IDLE_ROUND_MS, SimLoop
+from roundgate.sim.prompts import FillerPrompts
+from roundgate.sim.records import SimResult
+from roundgate.sim.round_costs import RoundCosts
+from roundgate.sim.router import Router
+from roundgate.sim.sessions import arrival_source
 
 
 class _Group:
-    """One role's ranks and their clock: a ``sim.loop.GroupStep`` that acts at its clock
+    """One role's ranks and their clock: a ``roundgate.sim.loop.GroupStep`` that acts at its clock
     while it has work, else at its next inbound event."""
 
     def __init__(self, args: ServerArgs, costs: RoundCosts, now: list[float]) -> None:
@@ -363,9 +363,9 @@ def role_args(
 
 
 def simulate_pd(spec, num_prefill: int, num_decode: int) -> tuple[SimResult, PDSimulator]:
-    """Run ``spec``'s workload (drawn: ``sim.spec.arrivals_of``) on a P/D split of its group;
-    the router is the spec's, over the prefill ranks."""
-    from sim.spec import arrivals_of
+    """Run ``spec``'s workload (drawn: ``roundgate.sim.spec.arrivals_of``) on a P/D split of its
+    group; the router is the spec's, over the prefill ranks."""
+    from roundgate.sim.spec import arrivals_of
 
     prefill, decode = role_args(spec.args, num_prefill, num_decode)
     sim = PDSimulator(

@@ -24,9 +24,10 @@ It only engages where that equivalence is easy to see:
 
 Pool operations happen in the order the full rounds make them: a request that needs its next
 page first keys the page it filled (with prefix caching) and then takes one, round by round
-and in running order, so page ids, keys and evictions come out the same. ``sim.steady_rank``
-makes those state changes on each rank (``decode_horizon``, ``decode_page_grants`` and
-``skip_decode_rounds``); this module decides how many rounds to skip and keeps the records.
+and in running order, so page ids, keys and evictions come out the same.
+``roundgate.sim.steady_rank`` makes those state changes on each rank (``decode_horizon``,
+``decode_page_grants`` and ``skip_decode_rounds``); this module decides how many rounds to skip and
+keeps the records.
 """
 
 from __future__ import annotations
@@ -37,15 +38,20 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
-from actors.control.rank_loop import RankLoop
-from actors.control.request import Request
-from gate import RankRow
-from sim.cost_executor import SIM_TOKEN
-from sim.round_costs import RoundCosts
-from sim.steady_rank import decode_horizon, decode_page_grants, is_steady, skip_decode_rounds
+from roundgate.actors.control.rank_loop import RankLoop
+from roundgate.actors.control.request import Request
+from roundgate.gate.rows import RankRow
+from roundgate.sim.cost_executor import SIM_TOKEN
+from roundgate.sim.round_costs import RoundCosts
+from roundgate.sim.steady_rank import (
+    decode_horizon,
+    decode_page_grants,
+    is_steady,
+    skip_decode_rounds,
+)
 
 if TYPE_CHECKING:
-    from sim.records import RequestRecord
+    from roundgate.sim.records import RequestRecord
 
 # A decoding rank's row, by (batch size, wants_prefill, has_decode_work): rows are immutable
 # and repeat call after call, and building one costs more than the lookup.

@@ -4,7 +4,7 @@ Every round each rank all-gathers one row of int64 columns, so the gathered buff
 ``dp_size * num_columns * 8`` bytes: a few hundred bytes, far below where bandwidth matters.
 Its cost is the all-gather latency at that size, read off the measured curve by interpolating
 between the two nearest measured sizes (in log2 of the size, the axis nccl-tests steps along).
-The log is read by ``nccl_log``; ``roundgate calibrate`` (``sim.calibration``) calls this.
+The log is read by ``nccl_log``; ``roundgate calibrate`` (``roundgate.sim.calibration``) calls this.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from gate.rows import NUM_COLUMNS
-from nccl_log.result import NcclTestsResult
+from roundgate.gate.rows import NUM_COLUMNS
+from roundgate.nccl_log.result import NcclTestsResult
 
 # The gate's columns of one rank's gathered row; a policy's extra columns come on top
-# (``sim.calibration.gather_columns`` counts them).
+# (``roundgate.sim.calibration.gather_columns`` counts them).
 METADATA_COLUMNS = NUM_COLUMNS
 INT64_BYTES = 8
 

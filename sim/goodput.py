@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sim.records import SimResult
+from roundgate.sim.records import SimResult
 
 # Defaults of --slo-ttft-ms and --slo-itl-ms: an interactive chat's first token within 2 s and
 # its stream without stalls a reader notices (a 200 ms gap is ~5 tokens/s). A regime scenario

@@ -1,6 +1,6 @@
 """The simulated KV-event channel from the ranks' pools to the router's ``KvIndex``.
 
-The same messages as live (``actors.control.kv_events``): each rank's pool logs stored and
+The same messages as live (``roundgate.actors.control.kv_events``): each rank's pool logs stored and
 removed keys, drained into one batch per round (per fast-forwarded step: those rounds only
 decode); a batch reaches the router ``lag_rounds`` rounds later, or never (``loss_rate``,
 seeded); every ``snapshot_rounds`` rounds each rank also sends a snapshot (never lost), and a
@@ -15,16 +15,16 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from actors.control.kv_events import (
+from roundgate.actors.control.kv_events import (
     KvEventBatch,
     KvEventLog,
     KvPublisher,
     KvSnapshot,
     RankLoad,
 )
-from actors.control.rank_load import rank_load
-from actors.control.scheduler import Scheduler
-from routing.kv_index import KvIndex
+from roundgate.actors.control.rank_load import rank_load
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.routing.kv_index import KvIndex
 
 
 @dataclass(frozen=True)

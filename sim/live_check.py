@@ -16,14 +16,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gate import registry
-from routing import registry as routers
-from sim.calibration import calibrate
-from sim.options import BASE_LENGTHS, GROUP_DEFAULTS, WORKLOAD_DEFAULTS, policy_args, router_spec
-from sim.report import summarize
-from sim.round_costs import RoundCosts, load_costs
-from sim.spec import SimSpec, simulate
-from sim.workload import WorkloadSpec
+from roundgate.gate import registry
+from roundgate.routing import registry as routers
+from roundgate.sim.calibration import calibrate
+from roundgate.sim.options import (
+    BASE_LENGTHS,
+    GROUP_DEFAULTS,
+    WORKLOAD_DEFAULTS,
+    policy_args,
+    router_spec,
+)
+from roundgate.sim.report import summarize
+from roundgate.sim.round_costs import RoundCosts, load_costs
+from roundgate.sim.spec import SimSpec, simulate
+from roundgate.sim.workload import WorkloadSpec
 
 FIGURES = (("ttft_ms", "p50"), ("itl_ms", "p50"), ("ttft_ms", "p99"), ("itl_ms", "p99"))
 TOLERANCE = 0.25  # the bound on TTFT p50 and ITL p50

@@ -9,8 +9,8 @@ group hands another is seen no earlier than it was sent.
 
 What differs by kind of group sits behind ``GroupStep``: when the group next acts, what it
 takes in before a round (the loop's sends and admissions for the group requests enter), what
-it does with no work, and how it runs and prices a round (``sim.simulator`` for a fused
-group, ``sim.disaggregated`` for P/D). The loop body is the hot path: keep it lean.
+it does with no work, and how it runs and prices a round (``roundgate.sim.simulator`` for a fused
+group, ``roundgate.sim.disaggregated`` for P/D). The loop body is the hot path: keep it lean.
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from actors.control.request import Request, SamplingParams
-from sim.arrivals import INF, Arrival, ClosedLoop, OpenLoop
-from sim.prompts import FillerPrompts
-from sim.records import RequestRecord, SimResult
-from sim.round_costs import RoundCosts
-from sim.router import Router
-from sim.sessions import SessionLoop
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.sim.arrivals import INF, Arrival, ClosedLoop, OpenLoop
+from roundgate.sim.prompts import FillerPrompts
+from roundgate.sim.records import RequestRecord, SimResult
+from roundgate.sim.round_costs import RoundCosts
+from roundgate.sim.router import Router
+from roundgate.sim.sessions import SessionLoop
 
 if TYPE_CHECKING:
-    from actors.control.round import TokenEvent
-    from actors.control.scheduler import Scheduler
+    from roundgate.actors.control.round import TokenEvent
+    from roundgate.actors.control.scheduler import Scheduler
 
 ArrivalSource = OpenLoop | ClosedLoop | SessionLoop
 # A round in which no rank runs a forward still costs the scheduler pass; keeps time moving.
@@ -115,7 +115,7 @@ class SimLoop:
     rounds; ``run`` drives the groups until every request finished (or ``max_rounds``).
 
     ``step_times``: record the clock after each step and the ITL samples by then (a steady
-    window, ``sim.steady``); for one group only, whose steps end in time order.
+    window, ``roundgate.sim.steady``); for one group only, whose steps end in time order.
     """
 
     def __init__(

@@ -2,7 +2,7 @@
 
 The command line is the only place that reads flags: ``sim_specs`` turns the parsed ones into
 one spec per policy, every value checked before any simulated round; the helpers take plain
-values, so a replay of recorded flags (``sim.live_check``) builds its spec the same way.
+values, so a replay of recorded flags (``roundgate.sim.live_check``) builds its spec the same way.
 Every refusal is a ``ValueError`` whose message names the flag; the commands turn it into an
 argparse error (one line, exit code 2).
 """
@@ -15,18 +15,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from actors.server_args import ServerArgs
-from gate import registry
-from routing import registry as routers
-from routing.cache_aware import CacheAwareConfig
-from routing.kv_router import KvRouterConfig
-from routing.spec import flag
-from sim.kv_channel import ChannelSpec
-from sim.round_costs import COST_FIELDS, RoundCosts, load_costs
-from sim.router import RouterSpec
-from sim.sessions import SESSION_WORKLOADS, SessionSpec
-from sim.spec import SimSpec, Workload, arrivals_of
-from sim.workload import WORKLOADS, WorkloadSpec
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate import registry
+from roundgate.routing import registry as routers
+from roundgate.routing.cache_aware import CacheAwareConfig
+from roundgate.routing.kv_router import KvRouterConfig
+from roundgate.routing.spec import flag
+from roundgate.sim.kv_channel import ChannelSpec
+from roundgate.sim.round_costs import COST_FIELDS, RoundCosts, load_costs
+from roundgate.sim.router import RouterSpec
+from roundgate.sim.sessions import SESSION_WORKLOADS, SessionSpec
+from roundgate.sim.spec import SimSpec, Workload, arrivals_of
+from roundgate.sim.workload import WORKLOADS, WorkloadSpec
 
 COST_FLAGS = COST_FIELDS
 # The group flags' defaults: the simulate command's, and a replayed run's where it sets none.
@@ -128,8 +128,8 @@ def router_spec(
     policy: str, args: ServerArgs, given: Mapping[str, Any] | None = None
 ) -> RouterSpec:
     """``--router`` and its flags (``given`` by name; missing or None: not given), each checked
-    against the routers' declarations (``routing.registry``); the cache-aware index and the
-    cost routers sized like the ranks' pools; the KV-event channel for the routers that read
+    against the routers' declarations (``roundgate.routing.registry``); the cache-aware index and
+    the cost routers sized like the ranks' pools; the KV-event channel for the routers that read
     the events."""
     given = given or {}
     values = {o.name: o.parse(given.get(o.name)) for o in routers.options("simulate")}

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gate import registry
+from roundgate.gate import registry
 
 # A policy's swept flag and its values (the others keep simulate's defaults). A policy not
 # listed (``none``, or one a plugin adds) is one point at its defaults.

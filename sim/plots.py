@@ -1,6 +1,6 @@
 """The simulator's PNGs: per-rank timelines, TTFT/ITL CDFs, and ratio bars against a baseline.
 
-Drawing only; ``sim.report.write_plots`` decides what to draw. Figures are sized and
+Drawing only; ``roundgate.sim.report.write_plots`` decides what to draw. Figures are sized and
 rendered at 100 dpi so each file stays well under 200 KB (they are committed under docs/).
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.records import SimResult
+from roundgate.sim.records import SimResult
 
 KIND_COLORS = ["#eeeeee", "#4c72b0", "#dd8452", "#c44e52"]  # idle, decode, prefill, mixed
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.arrivals import Arrival
+from roundgate.sim.arrivals import Arrival
 
 
 class FillerPrompts:

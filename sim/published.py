@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sim.scenario_spec import Arm, Scenario
-from sim.workload import WorkloadSpec
+from roundgate.sim.scenario_spec import Arm, Scenario
+from roundgate.sim.workload import WorkloadSpec
 
 # SGLang's engine in PR #23189: prefill and decode in separate rounds (no mixed chunk),
 # chunked prefill 16k, room for every client's request.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
-from actors.control.round import RoundKind
+from roundgate.actors.control.round import RoundKind
 
 KIND_CODES = {RoundKind.IDLE: 0, RoundKind.DECODE: 1, RoundKind.PREFILL: 2, RoundKind.MIXED: 3}
 POINT_CODES = {None: 0, "all": 1, "any": 2}
@@ -44,7 +44,7 @@ class RequestRecord:
 
 @dataclass
 class SimResult:
-    """Raw outcome of one run; ``sim.report`` turns it into tables and plots."""
+    """Raw outcome of one run; ``roundgate.sim.report`` turns it into tables and plots."""
 
     policy: str
     dp_size: int

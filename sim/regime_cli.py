@@ -9,16 +9,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from actors.server_args import ServerArgs
-from gate import registry
-from sim.goodput import Goodput, Slo, format_goodputs, goodput
-from sim.regime_report import RegimeReport, format_reports, regime_report
-from sim.regimes import REGIMES, Regime
-from sim.report import format_table, summarize
-from sim.round_costs import PRESETS, RoundCosts
-from sim.router import RouterSpec
-from sim.scenario_spec import Arm
-from sim.spec import SimSpec, simulate
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate import registry
+from roundgate.sim.goodput import Goodput, Slo, format_goodputs, goodput
+from roundgate.sim.regime_report import RegimeReport, format_reports, regime_report
+from roundgate.sim.regimes import REGIMES, Regime
+from roundgate.sim.report import format_table, summarize
+from roundgate.sim.round_costs import PRESETS, RoundCosts
+from roundgate.sim.router import RouterSpec
+from roundgate.sim.scenario_spec import Arm
+from roundgate.sim.spec import SimSpec, simulate
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from actors.control.round import RoundKind
-from gate.outcome import PROGRESS_BIN_S, ProgressBins, is_mixed
-from sim.records import KIND_CODES, SimResult
+from roundgate.actors.control.round import RoundKind
+from roundgate.gate.outcome import PROGRESS_BIN_S, ProgressBins, is_mixed
+from roundgate.sim.records import KIND_CODES, SimResult
 
 # Per-rank round kinds as the timeline codes them.
 _IDLE = KIND_CODES[RoundKind.IDLE]

@@ -1,9 +1,9 @@
 """The regimes operators meet, as named scenarios: ``roundgate simulate --scenario NAME``.
 
-A published replay (``sim.published``) holds a simulated figure against a published one. A
+A published replay (``roundgate.sim.published``) holds a simulated figure against a published one. A
 regime has no figure to match: it is a workload shape on which some policy is known to fall
 into a bad state, run for every policy of interest on one setup, with the goodput under the
-regime's own SLO and a regime report per arm (``sim.regime_report``) that says whether the
+regime's own SLO and a regime report per arm (``roundgate.sim.regime_report``) that says whether the
 group stayed healthy (prefill aligned across ranks) or fell LOW (the group stays "mixed").
 
 - ``long-prefill-chunked``: the shape of SGLang #35241 (DP attention, chunked prefill with a
@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.arrivals import Arrival
-from sim.goodput import Slo
-from sim.scenario_spec import Arm
-from sim.workload import WorkloadSpec, generate
+from roundgate.sim.arrivals import Arrival
+from roundgate.sim.goodput import Slo
+from roundgate.sim.scenario_spec import Arm
+from roundgate.sim.workload import WorkloadSpec, generate
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from sim import plots
-from sim.records import SimResult
+from roundgate.sim import plots
+from roundgate.sim.records import SimResult
 
 PERCENTILES = (50, 90, 99)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-from gate.costmodel import DECODE_COST_MS, PREFILL_COST_MS, iteration_time
+from roundgate.gate.costmodel import DECODE_COST_MS, PREFILL_COST_MS, iteration_time
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ class RoundCosts:
     # ``gc_pause_per_request_ms`` per request in that rank's batch (the live objects walked).
     gc_every_requests: float = 0.0
     gc_pause_per_request_ms: float = 0.0
-    # Prefill/decode disaggregation (``sim.disaggregated``): moving a handoff's KV from its
-    # prefill rank to its decode rank costs ``kv_transfer_base_ms`` (latency: setup and
+    # Prefill/decode disaggregation (``roundgate.sim.disaggregated``): moving a handoff's KV from
+    # its prefill rank to its decode rank costs ``kv_transfer_base_ms`` (latency: setup and
     # completion) plus ``kv_transfer_per_token_ms`` per token slot of the pages moved (whole
     # pages move), during which both ends' links are busy. Fused runs never read them.
     kv_transfer_base_ms: float = 0.0

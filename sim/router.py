@@ -12,15 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from routing import registry
-from routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
-from routing.kv_router import KvCostPolicy, KvRouterConfig, Matcher
-from routing.spec import flag
-from sim.kv_channel import ChannelSpec
-from sim.vllm_lb import VllmBalancer
+from roundgate.routing import registry
+from roundgate.routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
+from roundgate.routing.kv_router import KvCostPolicy, KvRouterConfig, Matcher
+from roundgate.routing.spec import flag
+from roundgate.sim.kv_channel import ChannelSpec
+from roundgate.sim.vllm_lb import VllmBalancer
 
 if TYPE_CHECKING:
-    from actors.control.scheduler import Scheduler
+    from roundgate.actors.control.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,9 @@ class Router:
     """Chooses a rank for each arrival: round-robin, least-loaded, fixed skewed weights, or
     vLLM's internal load balancer (``vllm-lb``: least ``4 x waiting + running`` on counts
     refreshed every 100 ms, so requests sent since the engines last reported are invisible
-    to it after a refresh), cache-aware (``routing.cache_aware``), or the cost
+    to it after a refresh), cache-aware (``roundgate.routing.cache_aware``), or the cost
     routers on the ranks' KV events (``kv-aware``, ``gate-aware``, and the ``oracle``; the
-    simulator feeds their index through ``sim.kv_channel``)."""
+    simulator feeds their index through ``roundgate.sim.kv_channel``)."""
 
     def __init__(
         self,
@@ -138,7 +138,7 @@ class Router:
         return self._rng.choices(range(self.dp_size), weights=self.weights)[0]
 
     def route_stale(self, now_s: float, waiting: Sequence[int], running: Sequence[int]) -> int:
-        """``vllm-lb`` (``sim.vllm_lb``): route on the last refreshed counts."""
+        """``vllm-lb`` (``roundgate.sim.vllm_lb``): route on the last refreshed counts."""
         if self.vllm_lb is None:
             raise ValueError(f"route_stale is the vllm-lb router's, not {self.policy}'s")
         return self.vllm_lb.route(now_s, waiting, running)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.workload import WorkloadSpec
+from roundgate.sim.workload import WorkloadSpec
 
 # Figure name -> (summary key, statistic); requests/s is a top-level key.
 FIGURES: dict[str, tuple[str, str | None]] = {

@@ -4,7 +4,7 @@ NAME`` prints that table; tests hold the errors inside the scenario's tolerances
 
 A published figure covers its whole run, warm-up and drain included, so each arm is compared
 over its whole run at the run length the scenario assumes (``Scenario.run_length``), and
-beside it over the warm-up-trimmed steady-state window (``sim.steady``), which also says
+beside it over the warm-up-trimmed steady-state window (``roundgate.sim.steady``), which also says
 whether the simulated arm keeps up with the offered load.
 """
 
@@ -14,15 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from actors.server_args import ServerArgs
-from sim.published import SCENARIOS
-from sim.report import summarize
-from sim.round_costs import PRESETS, RoundCosts
-from sim.router import RouterSpec
-from sim.scenario_spec import FIGURE_LABELS, FIGURES, Arm, Scenario
-from sim.spec import SimSpec, simulate
-from sim.steady import steady_report
-from sim.workload import WorkloadSpec
+from roundgate.actors.server_args import ServerArgs
+from roundgate.sim.published import SCENARIOS
+from roundgate.sim.report import summarize
+from roundgate.sim.round_costs import PRESETS, RoundCosts
+from roundgate.sim.router import RouterSpec
+from roundgate.sim.scenario_spec import FIGURE_LABELS, FIGURES, Arm, Scenario
+from roundgate.sim.spec import SimSpec, simulate
+from roundgate.sim.steady import steady_report
+from roundgate.sim.workload import WorkloadSpec
 
 __all__ = ["SCENARIOS", "FigureRow", "format_rows", "replay", "run_arm"]
 

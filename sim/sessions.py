@@ -18,8 +18,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from actors.control.request import Request
-from sim.arrivals import INF, Arrival, ClosedLoop, OpenLoop
+from roundgate.actors.control.request import Request
+from roundgate.sim.arrivals import INF, Arrival, ClosedLoop, OpenLoop
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ Each round runs every rank's real ``RankLoop`` (gate vote, scheduler plan, probe
 rows in-process, prices the round with ``RoundCosts`` (the slowest rank plus the extend-round
 overhead) and advances a simulated clock. Nothing here models the gate separately: what the
 simulator measures is the code the engine runs. Sends, admissions, records, closed-loop
-clients and collections are the event loop's (``sim.loop``); this module is the fused group's
-step: its rounds, its fast path, and where its requests go.
+clients and collections are the event loop's (``roundgate.sim.loop``); this module is the fused
+group's step: its rounds, its fast path, and where its requests go.
 """
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from actors.control.request import Request
-from actors.server_args import ServerArgs
-from gate import read_rows
-from sim import decode_ranks, fast_forward
-from sim.arrivals import INF, Arrival
-from sim.cost_executor import cost_loops
-from sim.kv_channel import KvChannel
-from sim.loop import IDLE_ROUND_MS, Collector, SimLoop
-from sim.prompts import FillerPrompts
-from sim.records import KIND_CODES, POINT_CODES, SimResult, Timeline
-from sim.round_costs import RoundCosts
-from sim.router import Router
-from sim.sessions import arrival_source
+from roundgate.actors.control.request import Request
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate.rows import read_rows
+from roundgate.sim import decode_ranks, fast_forward
+from roundgate.sim.arrivals import INF, Arrival
+from roundgate.sim.cost_executor import cost_loops
+from roundgate.sim.kv_channel import KvChannel
+from roundgate.sim.loop import IDLE_ROUND_MS, Collector, SimLoop
+from roundgate.sim.prompts import FillerPrompts
+from roundgate.sim.records import KIND_CODES, POINT_CODES, SimResult, Timeline
+from roundgate.sim.round_costs import RoundCosts
+from roundgate.sim.router import Router
+from roundgate.sim.sessions import arrival_source
 
 FAST_MAX_ROUNDS = 4096  # at most this many rounds in one fast-forward step
 
@@ -35,7 +35,7 @@ class GroupSimulator:
 
     The policy is the one ``args`` select (``--prefill-policy``, or derived from the gate and
     local-interval flags); ``policy_name`` labels the result. The simulator is the fused
-    group's ``sim.loop.GroupStep``: the loop calls it back for its rounds.
+    group's ``roundgate.sim.loop.GroupStep``: the loop calls it back for its rounds.
     """
 
     def __init__(
@@ -107,7 +107,7 @@ class GroupSimulator:
         ``concurrency`` N: N closed-loop clients (the arrivals' lengths, in order). A request
         reaches its scheduler ``schedule_lag_ms`` after it is sent, and is first planned
         ``plan_ahead_rounds`` round starts after that. Each record counts its inter-token
-        gaps above ``itl_slo_ms`` (goodput, ``sim.goodput``).
+        gaps above ``itl_slo_ms`` (goodput, ``roundgate.sim.goodput``).
         """
         self._reset()
         self._itl_slo_ms = itl_slo_ms
@@ -138,7 +138,8 @@ class GroupSimulator:
             collections=0 if collector is None else collector.count,
         )
 
-    # ---- the loop's calls (``sim.loop.GroupStep``) ------------------------------------------
+    # ---- the loop's calls (``roundgate.sim.loop.GroupStep``)
+    # ------------------------------------------
 
     def next_time(self, loop: SimLoop) -> float:
         """A fused group acts at its clock: its idle jumps are its own (``idle``)."""
@@ -205,7 +206,8 @@ class GroupSimulator:
     # ---- rounds -----------------------------------------------------------------------------
 
     def _skip(self, loop: SimLoop, left: int) -> int:
-        """Up to ``left`` steady rounds in one step (``sim.fast_forward``); the rounds run."""
+        """Up to ``left`` steady rounds in one step (``roundgate.sim.fast_forward``); the rounds
+        run."""
         k, clock, done = fast_forward.advance(
             self.loops,
             self.costs,

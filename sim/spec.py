@@ -2,7 +2,7 @@
 
 Everything that drives the simulator (``roundgate simulate`` and ``tune``, the scenario
 replays, the live check of a bench run, the benchmarks) builds a ``SimSpec`` and calls
-``simulate``; only the command line reads flags (``sim.options``). A spec refuses what it
+``simulate``; only the command line reads flags (``roundgate.sim.options``). A spec refuses what it
 cannot run when it is built, and its arrivals when they are drawn, with messages that name
 the flag that supplies the value, as the commands report them.
 """
@@ -13,15 +13,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from actors.server_args import ServerArgs
-from gate import registry
-from sim.arrivals import Arrival
-from sim.records import SimResult
-from sim.round_costs import TOY, RoundCosts
-from sim.router import RouterSpec
-from sim.sessions import SESSION_WORKLOADS, SessionSpec, make_sessions, max_prompt_tokens
-from sim.simulator import GroupSimulator
-from sim.workload import WorkloadSpec, generate
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate import registry
+from roundgate.sim.arrivals import Arrival
+from roundgate.sim.records import SimResult
+from roundgate.sim.round_costs import TOY, RoundCosts
+from roundgate.sim.router import RouterSpec
+from roundgate.sim.sessions import SESSION_WORKLOADS, SessionSpec, make_sessions, max_prompt_tokens
+from roundgate.sim.simulator import GroupSimulator
+from roundgate.sim.workload import WorkloadSpec, generate
 
 # What a run sends: a seeded synthetic workload (or a trace), multi-turn sessions, or a list
 # already drawn (so several runs can share one, and a benchmark can draw it outside its clock).

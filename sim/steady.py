@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.records import SimResult
+from roundgate.sim.records import SimResult
 
 WARMUP_FRACTION = 0.2  # the share of the requests sent before the window opens
 STABLE_GROWTH = 0.05  # the system may grow by at most this share of the offered rate
@@ -100,7 +100,7 @@ def _distribution(values: np.ndarray) -> dict[str, float | None]:
 
 
 def window_figures(result: SimResult, window: SteadyWindow) -> dict[str, Any]:
-    """The run's figures over the window, keyed as ``sim.report.summarize`` keys them."""
+    """The run's figures over the window, keyed as ``roundgate.sim.report.summarize`` keys them."""
     start, end = window.start_s, window.end_s
     recs = [r for r in result.records if start <= r.arrival_s <= end]
     ttft = np.array(

@@ -4,9 +4,9 @@ A rank whose running requests all decode, with nothing retracted, resident or en
 rounds whose outcome is known without building a plan: one token per request and a page
 whenever one fills. These functions make exactly the state changes ``Scheduler.plan`` and
 ``Scheduler.update`` would, in the same order (the same page ids, keys and evictions), for one
-such round (``plan_decode_round`` and ``update_decode_round``, for ``sim.decode_ranks``) or for
-k of them (``decode_horizon``, ``decode_page_grants`` and ``skip_decode_rounds``, for
-``sim.fast_forward``). They work through the parts the engine's own rounds use: the pool's
+such round (``plan_decode_round`` and ``update_decode_round``, for ``roundgate.sim.decode_ranks``)
+or for k of them (``decode_horizon``, ``decode_page_grants`` and ``skip_decode_rounds``, for
+``roundgate.sim.fast_forward``). They work through the parts the engine's own rounds use: the pool's
 ``grow``, the prefix cache's ``keep_last_page``, the admission waits and ``Scheduler.retire``.
 ``tests/test_steady_rank.py`` runs twin schedulers, one through ``plan``/``update``;
 ``tests/test_fast_forward.py`` compares whole simulated runs.
@@ -14,10 +14,10 @@ k of them (``decode_horizon``, ``decode_page_grants`` and ``skip_decode_rounds``
 
 from __future__ import annotations
 
-from actors.control.planner import PREFILL_WATERMARK
-from actors.control.request import Request, RequestStatus
-from actors.control.round import TokenEvent
-from actors.control.scheduler import Scheduler
+from roundgate.actors.control.planner import PREFILL_WATERMARK
+from roundgate.actors.control.request import Request, RequestStatus
+from roundgate.actors.control.round import TokenEvent
+from roundgate.actors.control.scheduler import Scheduler
 
 _DECODING = RequestStatus.DECODING
 _LENGTH = RequestStatus.FINISHED_LENGTH

@@ -2,9 +2,9 @@
 
 Every candidate ``(attempt_interval, any_interval)`` with ``any >= attempt`` runs the same
 seeded workload in the simulator. A request is *good* when its TTFT and its own ITL p99 both
-meet the SLO; goodput is good requests per simulated second (``sim.goodput``). The best pair
-is printed with a runner-up table and the ``none`` baseline, then each policy of ``--pareto``
-with its TTFT-ITL Pareto front over its own parameter range (``sim.pareto``): the gate's
+meet the SLO; goodput is good requests per simulated second (``roundgate.sim.goodput``). The best
+pair is printed with a runner-up table and the ``none`` baseline, then each policy of ``--pareto``
+with its TTFT-ITL Pareto front over its own parameter range (``roundgate.sim.pareto``): the gate's
 from the same grid, the others' from runs of their own settings.
 """
 
@@ -16,13 +16,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sim.cli import add_common_args, add_slo_args, slo_of
-from sim.goodput import Slo, goodput
-from sim.options import sim_specs
-from sim.pareto import Point, format_fronts, pareto_front, policies_of, settings
-from sim.records import SimResult
-from sim.report import summarize
-from sim.spec import SimSpec, simulate
+from roundgate.sim.cli import add_common_args, add_slo_args, slo_of
+from roundgate.sim.goodput import Slo, goodput
+from roundgate.sim.options import sim_specs
+from roundgate.sim.pareto import Point, format_fronts, pareto_front, policies_of, settings
+from roundgate.sim.records import SimResult
+from roundgate.sim.report import summarize
+from roundgate.sim.spec import SimSpec, simulate
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def fronts(
     found: list[Candidate],
     slo: Slo,
 ) -> dict[str, list[Point]]:
-    """Each policy's Pareto front over its own settings (``sim.pareto``); the gate's pairs
+    """Each policy's Pareto front over its own settings (``roundgate.sim.pareto``); the gate's pairs
     are the grid's runs (``found``), not run again."""
     base = replace(base, itl_slo_ms=slo.itl_ms)
     out = {}

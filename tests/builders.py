@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from actors.control.gather import ThreadGather
-from actors.control.rank_loop import RankLoop, RoundOutcome
-from actors.control.request import Request, SamplingParams
-from actors.control.scheduler import Scheduler
-from actors.server_args import ServerArgs
-from gate import RankRow
-from sim.cost_executor import CostExecutor
-from sim.round_costs import TOY
+from roundgate.actors.control.gather import ThreadGather
+from roundgate.actors.control.rank_loop import RankLoop, RoundOutcome
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate.rows import RankRow
+from roundgate.sim.cost_executor import CostExecutor
+from roundgate.sim.round_costs import TOY
 
 # The gate's intervals the small-group tests run with.
 GATE = {"prefill_attempt_interval": 2, "prefill_any_attempt_interval": 4}

@@ -19,7 +19,7 @@ import os
 
 import pytest
 
-from deployment.local import use_loopback_env
+from roundgate.deployment.local import use_loopback_env
 
 use_loopback_env()
 
@@ -33,7 +33,7 @@ def kernel_device() -> str:
     pytest.importorskip("triton")
     import torch
 
-    from kernels.triton_env import interpreter_enabled
+    from roundgate.kernels.triton_env import interpreter_enabled
 
     if interpreter_enabled():
         return "cpu"

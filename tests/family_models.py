@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-from tests.model_driver import HF_SHAPE
+from model_driver import HF_SHAPE
 
 YARN = {
     "rope_type": "yarn",

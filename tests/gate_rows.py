@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from builders import row
 
-from gate import GateVote, GroupGate, PrefillDelay, RankRow, read_rows
+from roundgate.gate.delay import PrefillDelay
+from roundgate.gate.group_gate import GroupGate
+from roundgate.gate.rows import RankRow, read_rows
+from roundgate.gate.vote import GateVote
 
 # One letter per rank: W = backlog and decoding, D = decoding only, P = backlog with nothing to
 # decode (an idle row that wants prefill), I = idle.

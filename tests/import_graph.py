@@ -17,7 +17,8 @@ modules Python runs implicitly on the way to a submodule (``import a.b`` runs ``
 them would make every package that imports its own submodules a circle; ``closure`` adds them
 back, since they do run. Imports by string (``importlib.import_module``) are not seen.
 
-Folders with an ``__init__.py`` at the top of ROOT are packages (modules named ``pkg.sub.mod``);
+The folders at the top of ROOT but ``SCRIPT_FOLDERS`` are the subpackages of the one import
+package (modules named ``roundgate.pkg.sub.mod``; ``roundgate/`` itself is its ``__init__``);
 other folders of scripts (``tests``, ``benchmarks``) are read too, their modules named by path
 (``tests.builders``), a bare ``import builders`` in them resolving to a sibling file first, as
 pytest's and Python's script path do.
@@ -31,6 +32,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+# The one import package: the folders at the top of the tree are its subpackages (``gate/``
+# is ``roundgate.gate``, mapped by ``setup.py``'s ``package_dir``).
+NAMESPACE = "roundgate"
+# Folders of scripts and tests, not part of the package: their modules are named by path.
+SCRIPT_FOLDERS = frozenset({"tests", "benchmarks"})
+# A module past this many lines is listed for review in the report (not refused).
+REVIEW_LINES = 500
 # Folders that hold no project source, wherever they sit.
 SKIP_DIRS = frozenset({".venv", "venv", "build", "dist", "node_modules", "__pycache__"})
 
@@ -123,7 +131,15 @@ class ProjectGraph:
     def __init__(self, root: Path, folders: Iterable[str] | None = None) -> None:
         self.root = root.resolve()
         self.folders = tuple(source_folders(self.root) if folders is None else folders)
-        self.packages = tuple(f for f in self.folders if (self.root / f / "__init__.py").is_file())
+        # The project's own tree maps its folders into one namespace; another tree (the
+        # tests' small examples, an old checkout) has plain packages, each with an __init__.
+        self.namespace = NAMESPACE if (self.root / NAMESPACE / "__init__.py").is_file() else ""
+        self.packages = tuple(
+            f
+            for f in self.folders
+            if (self.root / f / "__init__.py").is_file()
+            or (self.namespace and f not in SCRIPT_FOLDERS)
+        )
         self.paths: dict[str, Path] = {}
         for folder in self.folders:
             for path in python_files(self.root / folder):
@@ -138,14 +154,19 @@ class ProjectGraph:
         parts = list(path.relative_to(self.root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
+        if self.namespace and parts[0] != self.namespace and parts[0] in self.packages:
+            parts.insert(0, self.namespace)
         return ".".join(parts)
 
     def is_package(self, module: str) -> bool:
         return self.paths[module].name == "__init__.py"
 
     def top(self, module: str) -> str:
-        """The top-level folder a module lives in."""
-        return module.split(".")[0]
+        """The top-level folder a module lives in (``roundgate.gate.spec``: ``gate``)."""
+        parts = module.split(".")
+        nested = bool(self.namespace) and parts[0] == self.namespace and len(parts) > 1
+        nested = nested and parts[1] in self.packages
+        return parts[1] if nested else parts[0]
 
     # ---- resolving one statement ------------------------------------------------------------
 
@@ -180,8 +201,13 @@ class ProjectGraph:
         """The project module ``dotted`` names (the longest prefix that is one), as seen from
         ``module``; for anything else its top-level name (``torch``, ``json``)."""
         here = module.rpartition(".")[0]
-        if self.top(module) not in self.packages and f"{here}.{dotted}" in self.paths:
-            dotted = f"{here}.{dotted}"  # a script folder's sibling, as on the script's path
+        if self.top(module) not in self.packages:
+            # A script folder's sibling, as on the script's path; or a module of the script
+            # folder's top (pytest puts ``tests/`` on the path: ``integration.helpers``).
+            for base in (here, self.top(module)):
+                if f"{base}.{dotted}" in self.paths:
+                    dotted = f"{base}.{dotted}"
+                    break
         parts = dotted.split(".")
         for end in range(len(parts), 0, -1):
             if ".".join(parts[:end]) in self.paths:
@@ -263,7 +289,8 @@ class ProjectGraph:
                 continue
             came_from[module] = parent
             parts = module.split(".")
-            todo += [(".".join(parts[:i]), module) for i in range(1, len(parts))]
+            parents = (".".join(parts[:i]) for i in range(1, len(parts)))
+            todo += [(p, module) for p in parents if p in self.paths]  # not a portion
             todo += [(i.target, module) for i in self.project_imports(module)]
         return {m: p for m, p in came_from.items() if m in self.paths}
 
@@ -352,6 +379,11 @@ def report(root: Path, largest: int = 15) -> str:
     out.append(f"{'total':<40} {len(sizes):>4} modules {total:>7} lines")
     out += ["", f"The {largest} largest modules:"]
     out += [f"{n:>6}  {path}" for n, path in sizes[:largest]]
+    # A size is no rule: a module holds one concept, and one past ~500 lines is worth a look
+    # for a second concept inside it (never split to meet a count).
+    review = [f"{n:>6}  {path}" for n, path in sizes if n > REVIEW_LINES]
+    out += ["", f"For review (over {REVIEW_LINES} lines: one concept, or two?): {len(review)}"]
+    out += review
     for typing_too, which in ((False, "run-time imports"), (True, "TYPE_CHECKING ones too")):
         circles = graph.circles(typing_too=typing_too)
         packages = ", ".join(graph.packages)

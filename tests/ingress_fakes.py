@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
-from actors.control.messages import GenerateChunk, GenerateRequest, Usage
-from actors.control.request import TokenLogprobs
-from deployment.ingress import Ingress
-from deployment.openai.completions import prompt_ids
-from deployment.openai.errors import APIError
-from deployment.openai.protocol import CompletionRequest, parse
-from deployment.resume import ResumePolicy
+from roundgate.actors.control.messages import GenerateChunk, GenerateRequest, Usage
+from roundgate.actors.control.request import TokenLogprobs
+from roundgate.deployment.ingress import Ingress
+from roundgate.deployment.openai.completions import prompt_ids
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.protocol import CompletionRequest, parse
+from roundgate.deployment.resume import ResumePolicy
 
 APP_ARGS = {"model": "tiny-moe", "dp_size": 2, "max_num_seqs": 4, "device": "cpu"}
 CONTEXT = 4096  # tiny-moe's max_position

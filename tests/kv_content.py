@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from actors.control.round import RoundPlan, RoundResult
-from actors.control.scheduler import Scheduler
+from roundgate.actors.control.round import RoundPlan, RoundResult
+from roundgate.actors.control.scheduler import Scheduler
 
 
 class ContentExecutor:

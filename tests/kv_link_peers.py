@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from actors.replica.kv_link import KVLink, TransferFailed, open_store
-from kernels.attention import PagedKVCache
+from roundgate.actors.replica.kv_link import KVLink, TransferFailed, open_store
+from roundgate.kernels.attention import PagedKVCache
 
 
 def make_cache(latent: bool, num_pages: int = 8, fill: bool = False) -> PagedKVCache:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import torch
 
-from actors.control.kv_pool import KVPool
-from actors.control.request import Request, RequestStatus, SamplingParams
-from actors.control.round import RoundPlan, ScheduledChunk
-from actors.model.runner import ModelRunner
-from actors.server_args import ServerArgs
-from gate.permission import ALLOW_ALL
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.request import Request, RequestStatus, SamplingParams
+from roundgate.actors.control.round import RoundPlan, ScheduledChunk
+from roundgate.actors.model.runner import ModelRunner
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate.permission import ALLOW_ALL
 
 # Small enough for milliseconds per forward, big enough for GQA, several pages and experts.
 HF_SHAPE = {

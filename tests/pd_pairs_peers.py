@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from actors.replica.kv_link import TransferFailed
-from actors.replica.membership import TorchStore
-from actors.replica.pd_messages import LinkSpec
-from actors.replica.pd_pairs import DECODE_END, PREFILL_END, LinkPairs, SourceLost
-from actors.server_args import DisaggregationRole
-from tests.kv_link_peers import make_cache
+from kv_link_peers import make_cache
+
+from roundgate.actors.replica.kv_link import TransferFailed
+from roundgate.actors.replica.membership import TorchStore
+from roundgate.actors.replica.pd_messages import LinkSpec
+from roundgate.actors.replica.pd_pairs import DECODE_END, PREFILL_END, LinkPairs, SourceLost
+from roundgate.actors.server_args import DisaggregationRole
 
 SPEC = LinkSpec(link_id="pairs-test", num_prefill=1, num_decode=1)
 

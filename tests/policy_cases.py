@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from actors.server_args import ServerArgs
+from roundgate.actors.server_args import ServerArgs
 
 GATE = {"prefill_attempt_interval": 4, "prefill_any_attempt_interval": 16}
 # A small group: two ranks of 8 running requests each.

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 
 from builders import make_args, make_loops, make_request
 
-from actors.control.rank_loop import RankLoop, RoundOutcome
-from actors.control.request import Request
-from actors.control.round import RoundKind
-from actors.server_args import ServerArgs
-from gate.local_interval import LocalIntervalConfig
+from roundgate.actors.control.rank_loop import RankLoop, RoundOutcome
+from roundgate.actors.control.request import Request
+from roundgate.actors.control.round import RoundKind
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate.local_interval import LocalIntervalConfig
 
 
 @dataclass(frozen=True)

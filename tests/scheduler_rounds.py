@@ -6,10 +6,10 @@ import itertools
 
 from builders import make_request, make_scheduler
 
-from actors.control.request import Request, RequestStatus
-from actors.control.round import RoundPlan, RoundResult
-from actors.control.scheduler import Scheduler
-from gate.permission import ALLOW_ALL, Permission
+from roundgate.actors.control.request import Request, RequestStatus
+from roundgate.actors.control.round import RoundPlan, RoundResult
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.gate.permission import ALLOW_ALL, Permission
 
 _ids = itertools.count()
 

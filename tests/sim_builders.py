@@ -7,13 +7,13 @@ from pathlib import Path
 
 from builders import make_args
 
-from actors.server_args import ServerArgs
-from sim.report import summarize
-from sim.round_costs import PRESETS, RoundCosts
-from sim.router import RouterSpec
-from sim.spec import SimSpec
-from sim.spec import simulate as simulate_spec
-from sim.workload import WorkloadSpec
+from roundgate.actors.server_args import ServerArgs
+from roundgate.sim.report import summarize
+from roundgate.sim.round_costs import PRESETS, RoundCosts
+from roundgate.sim.router import RouterSpec
+from roundgate.sim.spec import SimSpec
+from roundgate.sim.spec import simulate as simulate_spec
+from roundgate.sim.workload import WorkloadSpec
 
 # A larger group than the builders' default: 16 running requests a rank, a 256-token round.
 SIM_GROUP = {"max_scheduled_tokens": 256, "page_size": 16, "num_kv_pages": 256}

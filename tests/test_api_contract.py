@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from ingress_fakes import error_of, make_ingress, make_request, tokens
 
-from actors.control.messages import GenerateChunk, GenerateRequest, Usage
-from actors.control.request import TokenLogprobs
-from deployment.openai.chat import create_chat_completion
-from deployment.openai.completions import create_completion
-from deployment.openai.models import server_version
-from deployment.openai.tokenization import tokenizer_info
+from roundgate.actors.control.messages import GenerateChunk, GenerateRequest, Usage
+from roundgate.actors.control.request import TokenLogprobs
+from roundgate.deployment.openai.chat import create_chat_completion
+from roundgate.deployment.openai.completions import create_completion
+from roundgate.deployment.openai.models import server_version
+from roundgate.deployment.openai.tokenization import tokenizer_info
 
 
 def fake_logprobs(i: int, k: int) -> TokenLogprobs:

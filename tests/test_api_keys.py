@@ -13,8 +13,8 @@ import pytest
 from ingress_fakes import APP_ARGS, FakeRanks, echo_reply
 from vllm_http import App
 
-from deployment.config import AppArgs
-from deployment.ingress import Ingress
+from roundgate.deployment.config import AppArgs
+from roundgate.deployment.ingress import Ingress
 
 KEYS = ["alpha-key", "beta-key"]
 # Routes anyone may call: probes, the version, the load (vLLM protects only /v1 paths; these
@@ -40,8 +40,8 @@ def app(monkeypatch: pytest.MonkeyPatch) -> App:
 def protected_routes() -> list[tuple[str, str]]:
     """Every (method, path) of the app's OpenAPI document that is not public, path parameters
     filled in: a route added later is covered without listing it here."""
-    import deployment.app  # noqa: F401  (registers the routes)
-    from deployment.openai.api import api
+    import roundgate.deployment.app  # noqa: F401  (registers the routes)
+    from roundgate.deployment.openai.api import api
 
     routes = []
     for path, operations in api.openapi()["paths"].items():
@@ -95,7 +95,7 @@ def test_public_routes_need_no_key(app) -> None:
 def test_every_key_is_compared_in_constant_time(app, monkeypatch) -> None:
     import secrets
 
-    from deployment import ingress
+    from roundgate.deployment import ingress
 
     compared: list[bytes] = []
     real = secrets.compare_digest

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from kernels.attention import (
+from roundgate.kernels.attention import (
     PagedKVCache,
     TorchAttention,
     build_attention_batch,

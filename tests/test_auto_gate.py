@@ -8,10 +8,10 @@ import itertools
 import pytest
 from sim_builders import make_spec, simulate
 
-from gate import RankRow, read_rows
-from gate.auto import AutoGate, AutoGateConfig
-from gate.prefill_cost import PrefillCost, prefill_tokens
-from sim.round_costs import PRESETS
+from roundgate.gate.auto import AutoGate, AutoGateConfig
+from roundgate.gate.prefill_cost import PrefillCost, prefill_tokens
+from roundgate.gate.rows import RankRow, read_rows
+from roundgate.sim.round_costs import PRESETS
 
 DECODE_MS = 30
 
@@ -225,7 +225,7 @@ def test_bad_values_are_refused_naming_the_flag(config: dict, flag: str) -> None
 
 
 def test_server_args_refuse_a_bad_budget_naming_the_flag(capsys) -> None:
-    from actors.server_args import ServerArgs
+    from roundgate.actors.server_args import ServerArgs
 
     with pytest.raises(ValueError, match="--prefill-max-wait-ms"):
         ServerArgs(dp_size=2, prefill_policy="roundgate-auto", prefill_max_wait_ms=-1.0)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from deployment.config import AppArgs
+from roundgate.deployment.config import AppArgs
 
 FUSED = {"model": "tiny-llama", "device": "cpu", "dp_size": 2, "elastic_dp": False}
 SCALE = {"min_groups": 1, "max_groups": 3, "target_ongoing_requests_per_rank": 2}
@@ -32,7 +32,7 @@ def test_without_autoscaling_the_count_is_fixed() -> None:
 
 def test_serve_takes_it_as_a_gang_deployment_that_scales() -> None:
     """Serve's own checks pass: an autoscaled gang deployment (it rounds to whole gangs)."""
-    from deployment.app import build_app
+    from roundgate.deployment.app import build_app
 
     app = build_app({**FUSED, "num_groups": 1, "autoscaling": SCALE})
     ranks = next(a for a in app._bound_deployment.init_args if hasattr(a, "_bound_deployment"))

@@ -12,9 +12,9 @@ import pytest
 from ingress_fakes import tokens
 from vllm_http import App, error
 
-from actors.control.messages import GenerateRequest
-from actors.control.request import TokenLogprobs
-from deployment.openai.beam_search import Beam, next_beams, score
+from roundgate.actors.control.messages import GenerateRequest
+from roundgate.actors.control.request import TokenLogprobs
+from roundgate.deployment.openai.beam_search import Beam, next_beams, score
 
 A, B, X, Y, Z = (ord(c) for c in "ABxyz")
 EOS = 257  # the tiny byte tokenizer's end of sequence

@@ -8,10 +8,10 @@ import json
 import httpx
 import pytest
 
-from bench.cli import session_workload
-from bench.report import format_table, summarize
-from bench.sessions import hit_rate, run_sessions
-from cli.main import build_parser
+from roundgate.bench.cli import session_workload
+from roundgate.bench.report import format_table, summarize
+from roundgate.bench.sessions import hit_rate, run_sessions
+from roundgate.cli.main import build_parser
 
 
 def bench_ns(*extra: str):

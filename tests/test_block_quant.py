@@ -11,14 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-from actors.engine import Engine, SamplingParams
-from actors.model import gguf_blocks, gguf_file
-from actors.model.gguf_blocks import decode_weight_bytes, pack_gguf, read_blocks, weight_path
-from actors.model.gguf_source import GGUFSource
-from actors.model.runner import ModelRunner
-from actors.server_args import ServerArgs
-from kernels import quant
-from kernels.quant import FORMATS, BlockLinear, BlockWeights, block_linear
+from roundgate.actors.engine import Engine, SamplingParams
+from roundgate.actors.model import gguf_blocks, gguf_file
+from roundgate.actors.model.gguf_blocks import (
+    decode_weight_bytes,
+    pack_gguf,
+    read_blocks,
+    weight_path,
+)
+from roundgate.actors.model.gguf_source import GGUFSource
+from roundgate.actors.model.runner import ModelRunner
+from roundgate.actors.server_args import ServerArgs
+from roundgate.kernels import quant
+from roundgate.kernels.quant import FORMATS, BlockLinear, BlockWeights, block_linear
 
 pytestmark = pytest.mark.skipif(not quant.cpu_supports_kernel(), reason="needs AVX2/FMA/F16C")
 MODEL = "smollm2-135m-instruct"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from routing.cache_aware import CacheAwareConfig, CacheAwarePolicy, PrefixIndex
+from roundgate.routing.cache_aware import CacheAwareConfig, CacheAwarePolicy, PrefixIndex
 
 P = 4  # page size
 A, B, C = [1] * 8, [2] * 8, [3] * 8  # two pages each
@@ -100,7 +100,7 @@ def test_choices(config, seeded, prompt, loads, expected) -> None:
 
 
 def p_keys(tokens):
-    from actors.control.page_keys import page_keys
+    from roundgate.actors.control.page_keys import page_keys
 
     return page_keys(tokens, P)
 

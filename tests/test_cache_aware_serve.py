@@ -10,10 +10,10 @@ import pytest
 from ingress_fakes import complete, make_ingress
 from ray.serve._private.request_router.common import RequestRoutingContext
 
-from actors.control.messages import GenerateRequest, RankTarget
-from actors.control.request import SamplingParams
-from deployment.config import AppArgs
-from deployment.routing.routers import CacheAwareRouter
+from roundgate.actors.control.messages import GenerateRequest, RankTarget
+from roundgate.actors.control.request import SamplingParams
+from roundgate.deployment.config import AppArgs
+from roundgate.deployment.routing.routers import CacheAwareRouter
 
 ENGINE = {"model": "tiny-moe", "dp_size": 2, "page_size": 4, "num_kv_pages": 64}
 

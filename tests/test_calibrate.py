@@ -9,13 +9,13 @@ import pytest
 from nccl_samples import ALL_GATHER_SAMPLES, cases, sample_path
 from prometheus_client import generate_latest
 
-from actors.telemetry.metrics import RankMetricSet
-from cli.main import main
-from nccl_log import parse
-from sim.calibration import gather_columns
-from sim.cost_fit import kind_totals
-from sim.gather_fit import interpolate_time_us
-from sim.round_costs import load_costs
+from roundgate.actors.telemetry.metrics import RankMetricSet
+from roundgate.cli.main import main
+from roundgate.nccl_log.read import parse
+from roundgate.sim.calibration import gather_columns
+from roundgate.sim.cost_fit import kind_totals
+from roundgate.sim.gather_fit import interpolate_time_us
+from roundgate.sim.round_costs import load_costs
 
 
 def scrape(

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from sim_builders import make_spec, sim_args
 
-from cli.main import main
-from sim.round_costs import PRESETS
-from sim.router import Router
-from sim.scenarios import replay
-from sim.simulator import GroupSimulator
-from sim.workload import generate
+from roundgate.cli.main import main
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.router import Router
+from roundgate.sim.scenarios import replay
+from roundgate.sim.simulator import GroupSimulator
+from roundgate.sim.workload import generate
 
 
 def run_closed(concurrency: int, policy: str = "none"):

@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gate.costmodel import (
+from roundgate.gate.costmodel import (
     added_delay,
     iteration_time,
     stall_factor,
     total_prompt_cost,
     utilization,
 )
-from sim.round_costs import PRESETS
+from roundgate.sim.round_costs import PRESETS
 
 # Two slots serving A, B, C with output lengths 2, 1, 2 (docs/cost-model.md).
 STATIC = [["A", "B"], ["A", None], ["C", None], ["C", None]]

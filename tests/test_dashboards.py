@@ -15,11 +15,11 @@ import yaml
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
-import dashboards
-from actors.control.scheduler import PREFILL_WATERMARK
-from actors.telemetry.metrics import RankMetricSet, RequestMetricSet
-from dashboards import build, gate, serving
-from sim.regime_report import LOW_MIXED_FRACTION, LOW_WINDOW_S
+from roundgate.actors.control.scheduler import PREFILL_WATERMARK
+from roundgate.actors.telemetry.metrics import RankMetricSet, RequestMetricSet
+from roundgate.dashboards import build, gate, serving
+from roundgate.dashboards.build import queries
+from roundgate.sim.regime_report import LOW_MIXED_FRACTION, LOW_WINDOW_S
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # Grafana 11.0-11.2 write schemaVersion 39, 11.3-11.5 write 40, 11.6 writes 41; the 10.x SDK
@@ -143,7 +143,7 @@ def test_variables_narrow_each_other() -> None:
 
 
 def test_every_metric_name_exists_in_the_registries() -> None:
-    for title, expr in dashboards.queries():
+    for title, expr in queries():
         names = SELECTOR.findall(expr)
         assert names, (title, expr)
         for name, _ in names:
@@ -151,7 +151,7 @@ def test_every_metric_name_exists_in_the_registries() -> None:
 
 
 def test_every_label_in_a_query_belongs_to_its_metrics() -> None:
-    for title, expr in dashboards.queries():
+    for title, expr in queries():
         known = frozenset().union(*(series_labels()[name] for name, _ in SELECTOR.findall(expr)))
         used = {m["label"] for s in SELECTOR.finditer(expr) for m in MATCHER.finditer(s[0])}
         for grouping in GROUPING.finditer(expr):
@@ -160,7 +160,7 @@ def test_every_label_in_a_query_belongs_to_its_metrics() -> None:
 
 
 def test_queries_cover_every_target_and_are_plain_promql() -> None:
-    listed = dashboards.queries()
+    listed = queries()
     targets = sum(len(panel["targets"]) for _, panel in panels())
     variables = {v["name"] for b in boards().values() for v in b["templating"]["list"]}
     assert len(listed) == targets + len(variables - {"datasource"})
@@ -176,7 +176,7 @@ def test_queries_cover_every_target_and_are_plain_promql() -> None:
 def test_every_query_parses_with_promtool(tmp_path: Path) -> None:
     rules = [
         {"record": f"roundgate:dashboard_query_{i}", "expr": expr}
-        for i, (_, expr) in enumerate(dashboards.queries())
+        for i, (_, expr) in enumerate(queries())
     ]
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))

@@ -11,11 +11,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.control.request import Request, SamplingParams
-from actors.control.round import ScheduledChunk
-from actors.engine import Engine
-from actors.model.decode_graphs import bucket_for, capture_sizes, ineligibility, pad_decodes
-from actors.server_args import ServerArgs
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.control.round import ScheduledChunk
+from roundgate.actors.engine import Engine
+from roundgate.actors.model.decode_graphs import (
+    bucket_for,
+    capture_sizes,
+    ineligibility,
+    pad_decodes,
+)
+from roundgate.actors.server_args import ServerArgs
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from actors.engine import Engine, SamplingParams
-from actors.model import gguf_file
-from actors.model.generation_config import read_generation_config
-from actors.model.tokenizer import HFTokenizer, load_tokenizer, stop_token_ids
-from actors.server_args import ServerArgs
+from roundgate.actors.engine import Engine, SamplingParams
+from roundgate.actors.model import gguf_file
+from roundgate.actors.model.generation_config import read_generation_config
+from roundgate.actors.model.tokenizer import HFTokenizer, load_tokenizer, stop_token_ids
+from roundgate.actors.server_args import ServerArgs
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a robot"]
@@ -118,7 +118,7 @@ def test_an_unsupported_gguf_architecture_is_named(tmp_path: Path) -> None:
 def test_the_gguf_tokenizer_conversion_is_cached_by_the_file_s_hash(
     path: Path, tokenizer: HFTokenizer
 ) -> None:
-    from actors.model.tokenizer import cache_dir, file_digest
+    from roundgate.actors.model.tokenizer import cache_dir, file_digest
 
     cached = cache_dir() / "tokenizers" / file_digest(path)
     assert (cached / "tokenizer_config.json").is_file()

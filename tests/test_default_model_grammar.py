@@ -17,11 +17,11 @@ import jsonschema
 import pytest
 import torch
 
-from actors.control.request import Request, SamplingParams
-from actors.engine import Engine
-from actors.model.generation_config import read_generation_config
-from actors.model.tokenizer import load_tokenizer, stop_token_ids
-from actors.server_args import ServerArgs
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.engine import Engine
+from roundgate.actors.model.generation_config import read_generation_config
+from roundgate.actors.model.tokenizer import load_tokenizer, stop_token_ids
+from roundgate.actors.server_args import ServerArgs
 
 MODEL = "smollm2-135m-instruct"
 SCHEMA = {

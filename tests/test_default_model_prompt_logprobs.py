@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.control.request import Request, SamplingParams
-from actors.engine import Engine
-from actors.model import gguf_file
-from actors.model.tokenizer import load_tokenizer
-from actors.server_args import ServerArgs
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.engine import Engine
+from roundgate.actors.model import gguf_file
+from roundgate.actors.model.tokenizer import load_tokenizer
+from roundgate.actors.server_args import ServerArgs
 
 MODEL = "smollm2-135m-instruct"
 ATOL = 1e-3

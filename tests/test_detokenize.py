@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.control.messages import GenerateChunk, Usage
-from actors.model.detokenizer import Detokenizer
-from actors.model.tokenizer import ByteTokenizer
-from deployment.openai.choices import Choice, run_choices
+from roundgate.actors.control.messages import GenerateChunk, Usage
+from roundgate.actors.model.detokenizer import Detokenizer
+from roundgate.actors.model.tokenizer import ByteTokenizer
+from roundgate.deployment.openai.choices import Choice, run_choices
 
 TOK = ByteTokenizer()
 

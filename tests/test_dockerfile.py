@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from k8s.tools.render import render
+from roundgate.k8s.tools.render import render
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "k8s"
@@ -87,13 +87,14 @@ def test_healthcheck_probes_what_the_readiness_probe_probes() -> None:
 
 def test_commands_used_by_the_manifests_exist_in_the_image() -> None:
     scripts = pyproject()["project"]["scripts"]
-    packages = pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
+    setup = (REPO / "setup.py").read_text(encoding="utf-8")
     text = " ".join(rest for _, rest in final_stage())
     (cmd,) = [rest for keyword, rest in final_stage() if keyword == "CMD"]
     assert cmd.strip('[]"').split('"')[0] in scripts
     (bench,) = [o for o in render(K8S / "base" / "bench") if o["kind"] == "RayJob"]
     assert shlex.split(bench["spec"]["entrypoint"])[0] in scripts
-    assert "k8s*" in packages  # python -m k8s.tools.nccl_tests in the preflight Job
+    # python -m roundgate.k8s.tools.nccl_tests in the preflight Job
+    assert re.search(r'^    "k8s",$', setup, re.M)
     assert "/usr/local/bin/all_gather_perf" in text
     assert re.search(r"pip install [^&]*-c constraints\.txt", text)
 

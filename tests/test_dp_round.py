@@ -8,14 +8,16 @@ from collections.abc import Sequence
 import pytest
 from builders import drive_round, make_args, make_loops, make_request
 
-from actors.control.gather import SingleRankGather, ThreadGather
-from actors.control.rank_loop import RankLoop, RoundOutcome
-from actors.control.round import RoundPlan, RoundResult
-from actors.control.scheduler import Scheduler
-from gate import GateVote, RankRow, RoundView, read_rows, registry
-from gate.permission import ALLOW_ALL, HOLD_ALL
-from sim.cost_executor import CostExecutor
-from sim.round_costs import TOY
+from roundgate.actors.control.gather import SingleRankGather, ThreadGather
+from roundgate.actors.control.rank_loop import RankLoop, RoundOutcome
+from roundgate.actors.control.round import RoundPlan, RoundResult
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.gate import registry
+from roundgate.gate.permission import ALLOW_ALL, HOLD_ALL
+from roundgate.gate.rows import RankRow, RoundView, read_rows
+from roundgate.gate.vote import GateVote
+from roundgate.sim.cost_executor import CostExecutor
+from roundgate.sim.round_costs import TOY
 
 # --- builders ---------------------------------------------------------------------------------
 

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 import pytest
 from builders import make_args, make_request
 
-from actors.control.engine_core import EngineCore
-from actors.control.request import RequestStatus
-from actors.control.round import RoundPlan, RoundResult
-from gate import RankRow, RoundView
-from sim.cost_executor import CostExecutor
-from sim.round_costs import TOY
+from roundgate.actors.control.engine_core import EngineCore
+from roundgate.actors.control.request import RequestStatus
+from roundgate.actors.control.round import RoundPlan, RoundResult
+from roundgate.gate.rows import RankRow, RoundView
+from roundgate.sim.cost_executor import CostExecutor
+from roundgate.sim.round_costs import TOY
 
 
 class ParkingExecutor(CostExecutor):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from model_driver import hf_greedy, save_tiny_hf_model
 
-from actors.engine import Engine, SamplingParams
-from actors.server_args import ServerArgs
+from roundgate.actors.engine import Engine, SamplingParams
+from roundgate.actors.server_args import ServerArgs
 
 PROMPTS = [[5, 7, 9], list(range(20, 37)), [3, 1, 4, 1, 5, 9, 2, 6, 5], [250, 11, 42, 42, 7, 8]]
 

@@ -24,13 +24,13 @@ import torch.multiprocessing as mp
 from family_models import build_family
 from model_driver import grow_pages, next_chunk
 
-from actors.control.kv_pool import KVPool
-from actors.control.request import Request
-from actors.control.round import RoundPlan
-from actors.model.runner import ModelRunner
-from actors.server_args import ServerArgs
-from gate import RankRow, read_rows
-from kernels.triton_env import interpreter_enabled
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.request import Request
+from roundgate.actors.control.round import RoundPlan
+from roundgate.actors.model.runner import ModelRunner
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate.rows import RankRow, read_rows
+from roundgate.kernels.triton_env import interpreter_enabled
 
 PROMPTS = {"a": [1, 2, 3, 4, 5, 6, 7], "b": [40, 41, 42], "c": [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11]}
 HOME = {"a": 0, "b": 0, "c": 1}  # which rank serves each request

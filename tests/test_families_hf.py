@@ -20,10 +20,10 @@ from model_driver import (
     make_runner,
 )
 
-from actors.control.kv_pool import KVPool
-from actors.control.round import RoundPlan, ScheduledChunk
-from actors.engine import Engine, SamplingParams
-from actors.server_args import ServerArgs
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.round import RoundPlan, ScheduledChunk
+from roundgate.actors.engine import Engine, SamplingParams
+from roundgate.actors.server_args import ServerArgs
 
 PROMPTS = [[5, 7, 9], list(range(20, 37)), [3, 1, 4, 1, 5, 9, 2, 6, 5], [250, 11, 42, 42, 7, 8]]
 ATOL = 2e-4

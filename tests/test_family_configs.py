@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from family_models import build_family
 
-from actors.model.families import read_model_dir
-from actors.server_args import ServerArgs
+from roundgate.actors.model.families import read_model_dir
+from roundgate.actors.server_args import ServerArgs
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_build_app_refuses_naming_the_field(
     saved, tmp_path: Path, family: str, changes: dict, named: str
 ) -> None:
     """The driver refuses before any replica exists (``build_app`` binds nothing on error)."""
-    from deployment.app import build_app
+    from roundgate.deployment.app import build_app
 
     path = edited(saved[family], tmp_path / "m", **changes)
     with pytest.raises(ValueError, match=named):
@@ -65,7 +65,7 @@ def test_build_app_refuses_naming_the_field(
 
 
 def test_build_app_accepts_a_new_family(saved) -> None:
-    from deployment.app import build_app
+    from roundgate.deployment.app import build_app
 
     assert build_app({"model": str(saved["deepseek_v3"]), "dp_size": 2}) is not None
 
@@ -114,13 +114,13 @@ def test_the_kv_budget_sizes_the_pool_from_the_latent(
     """1 MiB of float32 latent (24 values x 3 layers x 4 B = 288 B/token) in 4-token pages."""
     import logging
 
-    from actors.engine import Engine
+    from roundgate.actors.engine import Engine
 
     args = ServerArgs(
         model=str(saved["deepseek_v3"]), device="cpu", page_size=4, kv_cache_memory_gb=2**-10
     )
     assert args.num_kv_pages == 2**20 // (288 * 4)
-    with caplog.at_level(logging.INFO, logger="actors.model.kv_cache"):
+    with caplog.at_level(logging.INFO, logger="roundgate.actors.model.kv_cache"):
         engine = Engine(args)
     assert engine.core.scheduler.pool.num_pages == 910
     assert engine.runner.cache.num_pages == 910 + 1  # the decode graphs' scratch page
@@ -131,8 +131,8 @@ def test_routers_stay_float32_in_a_bf16_model(saved) -> None:
     """Expert choice is computed from float32 router weights whatever the runtime dtype."""
     import torch
 
-    from actors.model.decoder import build_model
-    from actors.model.weights import SafetensorsSource
+    from roundgate.actors.model.decoder import build_model
+    from roundgate.actors.model.weights import SafetensorsSource
 
     path = saved["deepseek_v3"]
     config = read_model_dir(path)

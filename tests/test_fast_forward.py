@@ -8,11 +8,11 @@ import json
 import pytest
 from sim_builders import make_spec, sim_args
 
-from sim.report import summarize
-from sim.round_costs import PRESETS
-from sim.router import Router
-from sim.simulator import GroupSimulator
-from sim.workload import generate
+from roundgate.sim.report import summarize
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.router import Router
+from roundgate.sim.simulator import GroupSimulator
+from roundgate.sim.workload import generate
 
 CASES = [
     pytest.param("roundgate", {}, "h100-dsv3", None, id="gate"),
@@ -108,7 +108,7 @@ def test_fast_path_engages_on_steady_decoding_and_finishes(monkeypatch) -> None:
     """The fast path skips rounds, its last skipped round finishes requests, and the full
     rounds step decode-only ranks without plan objects."""
     calls, finished, lite = [], [], []
-    from sim import fast_forward, steady_rank
+    from roundgate.sim import fast_forward, steady_rank
 
     advance, decodes = fast_forward.advance, steady_rank.plan_decode_round
 

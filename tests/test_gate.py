@@ -12,8 +12,12 @@ from gate_rows import gate_at, rows
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gate import COLUMNS, GateVote, GroupGate, PrefillDelay, RankRow, RoundView, read_rows, registry
-from gate.spec import PolicyContext
+from roundgate.gate import registry
+from roundgate.gate.delay import PrefillDelay
+from roundgate.gate.group_gate import GroupGate
+from roundgate.gate.rows import COLUMNS, RankRow, RoundView, read_rows
+from roundgate.gate.spec import PolicyContext
+from roundgate.gate.vote import GateVote
 
 # --- PrefillDelay -----------------------------------------------------------------------------
 

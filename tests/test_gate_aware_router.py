@@ -1,5 +1,5 @@
-"""The gate-aware router's choices given the gate's state (``routing.gate_cohort``): it fills
-the ALL point's blockers, spreads a window's backlog, and keeps new prompts on a cohort that
+"""The gate-aware router's choices given the gate's state (``roundgate.routing.gate_cohort``): it
+fills the ALL point's blockers, spreads a window's backlog, and keeps new prompts on a cohort that
 the arrivals can fill before the ANY bound."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from actors.control.kv_events import KvEventBatch, RankLoad
-from deployment.config import AppArgs
-from routing.gate_cohort import ArrivalRate, Cohort, cohort_size
-from routing.kv_router import KvCostPolicy, KvRouterConfig
+from roundgate.actors.control.kv_events import KvEventBatch, RankLoad
+from roundgate.deployment.config import AppArgs
+from roundgate.routing.gate_cohort import ArrivalRate, Cohort, cohort_size
+from roundgate.routing.kv_router import KvCostPolicy, KvRouterConfig
 
 PAGE = 4
 PROMPT = [7] * 40  # ten pages, cached nowhere

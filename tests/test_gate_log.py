@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from actors.control.rank_loop import RoundOutcome
-from actors.control.round import RoundPlan, RoundResult
-from actors.telemetry.gate_log import gate_window_record, log_gate_window
-from gate import GateVote, RankRow, read_rows
-from gate.vote import OPEN
+from roundgate.actors.control.rank_loop import RoundOutcome
+from roundgate.actors.control.round import RoundPlan, RoundResult
+from roundgate.actors.telemetry.gate_log import gate_window_record, log_gate_window
+from roundgate.gate.rows import RankRow, read_rows
+from roundgate.gate.vote import OPEN, GateVote
 
 
 def outcome(vote: GateVote, rows: list[RankRow]) -> RoundOutcome:

@@ -13,12 +13,12 @@ import pytest
 from builders import make_args, make_loops, make_request
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.control.rank_loop import RankLoop, RoundParts
-from actors.control.round import RoundKind
-from actors.telemetry.metrics_hub import merge, render, snapshot
-from actors.telemetry.rank_metrics import RankMetrics
-from gate import GateVote, RankRow, registry
-from gate.outcome import (
+from roundgate.actors.control.rank_loop import RankLoop, RoundParts
+from roundgate.actors.control.round import RoundKind
+from roundgate.actors.telemetry.metrics_hub import merge, render, snapshot
+from roundgate.actors.telemetry.rank_metrics import RankMetrics
+from roundgate.gate import registry
+from roundgate.gate.outcome import (
     OUTCOMES,
     ProgressBins,
     gate_outcome,
@@ -26,8 +26,10 @@ from gate.outcome import (
     prefill_tokens,
     rank_kinds,
 )
-from sim.records import KIND_CODES, SimResult, Timeline
-from sim.regime_report import regime_report
+from roundgate.gate.rows import RankRow
+from roundgate.gate.vote import GateVote
+from roundgate.sim.records import KIND_CODES, SimResult, Timeline
+from roundgate.sim.regime_report import regime_report
 
 ALL_OPEN, ANY_OPEN = GateVote(True, "all"), GateVote(True, "any")
 ALL_HELD, ANY_HELD, HELD = GateVote(False, "all"), GateVote(False, "any"), GateVote(False, None)

@@ -9,7 +9,10 @@ from gate_rows import drive, first_open, gate_at, rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gate import GateVote, GroupGate, PrefillDelay, RankRow, read_rows
+from roundgate.gate.delay import PrefillDelay
+from roundgate.gate.group_gate import GroupGate
+from roundgate.gate.rows import RankRow, read_rows
+from roundgate.gate.vote import GateVote
 
 # --- scenarios: a gate driven through rounds --------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""llama.cpp's float arithmetic (``kernels.quant.ggml_arith``) against torch's: the same
+"""llama.cpp's float arithmetic (``roundgate.kernels.quant.ggml_arith``) against torch's: the same
 operations up to float rounding. Bit-equality with llama.cpp itself is checked against its
 library in tests/integration/test_int8_dot_vs_llamacpp.py."""
 
@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from test_attention import dense_attention, scattered_pages
 
-from actors.model.config import PRESETS, with_overrides
-from actors.model.llamacpp_arith import use_llamacpp_arithmetic, why_not
-from actors.model.rope import RotaryTable, apply_rope
-from actors.model.runner import ModelRunner
-from actors.server_args import ServerArgs
-from kernels.attention import PagedKVCache, build_attention_batch
-from kernels.quant import cpu_supports_kernel, ggml_arith
-from tests.test_attention import dense_attention, scattered_pages
+from roundgate.actors.model.config import PRESETS, with_overrides
+from roundgate.actors.model.llamacpp_arith import use_llamacpp_arithmetic, why_not
+from roundgate.actors.model.rope import RotaryTable, apply_rope
+from roundgate.actors.model.runner import ModelRunner
+from roundgate.actors.server_args import ServerArgs
+from roundgate.kernels.attention import PagedKVCache, build_attention_batch
+from roundgate.kernels.quant import cpu_supports_kernel, ggml_arith
 
 pytestmark = pytest.mark.skipif(not cpu_supports_kernel(), reason="needs AVX2/FMA/F16C")
 

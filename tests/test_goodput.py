@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 from sim_builders import make_spec, sim_args
 
-from bench.client import RequestResult
-from bench.report import summarize as bench_summary
-from cli.main import main
-from sim.goodput import Slo, count_slow, goodput, meets_itl_p99
-from sim.pareto import Point, pareto_front
-from sim.records import RequestRecord, SimResult
-from sim.round_costs import PRESETS
-from sim.router import RouterSpec
-from sim.simulator import GroupSimulator
-from sim.spec import SimSpec, simulate
-from sim.workload import generate
+from roundgate.bench.client import RequestResult
+from roundgate.bench.report import summarize as bench_summary
+from roundgate.cli.main import main
+from roundgate.sim.goodput import Slo, count_slow, goodput, meets_itl_p99
+from roundgate.sim.pareto import Point, pareto_front
+from roundgate.sim.records import RequestRecord, SimResult
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.router import RouterSpec
+from roundgate.sim.simulator import GroupSimulator
+from roundgate.sim.spec import SimSpec, simulate
+from roundgate.sim.workload import generate
 
 SLO = Slo(ttft_ms=1000.0, itl_ms=100.0)
 

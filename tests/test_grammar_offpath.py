@@ -12,12 +12,12 @@ import pytest
 from builders import make_args, make_request
 from ingress_fakes import complete, error_of, make_ingress
 
-from actors.control.engine_core import EngineCore
-from actors.control.request import RequestStatus
-from actors.model.grammar import Grammars
-from deployment.openai.grammar_limits import GrammarLimits, check_grammar
-from sim.cost_executor import CostExecutor
-from sim.round_costs import TOY
+from roundgate.actors.control.engine_core import EngineCore
+from roundgate.actors.control.request import RequestStatus
+from roundgate.actors.model.grammar import Grammars
+from roundgate.deployment.openai.grammar_limits import GrammarLimits, check_grammar
+from roundgate.sim.cost_executor import CostExecutor
+from roundgate.sim.round_costs import TOY
 
 MODEL = "smollm2-135m-instruct"
 

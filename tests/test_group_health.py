@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deployment.group_health import group_sizes, health_body
+from roundgate.deployment.group_health import group_sizes, health_body
 
 EXPOSITION = """# HELP roundgate_group_size Live ranks of the rank's DP group (elastic DP)
 # TYPE roundgate_group_size gauge

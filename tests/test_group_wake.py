@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from actors.replica import group_wake
-from actors.replica.group_wake import FifoWake, GroupWake, StoreWake
+from roundgate.actors.replica import group_wake
+from roundgate.actors.replica.group_wake import FifoWake, GroupWake, StoreWake
 
 WORLD = 3
 # How long a test waits for a condition before failing (a deadline, not a speed): far below

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from deployment import serve_context
+from roundgate.deployment import serve_context
 
 
 def status(deployment_status: str, states: dict[str, int]) -> Any:

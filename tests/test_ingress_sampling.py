@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from ingress_fakes import complete, error_of, make_ingress
 
-from actors.control.messages import GenerateChunk, GenerateRequest, Usage
-from actors.control.request import TokenLogprobs
+from roundgate.actors.control.messages import GenerateChunk, GenerateRequest, Usage
+from roundgate.actors.control.request import TokenLogprobs
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ def interleaved(message: GenerateRequest) -> list[Any]:
 
 
 def test_n_choices_share_one_rank_request_and_count_the_prompt_once() -> None:
-    from deployment.openai.choices import usage
+    from roundgate.deployment.openai.choices import usage
 
     core, ranks = make_ingress(reply=interleaved)
     choices, _ = complete(core, prompt=["ab", "cde"], max_tokens=3, n=3)

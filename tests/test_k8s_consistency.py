@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from k8s.tools import dashboards_configmap
-from k8s.tools.nccl_tests import all_gather_command
-from k8s.tools.nccl_tests.__main__ import main as nccl_main
-from k8s.tools.render import load_documents, render
+from roundgate.k8s.tools import dashboards_configmap
+from roundgate.k8s.tools.nccl_tests import all_gather_command
+from roundgate.k8s.tools.nccl_tests.__main__ import main as nccl_main
+from roundgate.k8s.tools.render import load_documents, render
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "k8s"
@@ -167,7 +167,7 @@ def test_preflight_runs_our_command_and_parser(profile: str, tmp_path: Path) -> 
     stages = [shlex.split(part) for part in script.split("\n", 1)[1].split("|")]
     assert stages[0] == all_gather_command(num_gpus)
     assert stages[1] == ["tee", "/dev/stderr"]
-    assert stages[2][:4] == ["python", "-m", "k8s.tools.nccl_tests", "-"]
+    assert stages[2][:4] == ["python", "-m", "roundgate.k8s.tools.nccl_tests", "-"]
     # The parser stage's flags are the CLI's: run them on a tiny healthy table.
     table = tmp_path / "run.txt"
     table.write_text(

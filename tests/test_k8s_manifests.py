@@ -19,11 +19,11 @@ import kubernetes_validate
 import pytest
 from shared_data import DATA, shared_dir
 
-from k8s.tools.crd_schema import CrdValidator, load_crd
-from k8s.tools.crd_subset import subset_text
-from k8s.tools.podmonitor_schema import PODMONITOR_SCHEMA
-from k8s.tools.render import load_documents, render
-from k8s.tools.serve_config import check_serve_config
+from roundgate.k8s.tools.crd_schema import CrdValidator, load_crd
+from roundgate.k8s.tools.crd_subset import subset_text
+from roundgate.k8s.tools.podmonitor_schema import PODMONITOR_SCHEMA
+from roundgate.k8s.tools.render import load_documents, render
+from roundgate.k8s.tools.serve_config import check_serve_config
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "k8s"

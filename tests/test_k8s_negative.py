@@ -16,10 +16,10 @@ import pytest
 import yaml
 from shared_data import DATA, shared_dir
 
-from k8s.tools.crd_schema import PRESERVE, CrdValidator, load_crd, prepare, to_json_schema
-from k8s.tools.podmonitor_schema import PODMONITOR_SCHEMA
-from k8s.tools.render import apply_operation, render
-from k8s.tools.serve_config import check_serve_config
+from roundgate.k8s.tools.crd_schema import PRESERVE, CrdValidator, load_crd, prepare, to_json_schema
+from roundgate.k8s.tools.podmonitor_schema import PODMONITOR_SCHEMA
+from roundgate.k8s.tools.render import apply_operation, render
+from roundgate.k8s.tools.serve_config import check_serve_config
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_CRDS = shared_dir("kuberay-crds")

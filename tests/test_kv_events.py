@@ -16,11 +16,17 @@ from builders import make_args, make_scheduler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.control.kv_events import KvEventBatch, KvEventLog, KvPublisher, KvSnapshot, RankLoad
-from actors.control.kv_pool import KVPool
-from actors.replica import kv_sender
-from deployment.routing.kv_hub import KvEventLogBook
-from routing.kv_index import KvIndex
+from roundgate.actors.control.kv_events import (
+    KvEventBatch,
+    KvEventLog,
+    KvPublisher,
+    KvSnapshot,
+    RankLoad,
+)
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.replica import kv_sender
+from roundgate.deployment.routing.kv_hub import KvEventLogBook
+from roundgate.routing.kv_index import KvIndex
 
 
 def make_pool(num_pages: int = 8) -> tuple[KVPool, KvPublisher]:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import torch
+from kv_link_peers import make_cache, run_peer
 
-from actors.replica.kv_link import PageShape, pack_pages
-from tests.kv_link_peers import make_cache, run_peer
+from roundgate.actors.replica.kv_link import PageShape, pack_pages
 
 STEPS = [
     {"send": [3, 1, 6], "dst_pages": [0, 5, 2]},  # a scatter into other page ids

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.control.kv_pool import KVPool
+from roundgate.actors.control.kv_pool import KVPool
 
 
 def make_pool(num_pages: int = 8, page_size: int = 4) -> KVPool:

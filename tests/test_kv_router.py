@@ -10,20 +10,20 @@ import pytest
 from ray.serve._private.request_router.common import RequestRoutingContext
 from sim_builders import sim_args
 
-from actors.control.kv_events import KvEventBatch, KvSnapshot, RankLoad
-from actors.control.messages import GenerateRequest
-from actors.control.page_keys import page_keys
-from actors.control.request import SamplingParams
-from cli.main import main
-from deployment.config import AppArgs
-from deployment.routing.kv_hub import KvEventLogBook
-from deployment.routing.routers import KvAwareRouter
-from routing.kv_router import KvCostPolicy, KvRouterConfig
-from sim.round_costs import TOY
-from sim.router import RouterSpec
-from sim.sessions import SESSION_WORKLOADS, SessionSpec
-from sim.simulator import GroupSimulator
-from sim.spec import SimSpec, arrivals_of
+from roundgate.actors.control.kv_events import KvEventBatch, KvSnapshot, RankLoad
+from roundgate.actors.control.messages import GenerateRequest
+from roundgate.actors.control.page_keys import page_keys
+from roundgate.actors.control.request import SamplingParams
+from roundgate.cli.main import main
+from roundgate.deployment.config import AppArgs
+from roundgate.deployment.routing.kv_hub import KvEventLogBook
+from roundgate.deployment.routing.routers import KvAwareRouter
+from roundgate.routing.kv_router import KvCostPolicy, KvRouterConfig
+from roundgate.sim.round_costs import TOY
+from roundgate.sim.router import RouterSpec
+from roundgate.sim.sessions import SESSION_WORKLOADS, SessionSpec
+from roundgate.sim.simulator import GroupSimulator
+from roundgate.sim.spec import SimSpec, arrivals_of
 
 PAGE = 4
 SYSTEM = list(range(1, 17))  # four full pages

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from class_graph import Classes, annotation_only
-from import_graph import ProjectGraph, line_count
+from import_graph import ProjectGraph
 
-from routing import registry as routers
+from roundgate.routing import registry as routers
 
 REPO = Path(__file__).resolve().parents[1]
 # Lowest first: a package may import from its own layer and the ones below, never above.
@@ -36,11 +36,11 @@ LAYERS = (
     "k8s",
     "bench",
     "cli",
+    "roundgate",  # the namespace's own modules: its __init__ and ``python -m roundgate``
 )
 STANDALONE = ("dashboards",)  # imports no other package, and none imports it
 PACKAGES = (*LAYERS, *STANDALONE)
 SOURCE_DIRS = (*PACKAGES, "benchmarks", "tests")
-MAX_LINES = 500
 HEAVY = frozenset({"torch", "ray", "numpy", "prometheus_client"})
 
 
@@ -64,7 +64,7 @@ def _imported_after(statement: str) -> set[str]:
 
 def test_the_control_plane_imports_neither_torch_nor_ray() -> None:
     modules = sorted(p.stem for p in (REPO / "actors" / "control").glob("*.py"))
-    imports = "\n".join(f"import actors.control.{m}" for m in modules)
+    imports = "\n".join(f"import roundgate.actors.control.{m}" for m in modules)
     # Building the args and a rank's core (as the simulator does) must not pull them in either.
     build = (
         "from actors.server_args import ServerArgs\n"
@@ -73,19 +73,21 @@ def test_the_control_plane_imports_neither_torch_nor_ray() -> None:
         "prefill_any_attempt_interval=4))"
     )
     loaded = _imported_after(f"{imports}\n{build}")
-    assert "actors" in loaded
+    assert "roundgate" in loaded
     assert not loaded & HEAVY
 
 
 def test_the_gate_is_stdlib_only() -> None:
     modules = sorted(p.stem for p in (REPO / "gate").glob("*.py"))
-    loaded = _imported_after("\n".join(f"import gate.{m}" for m in modules))
+    loaded = _imported_after("\n".join(f"import roundgate.gate.{m}" for m in modules))
     third_party = {m for m in loaded - set(sys.stdlib_module_names) if not m.startswith("_")}
-    assert third_party == {"gate"}
+    assert third_party == {"roundgate"}
 
 
 def test_the_simulator_runs_the_control_plane_without_torch() -> None:
-    loaded = _imported_after("import sim.spec, sim.simulator, sim.cost_executor")
+    loaded = _imported_after(
+        "import roundgate.sim.spec, roundgate.sim.simulator, roundgate.sim.cost_executor"
+    )
     assert not loaded & {"torch", "ray"}
 
 
@@ -97,13 +99,26 @@ def test_every_source_folder_is_read(graph: ProjectGraph) -> None:
     assert {graph.top(m) for m in graph.paths} == set(SOURCE_DIRS)
 
 
-def test_no_module_over_500_lines(graph: ProjectGraph) -> None:
-    long = {
-        str(path.relative_to(REPO)): n
-        for path in graph.paths.values()
-        if (n := line_count(path)) > MAX_LINES
-    }
-    assert not long, f"modules over {MAX_LINES} lines (find the second concept): {long}"
+def test_no_bare_import_of_a_subpackage(graph: ProjectGraph) -> None:
+    """Every import of the project's code spells the one package: ``roundgate.gate``, never
+    ``gate`` (which would resolve only from the repository root, and in an installed wheel
+    not at all, or to another distribution's module of that name: Hugging Face's
+    ``kernels``). Tests and benchmarks too."""
+    bare = [
+        str(imp)
+        for module in graph.paths
+        for imp in graph.imports[module]
+        if imp.target in PACKAGES and imp.target != "roundgate"
+    ]
+    assert not bare, "bare imports of the package's folders:\n" + "\n".join(bare)
+
+
+def test_pytest_puts_no_repository_root_on_the_path() -> None:
+    """A ``pythonpath`` entry of ``.`` would let a bare ``import gate`` pass in the tests while
+    it fails for every user of the wheel: the tests import the installed package."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    paths = pyproject["tool"]["pytest"]["ini_options"].get("pythonpath", [])
+    assert not {".", "./", str(REPO)} & set(paths if isinstance(paths, list) else [paths])
 
 
 def test_no_import_circle(graph: ProjectGraph) -> None:
@@ -167,16 +182,23 @@ def test_nothing_imports_the_benchmarks(graph: ProjectGraph) -> None:
 
 
 def test_every_package_is_installed() -> None:
-    """pyproject's package list names every package (an image built from it runs them)."""
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
-    assert {f"{p}*" for p in PACKAGES} <= set(include)
+    """``setup.py`` maps every source package into the namespace (an image built from it runs
+    them), and no other folder: benchmarks and tests stay out of the wheel."""
+    tree = ast.parse((REPO / "setup.py").read_text(encoding="utf-8"))
+    (listed,) = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "SUBPACKAGES" for t in node.targets)
+    ]
+    assert set(listed) == set(PACKAGES) - {"roundgate"}
 
 
 def test_the_control_plane_closure_reaches_no_torch_ray_numpy(graph: ProjectGraph) -> None:
-    """Everything ``actors.control`` imports, lazily or not, transitively (package
+    """Everything ``roundgate.actors.control`` imports, lazily or not, transitively (package
     ``__init__`` modules on the way included): none of it imports a heavy library."""
-    starts = [m for m in graph.paths if m == "actors.control" or m.startswith("actors.control.")]
+    control = "roundgate.actors.control"
+    starts = [m for m in graph.paths if m == control or m.startswith(f"{control}.")]
     came_from = graph.closure(starts)
     heavy = [
         f"{imp}  via  {' -> '.join(graph.chain(came_from, module))}"
@@ -246,8 +268,8 @@ def _gate_classes(graph: ProjectGraph) -> set[tuple[str, str]]:
 
 
 def test_no_isinstance_on_the_gates_classes_outside_the_gate(graph: ProjectGraph) -> None:
-    """A policy says what it does through its interface (``gate.policy.PrefillPolicy``), so
-    nothing outside ``gate/`` asks which policy it holds: no ``isinstance``/``issubclass``
+    """A policy says what it does through its interface (``roundgate.gate.policy.PrefillPolicy``),
+    so nothing outside ``gate/`` asks which policy it holds: no ``isinstance``/``issubclass``
     against a class of the gate, however imported (a lazy import is matched by its name)."""
     classes = Classes(graph)
     gate = _gate_classes(graph)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.live_check import TOLERANCE, predict
+from roundgate.sim.live_check import TOLERANCE, predict
 
 # The documented misses, as bounds rather than as misses that must persist: a better model
 # moves these errors toward 0 and still passes; a worse one fails. Both are the recorded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deployment.local import build, load_config
+from roundgate.deployment.local import build, load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "deployment" / "configs"
 

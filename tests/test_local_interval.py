@@ -7,9 +7,11 @@ import re
 import pytest
 from builders import row
 
-from gate import GateVote, LocalIntervalPolicy, RankRow, read_rows, registry
-from gate.local_interval import LocalIntervalConfig
-from gate.spec import PolicyContext
+from roundgate.gate import registry
+from roundgate.gate.local_interval import LocalIntervalConfig, LocalIntervalPolicy
+from roundgate.gate.rows import RankRow, read_rows
+from roundgate.gate.spec import PolicyContext
+from roundgate.gate.vote import GateVote
 
 # A decoding rank with a prompt waiting, and the same rank extending a prompt chunk.
 WAITING = row(want=True)

@@ -19,9 +19,9 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from actors.control.request import SamplingParams
-from actors.model.logit_transforms import apply_transforms
-from actors.model.sampling import filter_sorted
+from roundgate.actors.control.request import SamplingParams
+from roundgate.actors.model.logit_transforms import apply_transforms
+from roundgate.actors.model.sampling import filter_sorted
 
 VOCAB = 50
 

@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from actors.replica.membership import (
+from roundgate.actors.replica.membership import (
     Epoch,
     Fenced,
     TorchStore,
@@ -123,8 +123,8 @@ def test_a_group_whose_members_all_died_is_taken_over_by_its_joiner(store: Torch
     """Its only member died at its first round (it never admitted anyone): a replacement
     would wait for ever; once the member's heartbeat is stale, the joiner forms the next
     epoch itself. While the member still beats, the joiner waits and times out instead."""
-    from actors.replica import seats
-    from actors.replica.elastic_member import ElasticSpec, enter, group_id
+    from roundgate.actors.replica import seats
+    from roundgate.actors.replica.elastic_member import ElasticSpec, enter, group_id
 
     spec = ElasticSpec("dep", num_groups=1)
     group = group_id(spec, 0)

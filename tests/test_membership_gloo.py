@@ -29,16 +29,16 @@ def member_main(name: str, plan: dict[str, Any], store_path: str, out: Any) -> N
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     import torch.distributed as dist
 
-    from actors.replica.elastic_gather import ElasticGather
-    from actors.replica.epoch_group import form_group, leave_group
-    from actors.replica.membership import (
+    from roundgate.actors.replica.elastic_gather import ElasticGather
+    from roundgate.actors.replica.epoch_group import form_group, leave_group
+    from roundgate.actors.replica.membership import (
         Fenced,
         TorchStore,
         first_epoch,
         join_request,
         wait_admitted,
     )
-    from actors.replica.torch_gather import TorchGather
+    from roundgate.actors.replica.torch_gather import TorchGather
 
     timeout = plan["collective_timeout_s"]
     store = TorchStore(dist.FileStore(store_path, -1))

@@ -10,11 +10,11 @@ import pytest
 from builders import make_args, make_loops, make_request
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.control.rank_loop import RoundParts
-from actors.telemetry.metrics import RankMetricSet, RequestMetricSet
-from actors.telemetry.metrics_hub import merge, render, snapshot
-from actors.telemetry.rank_metrics import RankMetrics, busiest_work
-from gate import RankRow
+from roundgate.actors.control.rank_loop import RoundParts
+from roundgate.actors.telemetry.metrics import RankMetricSet, RequestMetricSet
+from roundgate.actors.telemetry.metrics_hub import merge, render, snapshot
+from roundgate.actors.telemetry.rank_metrics import RankMetrics, busiest_work
+from roundgate.gate.rows import RankRow
 
 # What each busy round "took" in the recorder's eyes (fixed: the test times nothing).
 PARTS = RoundParts(schedule=1e-5, forward=1e-3)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorDiedError
 
-from deployment import request_metrics
-from deployment.openai.errors import APIError
+from roundgate.deployment import request_metrics
+from roundgate.deployment.openai.errors import APIError
 
 
 class _Hub:
@@ -64,7 +64,7 @@ def test_a_pusher_made_outside_ray_starts_no_thread(monkeypatch: pytest.MonkeyPa
 
     import ray
 
-    from actors.telemetry.metrics_hub import Pusher
+    from roundgate.actors.telemetry.metrics_hub import Pusher
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     before = {t for t in threading.enumerate() if t.name == "metrics-push"}

@@ -9,12 +9,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from actors.model.config import PRESETS, ModelConfig
-from actors.model.families import read_hf_config, read_model_dir
-from actors.model.resolve import resolve_model_config
-from actors.model.runner import ModelRunner
-from actors.model.weights import hf_param_shapes, random_hf_state, save_hf_dir
-from actors.server_args import ServerArgs
+from roundgate.actors.model.config import PRESETS, ModelConfig
+from roundgate.actors.model.families import read_hf_config, read_model_dir
+from roundgate.actors.model.resolve import resolve_model_config
+from roundgate.actors.model.runner import ModelRunner
+from roundgate.actors.model.weights import hf_param_shapes, random_hf_state, save_hf_dir
+from roundgate.actors.server_args import ServerArgs
 
 TINY = ModelConfig(
     vocab_size=32,
@@ -157,9 +157,9 @@ def test_fused_expert_names_load_like_per_expert_names(tmp_path: Path) -> None:
     """transformers 5's in-memory Mixtral names (fused experts) give the same model."""
     import transformers
 
-    from actors.model.decoder import build_model
-    from actors.model.weights import DictSource, SafetensorsSource
-    from kernels.moe import ExpertPlacement
+    from roundgate.actors.model.decoder import build_model
+    from roundgate.actors.model.weights import DictSource, SafetensorsSource
+    from roundgate.kernels.moe import ExpertPlacement
 
     torch.manual_seed(0)
     hf = transformers.MixtralForCausalLM(

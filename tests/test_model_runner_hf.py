@@ -23,10 +23,10 @@ from model_driver import (
     save_tiny_hf_model,
 )
 
-from actors.control.kv_pool import KVPool
-from actors.control.round import RoundPlan, ScheduledChunk
-from actors.model.config import PRESETS
-from actors.model.weights import random_hf_state, save_hf_dir
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.round import RoundPlan, ScheduledChunk
+from roundgate.actors.model.config import PRESETS
+from roundgate.actors.model.weights import random_hf_state, save_hf_dir
 
 PROMPTS = [[5, 7, 9], list(range(20, 37)), [3, 1, 4, 1, 5, 9, 2, 6, 5], [250, 11, 42, 42, 7, 8]]
 ATOL = 2e-4

@@ -14,11 +14,11 @@ import torch
 from builders import row
 from model_driver import grow_pages, make_requests, make_runner
 
-from actors.control.kv_pool import KVPool
-from actors.control.round import RoundPlan, ScheduledChunk
-from gate import RankRow, read_rows
-from kernels.moe import ExpertPlacement, LocalMoE, resolve_moe_backend, run_experts
-from kernels.moe.deepep import DeepEPMoE
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.round import RoundPlan, ScheduledChunk
+from roundgate.gate.rows import RankRow, read_rows
+from roundgate.kernels.moe import ExpertPlacement, LocalMoE, resolve_moe_backend, run_experts
+from roundgate.kernels.moe.deepep import DeepEPMoE
 
 # --- placement and selection ---------------------------------------------------------------
 

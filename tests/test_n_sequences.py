@@ -12,9 +12,9 @@ from collections import defaultdict
 import pytest
 from model_driver import save_tiny_hf_model
 
-from actors.control.request import Request, SamplingParams
-from actors.engine import Engine
-from actors.server_args import ServerArgs
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.engine import Engine
+from roundgate.actors.server_args import ServerArgs
 
 PROMPT = list(range(20, 31))  # 11 tokens: several pages, one partly filled
 

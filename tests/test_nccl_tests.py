@@ -14,8 +14,8 @@ from nccl_samples import (
     read,
 )
 
-from k8s.tools.nccl_tests import check_fabric, parse, parse_text
-from nccl_log.text import strip_prefix
+from roundgate.k8s.tools.nccl_tests import check_fabric, parse, parse_text
+from roundgate.nccl_log.text import strip_prefix
 
 
 def test_every_repo_sample_is_in_the_table() -> None:

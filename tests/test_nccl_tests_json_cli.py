@@ -11,23 +11,23 @@ from typing import Any
 import pytest
 from nccl_samples import ALL_GATHER_SAMPLES, cases, read, sample_path
 
-from gate.rows import NUM_COLUMNS
-from k8s.tools.nccl_tests import (
+from roundgate.gate.rows import NUM_COLUMNS
+from roundgate.k8s.tools.nccl_tests import (
     NcclTestsResult,
     all_gather_command,
     parse,
     parse_json,
     parse_text,
 )
-from k8s.tools.nccl_tests.__main__ import main
-from sim.gather_fit import (
+from roundgate.k8s.tools.nccl_tests.__main__ import main
+from roundgate.sim.gather_fit import (
     METADATA_COLUMNS,
     calibrate_metadata_gather,
     gather_cost_overrides,
     interpolate_time_us,
     metadata_gather_bytes,
 )
-from sim.round_costs import load_costs
+from roundgate.sim.round_costs import load_costs
 
 
 def make_report(result: NcclTestsResult, binary: str = "/usr/local/bin/all_gather_perf") -> str:

@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from actors.control.gather import ThreadGather
-from actors.replica import outbox
-from actors.replica.outbox import RoundOutbox, SendAfterGather, holds
-from gate import RankRow
+from roundgate.actors.control.gather import ThreadGather
+from roundgate.actors.replica import outbox
+from roundgate.actors.replica.outbox import RoundOutbox, SendAfterGather, holds
+from roundgate.gate.rows import RankRow
 
 BUSY = RankRow(1, 1, 0, False, True)
 PREFILL = RankRow(256, 1, 1, True, False)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from deployment.config import AppArgs
+from roundgate.deployment.config import AppArgs
 
 REPO = Path(__file__).resolve().parents[1]
 

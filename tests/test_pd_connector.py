@@ -8,14 +8,14 @@ import pytest
 from builders import make_args
 from test_pd_roles import make_handoff
 
-from actors.control.decode_role import HandoffIntake
-from actors.control.handoff import HandoffReleased, KVArrived
-from actors.control.kv_connector import KVConnector, NoKVConnector
-from actors.control.prefill_role import PrefillHandoffs
-from actors.control.request import RequestStatus
-from actors.control.scheduler import Scheduler
-from actors.server_args import DisaggregationRole
-from gate.permission import ALLOW_ALL
+from roundgate.actors.control.decode_role import HandoffIntake
+from roundgate.actors.control.handoff import HandoffReleased, KVArrived
+from roundgate.actors.control.kv_connector import KVConnector, NoKVConnector
+from roundgate.actors.control.prefill_role import PrefillHandoffs
+from roundgate.actors.control.request import RequestStatus
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.actors.server_args import DisaggregationRole
+from roundgate.gate.permission import ALLOW_ALL
 
 FUSED, PREFILL, DECODE = DisaggregationRole
 

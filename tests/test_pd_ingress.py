@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.control.handoff import Handoff
-from actors.control.messages import GenerateRequest
-from actors.replica.pd_messages import DecodeRequest, PrefillResult, ReleaseHandoff, TransferReport
-from deployment.ingress import Ingress
-from tests.ingress_fakes import FakeStream, complete, error_of, tokens
+from ingress_fakes import FakeStream, complete, error_of, tokens
+
+from roundgate.actors.control.handoff import Handoff
+from roundgate.actors.control.messages import GenerateRequest
+from roundgate.actors.replica.pd_messages import (
+    DecodeRequest,
+    PrefillResult,
+    ReleaseHandoff,
+    TransferReport,
+)
+from roundgate.deployment.ingress import Ingress
 
 PD_ARGS = {
     "model": "tiny-moe",

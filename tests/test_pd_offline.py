@@ -1,7 +1,7 @@
 """Offline prefill/decode disaggregation equals the fused engine, on real models.
 
-A prefill rank and a decode rank (``actors.disaggregated``) hand each request over with its
-first token and its KV pages copied in the pools' own layout (MLA's latent pages for the
+A prefill rank and a decode rank (``roundgate.actors.disaggregated``) hand each request over with
+its first token and its KV pages copied in the pools' own layout (MLA's latent pages for the
 DeepSeek-V3 model); the decode rank's output must be the fused engine's token for token. The
 round records say what each role ran: the decode rank only single-token decodes, the prefill
 rank only prefill chunks. Both pools are checked for integrity and left empty.
@@ -15,10 +15,10 @@ import pytest
 import torch
 from family_models import build_family
 
-from actors.control.request import Request, SamplingParams
-from actors.disaggregated import DisaggregatedEngine, check_roles
-from actors.engine import Engine
-from actors.server_args import ServerArgs
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.disaggregated import DisaggregatedEngine, check_roles
+from roundgate.actors.engine import Engine
+from roundgate.actors.server_args import ServerArgs
 
 # Lengths around the 4-token page: partial last pages, page-aligned prompts, a one-token one.
 PROMPTS = [[5, 7, 9], list(range(20, 37)), [3, 1, 4, 1, 5, 9, 2, 6], [250], list(range(40, 52))]
@@ -162,7 +162,7 @@ def test_a_grammar_request_replays_its_first_token_on_the_decode_rank() -> None:
     torch.set_num_threads(1)
     model = "smollm2-135m-instruct"
     fused, prefill, decode = pd_pair(model, num_kv_pages=32, page_size=16)
-    from actors.model.tokenizer import load_tokenizer
+    from roundgate.actors.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model)
     prompt = tok.render_chat([{"role": "user", "content": "Is the sky blue?"}])

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
+from pd_pairs_peers import SPEC, run_decode, run_prefill
 
-from actors.replica.membership import TorchStore
-from actors.replica.pd_messages import LinkSpec
-from actors.replica.pd_pairs import LinkPairs, Presence, presence_key
-from actors.server_args import DisaggregationRole
-from tests.pd_pairs_peers import SPEC, run_decode, run_prefill
+from roundgate.actors.replica.membership import TorchStore
+from roundgate.actors.replica.pd_messages import LinkSpec
+from roundgate.actors.replica.pd_pairs import LinkPairs, Presence, presence_key
+from roundgate.actors.server_args import DisaggregationRole
 
 
 class Member:

@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 from builders import make_args, make_request
 
-from actors.control.engine_core import EngineCore
-from actors.control.handoff import Handoff
-from actors.control.request import RequestStatus, SamplingParams
-from sim.cost_executor import SIM_TOKEN, CostExecutor
-from sim.round_costs import TOY
+from roundgate.actors.control.engine_core import EngineCore
+from roundgate.actors.control.handoff import Handoff
+from roundgate.actors.control.request import RequestStatus, SamplingParams
+from roundgate.sim.cost_executor import SIM_TOKEN, CostExecutor
+from roundgate.sim.round_costs import TOY
 
 FIRST = 5  # a handoff's first token (the cost executor samples SIM_TOKEN after it)
 

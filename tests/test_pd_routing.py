@@ -18,24 +18,24 @@ from sim_builders import sim_args
 from test_kv_router import FakeReplica, LocalHub
 from test_pd_config import pd_args
 
-from actors.control.handoff import Handoff
-from actors.control.kv_events import KvEventBatch, KvEventLog, KvPublisher
-from actors.control.rank_load import rank_load
-from actors.control.request import SamplingParams
-from actors.control.scheduler import Scheduler
-from actors.replica.pd_messages import DecodeRequest
-from cli.main import main
-from deployment.config import AppArgs
-from deployment.routing.kv_hub import KvEventLogBook
-from deployment.routing.routers import ROUTER_CLASSES, DecodeLoadRouter
-from routing.decode_load import DecodeLoadPolicy
-from routing.kv_router import KvRouterConfig
-from sim.disaggregated import simulate_pd
-from sim.report import summarize
-from sim.round_costs import PRESETS
-from sim.router import RouterSpec
-from sim.sessions import SESSION_WORKLOADS, SessionSpec
-from sim.spec import SimSpec
+from roundgate.actors.control.handoff import Handoff
+from roundgate.actors.control.kv_events import KvEventBatch, KvEventLog, KvPublisher
+from roundgate.actors.control.rank_load import rank_load
+from roundgate.actors.control.request import SamplingParams
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.actors.replica.pd_messages import DecodeRequest
+from roundgate.cli.main import main
+from roundgate.deployment.config import AppArgs
+from roundgate.deployment.routing.kv_hub import KvEventLogBook
+from roundgate.deployment.routing.routers import ROUTER_CLASSES, DecodeLoadRouter
+from roundgate.routing.decode_load import DecodeLoadPolicy
+from roundgate.routing.kv_router import KvRouterConfig
+from roundgate.sim.disaggregated import simulate_pd
+from roundgate.sim.report import summarize
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.router import RouterSpec
+from roundgate.sim.sessions import SESSION_WORKLOADS, SessionSpec
+from roundgate.sim.spec import SimSpec
 
 PAGE = 4
 

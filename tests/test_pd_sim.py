@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from sim_builders import make_spec, sim_args
 
-from cli.main import main
-from sim.disaggregated import parse_split, role_args, simulate_pd
-from sim.report import summarize
-from sim.round_costs import PRESETS
-from sim.router import RouterSpec
-from sim.spec import SimSpec
+from roundgate.cli.main import main
+from roundgate.sim.disaggregated import parse_split, role_args, simulate_pd
+from roundgate.sim.report import summarize
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.router import RouterSpec
+from roundgate.sim.spec import SimSpec
 
 H100 = PRESETS["h100-dsv3"]
 

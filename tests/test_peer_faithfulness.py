@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from sim_builders import make_spec, simulate
 
-from sim.round_costs import PRESETS
+from roundgate.sim.round_costs import PRESETS
 
 # Poisson arrivals spread by round-robin over 4 ranks: most rounds see one fresh prompt.
 SCATTERED = make_spec(num_requests=80, rate=30.0, input_len=120, output_len=24)

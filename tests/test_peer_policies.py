@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 from builders import make_args
 
-from gate import GateVote, RankRow, read_rows
-from gate.permission import ALLOW_ALL, CHUNKS_ONLY, HOLD_ALL
-from gate.sglang_delayer import SGLangDelayer, SGLangDelayerConfig
-from gate.trtllm_balance import TrtllmBalance, TrtllmBalanceConfig
-from gate.vllm_interval import VllmInterval
+from roundgate.gate.permission import ALLOW_ALL, CHUNKS_ONLY, HOLD_ALL
+from roundgate.gate.rows import RankRow, read_rows
+from roundgate.gate.sglang_delayer import SGLangDelayer, SGLangDelayerConfig
+from roundgate.gate.trtllm_balance import TrtllmBalance, TrtllmBalanceConfig
+from roundgate.gate.vllm_interval import VllmInterval
+from roundgate.gate.vote import GateVote
 
 # --- builders ---------------------------------------------------------------------------------
 

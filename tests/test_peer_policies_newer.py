@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 from sim_builders import make_spec, simulate
 
-from gate import RankRow, read_rows, registry
-from gate.atom_coalescer import AtomCoalescer, AtomCoalescerConfig
-from gate.permission import ALLOW_ALL, CHUNKS_ONLY, HOLD_ALL
-from gate.spec import PolicyContext
-from gate.tpu_dp_hold import TpuDpHold, TpuDpHoldConfig
-from gate.vllm_alignment import VllmAlignment, VllmAlignmentConfig
-from sim.round_costs import PRESETS
+from roundgate.gate import registry
+from roundgate.gate.atom_coalescer import AtomCoalescer, AtomCoalescerConfig
+from roundgate.gate.permission import ALLOW_ALL, CHUNKS_ONLY, HOLD_ALL
+from roundgate.gate.rows import RankRow, read_rows
+from roundgate.gate.spec import PolicyContext
+from roundgate.gate.tpu_dp_hold import TpuDpHold, TpuDpHoldConfig
+from roundgate.gate.vllm_alignment import VllmAlignment, VllmAlignmentConfig
+from roundgate.sim.round_costs import PRESETS
 
 NEWER = ("vllm-alignment", "atom-coalescer", "tpu-dp-hold")
 

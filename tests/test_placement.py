@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 from ray.serve.config import GangPlacementStrategy
 
-from deployment.config import AppArgs
+from roundgate.deployment.config import AppArgs
 
 FUSED = {"model": "tiny-llama", "device": "cpu", "dp_size": 2}
 PD = {

@@ -14,9 +14,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.control.columns import READERS
-from gate import RankRow, read_rows, registry
-from gate.spec import PolicyContext
+from roundgate.actors.control.columns import READERS
+from roundgate.gate import registry
+from roundgate.gate.rows import RankRow, read_rows
+from roundgate.gate.spec import PolicyContext
 
 DP = 3
 GROUP = ("roundgate", "roundgate-auto", "none", "trtllm-balance")

@@ -9,16 +9,16 @@ import json
 import pytest
 from builders import drive_round, make_args, make_loops, make_request, make_scheduler
 
-from actors.control.request import Request, RequestStatus
-from actors.control.scheduler import Scheduler
-from actors.server_args import ServerArgs
-from gate import registry
-from gate.permission import ALLOW_ALL, CHUNKS_ONLY, HOLD_ALL, NEW_ONLY
-from sim.report import summarize
-from sim.round_costs import PRESETS
-from sim.router import Router
-from sim.simulator import GroupSimulator
-from sim.workload import WorkloadSpec, generate
+from roundgate.actors.control.request import Request, RequestStatus
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate import registry
+from roundgate.gate.permission import ALLOW_ALL, CHUNKS_ONLY, HOLD_ALL, NEW_ONLY
+from roundgate.sim.report import summarize
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.router import Router
+from roundgate.sim.simulator import GroupSimulator
+from roundgate.sim.workload import WorkloadSpec, generate
 
 # Policies whose decision must be identical on every rank (vLLM's defer is per rank by design;
 # the local interval looks at its own rank only).

@@ -17,17 +17,18 @@ from typing import Any
 
 import pytest
 
-from actors.server_args import ServerArgs
-from cli.main import main
-from deployment.config import AppArgs
-from gate import RankRow, RoundView, registry
-from gate.policy import RoundByRound
-from gate.spec import PolicyContext, PolicySpec
-from gate.vote import CLOSED, OPEN, GateVote
-from sim.arrivals import Arrival
-from sim.round_costs import TOY
-from sim.router import Router
-from sim.simulator import POINT_CODES, GroupSimulator
+from roundgate.actors.server_args import ServerArgs
+from roundgate.cli.main import main
+from roundgate.deployment.config import AppArgs
+from roundgate.gate import registry
+from roundgate.gate.policy import RoundByRound
+from roundgate.gate.rows import RankRow, RoundView
+from roundgate.gate.spec import PolicyContext, PolicySpec
+from roundgate.gate.vote import CLOSED, OPEN, GateVote
+from roundgate.sim.arrivals import Arrival
+from roundgate.sim.round_costs import TOY
+from roundgate.sim.router import Router
+from roundgate.sim.simulator import POINT_CODES, GroupSimulator
 
 
 @dataclass(frozen=True)

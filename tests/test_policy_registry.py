@@ -1,5 +1,5 @@
-"""``--prefill-policy`` through ServerArgs and ``gate.registry``: which policy a config selects
-(or implies), each policy's flags and defaults."""
+"""``--prefill-policy`` through ServerArgs and ``roundgate.gate.registry``: which policy a config
+selects (or implies), each policy's flags and defaults."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 from policy_cases import BUILTINS, GATE, make, refuses
 
-from gate import registry
-from gate.delay import PrefillDelay
-from gate.group_gate import GroupGate
-from gate.local_interval import LocalIntervalConfig, LocalIntervalPolicy
-from gate.no_gate import NoGate, NoGateConfig
-from gate.sglang_delayer import SGLangDelayer, SGLangDelayerConfig
-from gate.spec import PolicyContext
-from gate.trtllm_balance import TrtllmBalance, TrtllmBalanceConfig
-from gate.vllm_interval import VllmInterval, VllmIntervalConfig
+from roundgate.gate import registry
+from roundgate.gate.delay import PrefillDelay
+from roundgate.gate.group_gate import GroupGate
+from roundgate.gate.local_interval import LocalIntervalConfig, LocalIntervalPolicy
+from roundgate.gate.no_gate import NoGate, NoGateConfig
+from roundgate.gate.sglang_delayer import SGLangDelayer, SGLangDelayerConfig
+from roundgate.gate.spec import PolicyContext
+from roundgate.gate.trtllm_balance import TrtllmBalance, TrtllmBalanceConfig
+from roundgate.gate.vllm_interval import VllmInterval, VllmIntervalConfig
 
 # Each built-in policy's flags, in declaration order.
 FLAGS = {

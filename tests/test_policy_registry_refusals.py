@@ -7,14 +7,14 @@ from typing import Any
 import pytest
 from policy_cases import BUILTINS, GATE, make, refuses
 
-from actors.server_args import ServerArgs
-from gate import registry
-from gate.delay import PrefillDelay
-from gate.local_interval import LocalIntervalConfig
-from gate.no_gate import NoGateConfig
-from gate.sglang_delayer import SGLangDelayerConfig
-from gate.trtllm_balance import TrtllmBalanceConfig
-from gate.vllm_interval import VllmIntervalConfig
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate import registry
+from roundgate.gate.delay import PrefillDelay
+from roundgate.gate.local_interval import LocalIntervalConfig
+from roundgate.gate.no_gate import NoGateConfig
+from roundgate.gate.sglang_delayer import SGLangDelayerConfig
+from roundgate.gate.trtllm_balance import TrtllmBalanceConfig
+from roundgate.gate.vllm_interval import VllmIntervalConfig
 
 # A value of the right type for any flag (the foreign-flag check runs before range checks).
 SAMPLE = {int: 2, float: 0.5, bool: True, str: "x"}

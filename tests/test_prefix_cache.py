@@ -10,11 +10,11 @@ import pytest
 from builders import make_args
 from kv_content import ContentExecutor
 
-from actors.control.prefix_cache import PrefixCache
-from actors.control.request import Request, RequestStatus, SamplingParams
-from actors.control.round import RoundPlan
-from actors.control.scheduler import Scheduler
-from gate.permission import ALLOW_ALL, Permission
+from roundgate.actors.control.prefix_cache import PrefixCache
+from roundgate.actors.control.request import Request, RequestStatus, SamplingParams
+from roundgate.actors.control.round import RoundPlan
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.gate.permission import ALLOW_ALL, Permission
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]  # two full pages and two tokens
 

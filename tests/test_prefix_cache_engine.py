@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.engine import Engine, SamplingParams
-from actors.server_args import ServerArgs
+from roundgate.actors.engine import Engine, SamplingParams
+from roundgate.actors.server_args import ServerArgs
 
 GREEDY = SamplingParams(max_tokens=6)
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from builders import drive_round, make_args, make_loops
 from kv_content import ContentExecutor
 
-from actors.control.columns import READERS
-from actors.control.request import Request, SamplingParams
-from actors.control.scheduler import Scheduler
-from gate.permission import ALLOW_ALL
+from roundgate.actors.control.columns import READERS
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.gate.permission import ALLOW_ALL
 
 SYSTEM = list(range(10, 34))  # six pages of 4
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from builders import make_args, make_loops
 from test_metrics import PARTS, values
 
-from actors.control.request import Request, SamplingParams
-from actors.telemetry.metrics_hub import merge, render, snapshot
-from actors.telemetry.rank_metrics import RankMetrics
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.telemetry.metrics_hub import merge, render, snapshot
+from roundgate.actors.telemetry.rank_metrics import RankMetrics
 
 LABELS = (("dp_rank", "0"), ("group", "g0"), ("model", "tiny-moe"))
 

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from kv_content import ContentExecutor
 
-from actors.control.request import Request, RequestStatus, SamplingParams
-from actors.control.scheduler import Scheduler
-from gate.permission import ALLOW_ALL, HOLD_ALL
+from roundgate.actors.control.request import Request, RequestStatus, SamplingParams
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.gate.permission import ALLOW_ALL, HOLD_ALL
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 from model_driver import save_tiny_hf_model
 
-from actors.control.request import Request, SamplingParams
-from actors.control.round import ScheduledChunk
-from actors.engine import Engine
-from actors.model.prompt_logprobs import prompt_rows
-from actors.server_args import ServerArgs
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.control.round import ScheduledChunk
+from roundgate.actors.engine import Engine
+from roundgate.actors.model.prompt_logprobs import prompt_rows
+from roundgate.actors.server_args import ServerArgs
 
 ATOL = 2e-4
 PREFIX = list(range(40, 66))  # 26 tokens: six full pages of 4 and part of a seventh

@@ -15,9 +15,9 @@ import pytest
 from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_params
 
-from deployment.openai.api import api
-from deployment.openai.errors import APIError
-from deployment.openai.protocol import ChatRequest, CompletionRequest, parse
+from roundgate.deployment.openai.api import api
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.protocol import ChatRequest, CompletionRequest, parse
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 BASE = {CompletionRequest: {"prompt": "hi"}, ChatRequest: {"messages": MESSAGES}}
@@ -46,7 +46,7 @@ ASKING = {
 
 
 def openapi_schema(model: type) -> dict[str, Any]:
-    import deployment.app  # noqa: F401  (registers the routes before the document is cached)
+    import roundgate.deployment.app  # noqa: F401  (registers the routes before the document is cached)
 
     return api.openapi()["components"]["schemas"][model.__name__]
 

@@ -15,12 +15,12 @@ from ingress_fakes import (
     tokens,
 )
 
-from actors.control.messages import GenerateChunk, GenerateRequest, Usage
-from actors.control.request import SamplingParams
-from actors.model.tokenizer import ByteTokenizer
-from deployment import ingress
-from deployment.openai.choices import Choice, usage
-from deployment.openai.protocol import CompletionRequest, parse
+from roundgate.actors.control.messages import GenerateChunk, GenerateRequest, Usage
+from roundgate.actors.control.request import SamplingParams
+from roundgate.actors.model.tokenizer import ByteTokenizer
+from roundgate.deployment import ingress
+from roundgate.deployment.openai.choices import Choice, usage
+from roundgate.deployment.openai.protocol import CompletionRequest, parse
 
 # ---- request checks ------------------------------------------------------------------------
 

@@ -8,10 +8,10 @@ import json
 import pytest
 from ingress_fakes import error_of, make_request
 
-from deployment.openai.api import api, read_json
-from deployment.openai.errors import APIError, describe_error
-from deployment.openai.protocol import ChatRequest, CompletionRequest, parse
-from deployment.openai.sse import sse
+from roundgate.deployment.openai.api import api, read_json
+from roundgate.deployment.openai.errors import APIError, describe_error
+from roundgate.deployment.openai.protocol import ChatRequest, CompletionRequest, parse
+from roundgate.deployment.openai.sse import sse
 
 # ---- bodies and types ----------------------------------------------------------------------
 
@@ -140,7 +140,7 @@ def test_sse_events_are_compact_json_lines() -> None:
 
 
 def test_openapi_declares_the_request_bodies() -> None:
-    import deployment.app  # noqa: F401  (registers the routes)
+    import roundgate.deployment.app  # noqa: F401  (registers the routes)
 
     doc = api.openapi()
     for path, model in (

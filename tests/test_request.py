@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from builders import make_request
 
-from actors.control.request import FINISH_REASONS, Request, RequestStatus, SamplingParams
+from roundgate.actors.control.request import FINISH_REASONS, Request, RequestStatus, SamplingParams
 
 # --- status ------------------------------------------------------------------------------------
 

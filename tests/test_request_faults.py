@@ -8,16 +8,16 @@ from collections.abc import Sequence
 import pytest
 from builders import make_args, make_request
 
-import actors.model.runner as runner_module
-from actors.control.engine_core import EngineCore
-from actors.control.kv_pool import KVPool
-from actors.control.request import Request, RequestStatus, SamplingParams
-from actors.control.round import RoundPlan, RoundResult, TokenEvent
-from actors.engine import Engine, RequestsFailed
-from actors.server_args import ServerArgs
-from gate import RankRow, RoundView
-from sim.cost_executor import CostExecutor
-from sim.round_costs import TOY
+import roundgate.actors.model.runner as runner_module
+from roundgate.actors.control.engine_core import EngineCore
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.request import Request, RequestStatus, SamplingParams
+from roundgate.actors.control.round import RoundPlan, RoundResult, TokenEvent
+from roundgate.actors.engine import Engine, RequestsFailed
+from roundgate.actors.server_args import ServerArgs
+from roundgate.gate.rows import RankRow, RoundView
+from roundgate.sim.cost_executor import CostExecutor
+from roundgate.sim.round_costs import TOY
 
 
 def inject_fault(pool: KVPool, owner: str, methods: tuple[str, ...]) -> None:

@@ -14,11 +14,11 @@ from collections.abc import Callable
 import pytest
 from builders import make_args, make_request
 
-from actors.control.engine_core import EngineCore
-from actors.control.request import RequestStatus
-from deployment.serve_context import client_request_id, new_request_id
-from sim.cost_executor import CostExecutor
-from sim.round_costs import TOY
+from roundgate.actors.control.engine_core import EngineCore
+from roundgate.actors.control.request import RequestStatus
+from roundgate.deployment.serve_context import client_request_id, new_request_id
+from roundgate.sim.cost_executor import CostExecutor
+from roundgate.sim.round_costs import TOY
 
 MAX_TOKENS = 6
 

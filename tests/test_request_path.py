@@ -8,9 +8,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from actors.control.messages import Usage
-from bench.request_shapes import counted, describe
-from deployment.request_metrics import RequestRecorder
+from roundgate.actors.control.messages import Usage
+from roundgate.bench.request_shapes import counted, describe
+from roundgate.deployment.request_metrics import RequestRecorder
 
 
 class Event(NamedTuple):

@@ -2,10 +2,11 @@
 rank (no Ray): text and message-list input, instructions, max_output_tokens, the streamed
 event sequence, function tools, previous_response_id, and errors in the OpenAI envelope.
 
-The app is ``deployment.openai.api``'s FastAPI instance with the routes ``deployment.app``
-registers; Serve's per-replica ``self`` (``serve.get_replica_context().servable_object``)
-is a stand-in holding a fake-rank ``Ingress``. The tiny-moe tokenizer is bytes, so the rank's
-ids spell the answer and the prompt reads back as the rendered transcript.
+The app is ``roundgate.deployment.openai.api``'s FastAPI instance with the routes
+``roundgate.deployment.app`` registers; Serve's per-replica ``self``
+(``serve.get_replica_context().servable_object``) is a stand-in holding a fake-rank ``Ingress``. The
+tiny-moe tokenizer is bytes, so the rank's ids spell the answer and the prompt reads back as the
+rendered transcript.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import pytest
 from fastapi.testclient import TestClient
 from ingress_fakes import echo_reply, make_ingress, tokens
 
-from actors.control.messages import GenerateRequest
-from deployment.openai.response_store import ResponseStore, StoredResponse
-from deployment.openai.responses_stream import OutputItems
+from roundgate.actors.control.messages import GenerateRequest
+from roundgate.deployment.openai.response_store import ResponseStore, StoredResponse
+from roundgate.deployment.openai.responses_stream import OutputItems
 
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 WEATHER = {
@@ -65,8 +66,8 @@ class Served:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, reply: Callable) -> None:
         from ray import serve
 
-        import deployment.app  # noqa: F401  (registers the routes on ``api``)
-        from deployment.openai.api import api
+        import roundgate.deployment.app  # noqa: F401  (registers the routes on ``api``)
+        from roundgate.deployment.openai.api import api
 
         self.core, self.ranks = make_ingress(reply)
         # The routes use nothing of the replica's object but its ``core``.

@@ -15,9 +15,9 @@ import pytest
 from ingress_fakes import tokens
 from test_responses_api import Served, says
 
-from actors.control.messages import GenerateChunk, GenerateRequest
-from actors.control.request import TokenLogprobs
-from deployment.openai.response_store import ResponseStore, StoredResponse
+from roundgate.actors.control.messages import GenerateChunk, GenerateRequest
+from roundgate.actors.control.request import TokenLogprobs
+from roundgate.deployment.openai.response_store import ResponseStore, StoredResponse
 
 ANSWER = "Hello there."
 

@@ -1,4 +1,4 @@
-"""Resumption at the ingress (``deployment.resume``), with fake ranks that die mid-stream.
+"""Resumption at the ingress (``roundgate.deployment.resume``), with fake ranks that die mid-stream.
 
 The fake ranks (``tests/ingress_fakes.py``) follow the rank's continuation contract: greedy
 tokens depend on the whole context, seeded ones on ``(seed, output index)``, and the output
@@ -17,13 +17,13 @@ import pytest
 from ingress_fakes import Hang, dying_ingress, error_of, make_ingress, model_reply
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
-from actors.control.messages import GenerateChunk, GenerateRequest, Usage
-from actors.control.request import SamplingParams
-from actors.replica.rank_replica import GroupFailure, GroupUnavailable
-from deployment.ingress import Ingress
-from deployment.openai.choices import usage
-from deployment.openai.protocol import CompletionRequest, parse
-from deployment.resume import Continuation, ResumePolicy, attempt_id, shift_usage
+from roundgate.actors.control.messages import GenerateChunk, GenerateRequest, Usage
+from roundgate.actors.control.request import SamplingParams
+from roundgate.actors.replica.rank_replica import GroupFailure, GroupUnavailable
+from roundgate.deployment.ingress import Ingress
+from roundgate.deployment.openai.choices import usage
+from roundgate.deployment.openai.protocol import CompletionRequest, parse
+from roundgate.deployment.resume import Continuation, ResumePolicy, attempt_id, shift_usage
 
 PROMPT = [104, 105, 33]  # "hi!"
 PD_INGRESS_ARGS = {
@@ -230,10 +230,10 @@ def pd_roles(lose: list[Any]) -> tuple[Ingress, Any, Any]:
     included) after a transfer report; call ``i`` first meets ``lose[i]`` if given: an error
     raised after that many chunks, or ``"source"`` for a report that the prefill process
     holding the pages is gone."""
+    from ingress_fakes import FakeStream
     from test_pd_ingress import FakeRole, handoff_of
 
-    from actors.replica.pd_messages import PrefillResult, TransferReport
-    from tests.ingress_fakes import FakeStream
+    from roundgate.actors.replica.pd_messages import PrefillResult, TransferReport
 
     ok = TransferReport(decode_wait_s=0.0, transfer_s=0.0, num_pages=1, num_bytes=1)
     calls = iter(lose)
@@ -374,7 +374,7 @@ def test_the_client_stream_has_no_error_event_and_counts_usage_once() -> None:
 
     from ingress_fakes import make_request
 
-    from deployment.openai.completions import create_completion
+    from roundgate.deployment.openai.completions import create_completion
 
     body = {
         "prompt": PROMPT,

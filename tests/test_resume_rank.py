@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from actors.control.messages import GenerateRequest
-from actors.control.request import Request, SamplingParams
-from actors.engine import Engine
-from actors.server_args import ServerArgs
+from roundgate.actors.control.messages import GenerateRequest
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.engine import Engine
+from roundgate.actors.server_args import ServerArgs
 
 PROMPT = [11, 42, 7, 99, 5]
 TOKENS = 12
@@ -85,7 +85,7 @@ GRAMMAR_MODEL = "smollm2-135m-instruct"
 
 def test_a_grammar_continues_from_the_tokens_already_streamed() -> None:
     """The matcher replays the resumed tokens: a fresh matcher would start the JSON again."""
-    from actors.model.tokenizer import load_tokenizer
+    from roundgate.actors.model.tokenizer import load_tokenizer
 
     torch.set_num_threads(1)
     engine = Engine(ServerArgs(model=GRAMMAR_MODEL, device="cpu", num_kv_pages=64))

@@ -19,8 +19,8 @@ import pytest
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID
 from ray.serve._private.request_router.common import RequestRoutingContext
 
-from actors.control.messages import RankTarget
-from deployment.routing.routers import ROUTER_CLASSES
+from roundgate.actors.control.messages import RankTarget
+from roundgate.deployment.routing.routers import ROUTER_CLASSES
 
 CONFIG = {"cache-aware": {"page_size": 4, "max_pages_per_rank": 64}}
 HANG_S = 20.0  # far beyond what the scenario needs; only bounds how long a regression hangs

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.control.request import SamplingParams
-from actors.model.sampling import filter_sorted, sample_tokens
+from roundgate.actors.control.request import SamplingParams
+from roundgate.actors.model.sampling import filter_sorted, sample_tokens
 
 VOCAB = 64
 

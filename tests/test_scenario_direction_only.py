@@ -11,9 +11,9 @@ import dataclasses
 
 import pytest
 
-from cli.main import main
-from sim import cli as sim_cli
-from sim.scenarios import FigureRow, replay
+from roundgate.cli.main import main
+from roundgate.sim import cli as sim_cli
+from roundgate.sim.scenarios import FigureRow, replay
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from sim import cli as sim_cli
-from sim.round_costs import PRESETS
-from sim.scenarios import SCENARIOS, replay
+from roundgate.cli.main import main
+from roundgate.sim import cli as sim_cli
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.scenarios import SCENARIOS, replay
 
 LENGTHS = (2000, 3000, 6000)
 

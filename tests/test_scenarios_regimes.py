@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from actors.control.round import RoundKind
-from cli.main import main
-from sim.records import KIND_CODES, SimResult, Timeline
-from sim.regime_report import regime_report
-from sim.regimes import REGIMES, UniformPrompts
+from roundgate.actors.control.round import RoundKind
+from roundgate.cli.main import main
+from roundgate.sim.records import KIND_CODES, SimResult, Timeline
+from roundgate.sim.regime_report import regime_report
+from roundgate.sim.regimes import REGIMES, UniformPrompts
 
 IDLE, DECODE, PREFILL = (
     KIND_CODES[k] for k in (RoundKind.IDLE, RoundKind.DECODE, RoundKind.PREFILL)

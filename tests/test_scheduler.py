@@ -7,10 +7,10 @@ import pytest
 from builders import make_args, make_scheduler
 from scheduler_rounds import add, chunk_summary, decoding, fill_pool, run_round, sampled
 
-from actors.control.request import RequestStatus
-from actors.control.round import RoundKind
-from actors.control.scheduler import Probe
-from gate.permission import ALLOW_ALL, CHUNKS_ONLY, HOLD_ALL, NEW_ONLY, Permission
+from roundgate.actors.control.request import RequestStatus
+from roundgate.actors.control.round import RoundKind
+from roundgate.actors.control.scheduler import Probe
+from roundgate.gate.permission import ALLOW_ALL, CHUNKS_ONLY, HOLD_ALL, NEW_ONLY, Permission
 
 # --- the probe: wants_prefill under the watermark -------------------------------------------------
 

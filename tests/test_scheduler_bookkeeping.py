@@ -6,9 +6,9 @@ import pytest
 from builders import make_request, make_scheduler
 from scheduler_rounds import add, decoding, pressured_trio, run_round, sampled
 
-from actors.control.request import Request, RequestStatus, SamplingParams
-from actors.control.round import RoundResult
-from gate.permission import ALLOW_ALL, HOLD_ALL
+from roundgate.actors.control.request import Request, RequestStatus, SamplingParams
+from roundgate.actors.control.round import RoundResult
+from roundgate.gate.permission import ALLOW_ALL, HOLD_ALL
 
 # --- abort, update, intake ------------------------------------------------------------------------
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from builders import make_scheduler
 from scheduler_rounds import add, decoding, run_round
 
-from actors.control.scheduler import Scheduler
-from gate.permission import ALLOW_ALL
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.gate.permission import ALLOW_ALL
 
 
 def test_the_parts_share_the_schedulers_queues_pool_and_waits() -> None:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rank_drive import Job, drive, policy_args
 
-from actors.control.scheduler import PREFILL_WATERMARK
+from roundgate.actors.control.scheduler import PREFILL_WATERMARK
 
 
 @st.composite

@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rank_drive import Job, drive, policy_args
 
-from actors.control.request import RequestStatus
-from actors.server_args import ServerArgs
+from roundgate.actors.control.request import RequestStatus
+from roundgate.actors.server_args import ServerArgs
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

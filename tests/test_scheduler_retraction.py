@@ -6,9 +6,9 @@ import pytest
 from builders import make_scheduler
 from scheduler_rounds import add, chunk_summary, decoding, fill_pool, pressured_trio, run_round
 
-from actors.control.request import Request, RequestStatus, SamplingParams
-from actors.control.scheduler import Scheduler
-from gate.permission import ALLOW_ALL, HOLD_ALL
+from roundgate.actors.control.request import Request, RequestStatus, SamplingParams
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.gate.permission import ALLOW_ALL, HOLD_ALL
 
 # --- retraction and readmission -------------------------------------------------------------------
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from actors.replica import seats
-from actors.replica.membership import TorchStore
+from roundgate.actors.replica import seats
+from roundgate.actors.replica.membership import TorchStore
 
 DEP = "dep1"
 

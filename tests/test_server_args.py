@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from server_args_cases import ANY, ATTEMPT, CONTEXT, GATE, LOCAL_ONLY, refuses
 
-from actors.model.config import PRESETS, with_overrides
-from actors.server_args import DisaggregationRole, ServerArgs
-from gate import PrefillDelay
-from gate.no_gate import NoGateConfig
-from gate.vllm_interval import VllmIntervalConfig
+from roundgate.actors.model.config import PRESETS, with_overrides
+from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.gate.delay import PrefillDelay
+from roundgate.gate.no_gate import NoGateConfig
+from roundgate.gate.vllm_interval import VllmIntervalConfig
 
 # --- frozen: no assignment, ``replace`` builds a validated copy ---------------------------------
 

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_args_cases import ANY, ATTEMPT, CONTEXT, GATE, GATE_CLI, LOCAL_ONLY, flag_of
 
-from actors.model.config import PRESETS
-from actors.server_args import (
+from roundgate.actors.model.config import PRESETS
+from roundgate.actors.server_args import (
     ATTENTION_BACKENDS,
     DEVICES,
     DISAGGREGATION_MODES,
@@ -20,7 +20,8 @@ from actors.server_args import (
     DisaggregationRole,
     ServerArgs,
 )
-from gate import PrefillDelay, registry
+from roundgate.gate import registry
+from roundgate.gate.delay import PrefillDelay
 
 # --- the CLI ----------------------------------------------------------------------------------
 

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 from sim_builders import make_spec, sim_args
 
-from cli.main import build_parser, main
-from sim.arrivals import Arrival
-from sim.options import policy_args, sim_specs
-from sim.report import summarize
-from sim.round_costs import PRESETS
-from sim.router import Router, RouterSpec
-from sim.sessions import SESSION_WORKLOADS, SessionSpec
-from sim.simulator import GroupSimulator
-from sim.spec import SimSpec, arrivals_of, simulate
-from sim.workload import generate
+from roundgate.cli.main import build_parser, main
+from roundgate.sim.arrivals import Arrival
+from roundgate.sim.options import policy_args, sim_specs
+from roundgate.sim.report import summarize
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.router import Router, RouterSpec
+from roundgate.sim.sessions import SESSION_WORKLOADS, SessionSpec
+from roundgate.sim.simulator import GroupSimulator
+from roundgate.sim.spec import SimSpec, arrivals_of, simulate
+from roundgate.sim.workload import generate
 
 ARGV = [
     "simulate",

@@ -1,4 +1,4 @@
-"""``roundgate simulate`` through ``cli.main.main``: outputs, and bad input as a one-line
+"""``roundgate simulate`` through ``roundgate.cli.main.main``: outputs, and bad input as a one-line
 error that names the flag (exit code 2)."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import build_parser, main
-from gate import registry
-from gate.delay import PrefillDelay
-from gate.local_interval import LocalIntervalConfig
-from gate.no_gate import NoGateConfig
-from gate.sglang_delayer import SGLangDelayerConfig
-from gate.trtllm_balance import TrtllmBalanceConfig
-from gate.vllm_interval import VllmIntervalConfig
-from sim.options import sim_specs
+from roundgate.cli.main import build_parser, main
+from roundgate.gate import registry
+from roundgate.gate.delay import PrefillDelay
+from roundgate.gate.local_interval import LocalIntervalConfig
+from roundgate.gate.no_gate import NoGateConfig
+from roundgate.gate.sglang_delayer import SGLangDelayerConfig
+from roundgate.gate.trtllm_balance import TrtllmBalanceConfig
+from roundgate.gate.vllm_interval import VllmIntervalConfig
+from roundgate.sim.options import sim_specs
 
 # A small, fast run: 2 ranks, 24 short requests.
 BASE = [

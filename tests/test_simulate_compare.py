@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from gate import registry
-from sim.workload import WORKLOADS
+from roundgate.cli.main import main
+from roundgate.gate import registry
+from roundgate.sim.workload import WORKLOADS
 
 SMALL = [
     "--dp-size", "2",

@@ -11,12 +11,12 @@ import json
 import pytest
 from sim_builders import make_spec, sim_args
 
-from sim.arrivals import Arrival
-from sim.report import summarize
-from sim.round_costs import PRESETS, RoundCosts
-from sim.router import Router
-from sim.simulator import GroupSimulator
-from sim.workload import generate
+from roundgate.sim.arrivals import Arrival
+from roundgate.sim.report import summarize
+from roundgate.sim.round_costs import PRESETS, RoundCosts
+from roundgate.sim.router import Router
+from roundgate.sim.simulator import GroupSimulator
+from roundgate.sim.workload import generate
 
 
 def simulate(costs: RoundCosts, arrivals, dp: int = 1, fast: bool = True, policy: str = "none"):

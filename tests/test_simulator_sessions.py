@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from sim_builders import sim_args
 
-from cli.main import main
-from routing.cache_aware import CacheAwareConfig
-from sim.report import summarize
-from sim.round_costs import PRESETS
-from sim.router import Router
-from sim.sessions import SessionPreset, SessionSpec, first_turns, make_sessions
-from sim.simulator import GroupSimulator
+from roundgate.cli.main import main
+from roundgate.routing.cache_aware import CacheAwareConfig
+from roundgate.sim.report import summarize
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.router import Router
+from roundgate.sim.sessions import SessionPreset, SessionSpec, first_turns, make_sessions
+from roundgate.sim.simulator import GroupSimulator
 
 SMALL = SessionPreset(
     system_len=64, first_user_len=20, user_len=24, output_len=8, turns=4, think_s=0.2

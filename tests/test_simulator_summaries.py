@@ -7,12 +7,12 @@ import json
 import pytest
 from sim_builders import make_spec, sim_args, simulate
 
-from actors.control.round import RoundKind
-from sim.report import format_table, percentiles, summarize
-from sim.round_costs import PRESETS
-from sim.router import Router
-from sim.simulator import KIND_CODES, GroupSimulator
-from sim.workload import generate
+from roundgate.actors.control.round import RoundKind
+from roundgate.sim.report import format_table, percentiles, summarize
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.router import Router
+from roundgate.sim.simulator import KIND_CODES, GroupSimulator
+from roundgate.sim.workload import generate
 
 POLICIES = ("roundgate", "none", "local-interval")
 EXTENDS = {KIND_CODES[RoundKind.PREFILL], KIND_CODES[RoundKind.MIXED]}  # kinds that extend

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from sim_builders import make_spec, sim_args, write_trace
 
-from sim.arrivals import Arrival
-from sim.round_costs import PRESETS
-from sim.router import Router
-from sim.simulator import GroupSimulator
-from sim.workload import generate, load_trace
+from roundgate.sim.arrivals import Arrival
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.router import Router
+from roundgate.sim.simulator import GroupSimulator
+from roundgate.sim.workload import generate, load_trace
 
 # --- workloads ------------------------------------------------------------------------------------
 

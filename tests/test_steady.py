@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from sim_builders import make_spec, sim_args
 
-from sim.records import SimResult
-from sim.round_costs import PRESETS
-from sim.router import RouterSpec
-from sim.spec import SimSpec, simulate
-from sim.steady import describe, itl_times, steady_report, window_of
+from roundgate.sim.records import SimResult
+from roundgate.sim.round_costs import PRESETS
+from roundgate.sim.router import RouterSpec
+from roundgate.sim.spec import SimSpec, simulate
+from roundgate.sim.steady import describe, itl_times, steady_report, window_of
 
 
 def run(rate: float, num_requests: int = 400, fast: bool = True) -> SimResult:

@@ -1,4 +1,4 @@
-"""A steady rank's decode-only steps (``sim.steady_rank``, the simulator's fast path) make
+"""A steady rank's decode-only steps (``roundgate.sim.steady_rank``, the simulator's fast path) make
 exactly the state changes of the full rounds they stand for: one round without plan objects
 (``plan_decode_round`` + ``update_decode_round``) and k steady rounds at once
 (``decode_horizon``, ``decode_page_grants``, ``skip_decode_rounds``). Each case runs twin
@@ -12,12 +12,12 @@ import pytest
 from builders import make_request, make_scheduler
 from scheduler_rounds import add, decoding, fill_pool, pressured_trio, run_round, sampled
 
-from actors.control.request import RequestStatus
-from actors.control.round import TokenEvent
-from actors.control.scheduler import Scheduler
-from gate.permission import ALLOW_ALL, HOLD_ALL
-from sim import steady_rank as steps
-from sim.steady_rank import FAR_ROUNDS
+from roundgate.actors.control.request import RequestStatus
+from roundgate.actors.control.round import TokenEvent
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.gate.permission import ALLOW_ALL, HOLD_ALL
+from roundgate.sim import steady_rank as steps
+from roundgate.sim.steady_rank import FAR_ROUNDS
 
 TOKEN = 7  # what every decode samples (no request stops on it)
 

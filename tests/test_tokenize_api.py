@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from ingress_fakes import error_of, make_ingress
 
-from deployment.openai.completions import prompt_ids
-from deployment.openai.protocol import CompletionRequest, parse
-from deployment.openai.tokenization import (
+from roundgate.deployment.openai.completions import prompt_ids
+from roundgate.deployment.openai.protocol import CompletionRequest, parse
+from roundgate.deployment.openai.tokenization import (
     DetokenizeRequest,
     TokenizeRequest,
     detokenize,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from actors.model.config import BYTE_EOS_ID, PRESETS, ModelConfig
-from actors.model.generation_config import read_generation_config
-from actors.model.tokenizer import (
+from roundgate.actors.model.config import BYTE_EOS_ID, PRESETS, ModelConfig
+from roundgate.actors.model.generation_config import read_generation_config
+from roundgate.actors.model.tokenizer import (
     ByteTokenizer,
     ChatTemplateError,
     HFTokenizer,

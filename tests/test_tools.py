@@ -7,8 +7,13 @@ import json
 
 import pytest
 
-from deployment.openai.errors import APIError
-from deployment.openai.tool_calls import ToolStream, parse_calls, render_inputs, tool_grammar
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.tool_calls import (
+    ToolStream,
+    parse_calls,
+    render_inputs,
+    tool_grammar,
+)
 
 WEATHER = {
     "type": "function",
@@ -116,7 +121,7 @@ def test_bad_tool_choices_are_a_400(tools, choice) -> None:
     ],
 )
 def test_malformed_tools_are_a_400_at_parse(body, param) -> None:
-    from deployment.openai.protocol import ChatRequest, parse
+    from roundgate.deployment.openai.protocol import ChatRequest, parse
 
     with pytest.raises(APIError) as info:
         parse(ChatRequest, {"messages": [{"role": "user", "content": "x"}], **body})

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from actors.control.columns import READERS
-from gate import RankRow, read_rows, registry
-from gate.rows import NUM_COLUMNS
-from gate.spec import PolicyContext
-from gate.vote import GateVote
+from roundgate.actors.control.columns import READERS
+from roundgate.gate import registry
+from roundgate.gate.rows import NUM_COLUMNS, RankRow, read_rows
+from roundgate.gate.spec import PolicyContext
+from roundgate.gate.vote import GateVote
 
 WORLD = 2
 ROUNDS = 40
@@ -75,7 +75,7 @@ def rank_main(rank: int, init_method: str, names: tuple[str, ...], out: Any) -> 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo's pair sockets on 127.0.0.1
     import torch.distributed as dist
 
-    from actors.replica.torch_gather import TorchGather
+    from roundgate.actors.replica.torch_gather import TorchGather
 
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD)
     try:

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from actors.model.runner import ModelRunner
-from actors.server_args import ServerArgs
-from kernels.attention import resolve_attention_backend, select_latent_attention_backend
-from kernels.moe import run_experts, select_experts_kernel
-from kernels.triton_env import check_triton_device, interpreter_enabled
+from roundgate.actors.model.runner import ModelRunner
+from roundgate.actors.server_args import ServerArgs
+from roundgate.kernels.attention import resolve_attention_backend, select_latent_attention_backend
+from roundgate.kernels.moe import run_experts, select_experts_kernel
+from roundgate.kernels.triton_env import check_triton_device, interpreter_enabled
 
 REPO = Path(__file__).resolve().parents[1]
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")

@@ -17,8 +17,8 @@ import torch
 from family_models import build_family
 from model_driver import hf_greedy
 
-from actors.engine import Engine, SamplingParams
-from actors.server_args import ServerArgs
+from roundgate.actors.engine import Engine, SamplingParams
+from roundgate.actors.server_args import ServerArgs
 
 pytestmark = pytest.mark.triton
 

@@ -14,16 +14,16 @@ import random
 import pytest
 import torch
 
-from kernels.attention import (
+from roundgate.kernels.attention import (
     PagedKVCache,
     TorchAttention,
     TorchMLAAttention,
     build_attention_batch,
 )
-from kernels.attention.triton_backend import TritonAttention, TritonMLAAttention
-from kernels.attention.triton_decode import paged_decode
-from kernels.moe import run_experts
-from kernels.moe.triton_experts import tile_table, triton_run_experts
+from roundgate.kernels.attention.triton_backend import TritonAttention, TritonMLAAttention
+from roundgate.kernels.attention.triton_decode import paged_decode
+from roundgate.kernels.moe import run_experts
+from roundgate.kernels.moe.triton_experts import tile_table, triton_run_experts
 
 pytestmark = pytest.mark.triton
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from actors.control.engine_core import EngineCore
-from actors.control.messages import GenerateRequest
-from actors.control.request import Request, SamplingParams
-from actors.server_args import ServerArgs
-from sim.cost_executor import CostExecutor
-from sim.round_costs import TOY
+from roundgate.actors.control.engine_core import EngineCore
+from roundgate.actors.control.messages import GenerateRequest
+from roundgate.actors.control.request import Request, SamplingParams
+from roundgate.actors.server_args import ServerArgs
+from roundgate.sim.cost_executor import CostExecutor
+from roundgate.sim.round_costs import TOY
 
 APP_ARGS = {"dp_size": 2, "prefill_attempt_interval": 4, "prefill_any_attempt_interval": 16}
 
@@ -44,7 +44,7 @@ class FakeRanks:
 
 
 def test_build_app_validates_once(validations: list[ServerArgs]) -> None:
-    from deployment.app import build_app
+    from roundgate.deployment.app import build_app
 
     app = build_app(dict(APP_ARGS))
     assert len(validations) == 1
@@ -52,8 +52,8 @@ def test_build_app_validates_once(validations: list[ServerArgs]) -> None:
 
 
 def test_the_ingress_validates_once(validations: list[ServerArgs]) -> None:
-    from deployment.config import AppArgs
-    from deployment.ingress import Ingress
+    from roundgate.deployment.config import AppArgs
+    from roundgate.deployment.ingress import Ingress
 
     bound = AppArgs.model_validate(dict(APP_ARGS)).model_dump()  # what build_app binds
     validations.clear()
@@ -111,8 +111,8 @@ def test_pickling_crosses_a_process_boundary_with_one_validation(
 
 
 def test_the_context_length_is_resolved_once_and_shared() -> None:
-    from deployment.config import AppArgs
-    from deployment.ingress import Ingress
+    from roundgate.deployment.config import AppArgs
+    from roundgate.deployment.ingress import Ingress
 
     args = ServerArgs(max_model_len=1000)
     ingress = Ingress(FakeRanks(), AppArgs.model_validate({"max_model_len": 1000}).model_dump())

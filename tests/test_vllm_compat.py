@@ -1,9 +1,9 @@
-"""vLLM's behaviours that its clients rely on, through the real HTTP app (``deployment.app``'s
-routes, FastAPI and the error handlers) on a fake rank, no Ray: chat ``echo``, ``-1`` logprobs,
-lax scalars, any message role, vLLM's fields at their defaults, ``stream_options``, the
-``prompt_logprobs`` key, echoed token ids, vLLM's answer keys and vLLM's wording for the
-errors clients match on (its endpoints: ``test_vllm_endpoints.py``). docs/api.md ("What is
-accepted, coerced, refused") is the policy.
+"""vLLM's behaviours that its clients rely on, through the real HTTP app
+(``roundgate.deployment.app``'s routes, FastAPI and the error handlers) on a fake rank, no Ray: chat
+``echo``, ``-1`` logprobs, lax scalars, any message role, vLLM's fields at their defaults,
+``stream_options``, the ``prompt_logprobs`` key, echoed token ids, vLLM's answer keys and vLLM's
+wording for the errors clients match on (its endpoints: ``test_vllm_endpoints.py``). docs/api.md
+("What is accepted, coerced, refused") is the policy.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from vllm_http import MESSAGES, App, content, error
 
-from actors.control.request import DEFAULT_MAX_LOGPROBS as MAX_LOGPROBS
-from deployment.openai.field_policy import default_only
-from deployment.openai.protocol import ChatRequest, CompletionRequest
+from roundgate.actors.control.request import DEFAULT_MAX_LOGPROBS as MAX_LOGPROBS
+from roundgate.deployment.openai.field_policy import default_only
+from roundgate.deployment.openai.protocol import ChatRequest, CompletionRequest
 
 SAYING = "An apple a day, keeps"
 
@@ -113,7 +113,7 @@ def test_max_logprobs_is_the_deployment_s_bound_as_vllm_s_flag(app, path: str) -
 
 
 def test_max_logprobs_below_minus_one_is_refused_by_name() -> None:
-    from deployment.config import AppArgs
+    from roundgate.deployment.config import AppArgs
 
     with pytest.raises(ValueError, match="max_logprobs"):
         AppArgs.model_validate({"model": "tiny-moe", "max_logprobs": -2})
@@ -242,8 +242,8 @@ def test_vllm_fields_at_their_defaults_are_accepted_and_others_refused(
 
 
 def test_every_default_only_field_is_marked_in_the_openapi_document() -> None:
-    import deployment.app  # noqa: F401  (the routes put the body models in the document)
-    from deployment.openai.api import api
+    import roundgate.deployment.app  # noqa: F401  (the routes put the body models in the document)
+    from roundgate.deployment.openai.api import api
 
     schemas = api.openapi()["components"]["schemas"]
     for model, name, values in CASES:

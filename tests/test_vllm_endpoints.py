@@ -14,9 +14,9 @@ from fastapi.responses import StreamingResponse
 from test_api_contract import scoring_reply
 from vllm_http import MESSAGES, App, error
 
-from actors.control.messages import GenerateRequest
-from deployment.ingress import Ingress
-from deployment.openai.server_load import ServerLoad
+from roundgate.actors.control.messages import GenerateRequest
+from roundgate.deployment.ingress import Ingress
+from roundgate.deployment.openai.server_load import ServerLoad
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.router import Router
-from sim.vllm_lb import VLLM_LB_REFRESH_S, VllmBalancer
+from roundgate.sim.router import Router
+from roundgate.sim.vllm_lb import VLLM_LB_REFRESH_S, VllmBalancer
 
 
 class Scripted:

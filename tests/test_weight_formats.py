@@ -15,9 +15,9 @@ from family_models import build_family
 from model_driver import grow_pages, make_requests, make_runner
 from safetensors.torch import load_file, save_file
 
-from actors.control.kv_pool import KVPool
-from actors.control.round import RoundPlan, ScheduledChunk
-from actors.model.weights import SafetensorsSource
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.round import RoundPlan, ScheduledChunk
+from roundgate.actors.model.weights import SafetensorsSource
 
 PROMPTS = [[5, 7, 9], list(range(20, 37)), [250, 11, 42, 42, 7, 8]]
 FP8_MAX = 448.0  # the largest e4m3 value
@@ -97,7 +97,7 @@ def test_fp8_block_scaled_equals_its_dequantized_twin(
     (tmp_path / "fp8" / "config.json").write_text(
         json.dumps({**config, "quantization_config": quant})
     )
-    with caplog.at_level(logging.INFO, logger="actors.model.fp8"):
+    with caplog.at_level(logging.INFO, logger="roundgate.actors.model.fp8"):
         fp8_logits = prefill_logits(str(tmp_path / "fp8"))
     assert "dequantized at load" in caplog.text
     torch.testing.assert_close(

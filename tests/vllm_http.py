@@ -1,5 +1,5 @@
-"""The real HTTP app (``deployment.app``'s routes, FastAPI and the error handlers) on a fake
-rank, without Ray: what the vLLM-compatibility and API-key tests drive."""
+"""The real HTTP app (``roundgate.deployment.app``'s routes, FastAPI and the error handlers) on a
+fake rank, without Ray: what the vLLM-compatibility and API-key tests drive."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from ingress_fakes import make_ingress
 from test_api_contract import scoring_reply
 
-from actors.control.messages import GenerateRequest
+from roundgate.actors.control.messages import GenerateRequest
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -25,7 +25,7 @@ class App:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, reply: Callable = scoring_reply) -> None:
         from ray import serve
 
-        import deployment.app as app  # the routes, registered on the shared FastAPI app
+        import roundgate.deployment.app as app  # the routes, registered on the shared FastAPI app
 
         self.core, self.ranks = make_ingress(reply)
         server = SimpleNamespace(core=self.core)  # what Serve hands the routes as ``self``

@@ -8,7 +8,7 @@ the prompt waits and subtracted from its wait.
 
 from __future__ import annotations
 
-from actors.control.request import Request
+from roundgate.actors.control.request import Request
 
 
 class AdmissionWaits:

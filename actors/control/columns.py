@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from actors.control.scheduler import Scheduler
+from roundgate.actors.control.scheduler import Scheduler
 
 ColumnReader = Callable[[Scheduler, float], int]
 

@@ -1,7 +1,7 @@
 """The decode role's KV connector: requests arrive with their KV and only decode.
 
 A decode rank (``--disaggregation-mode decode``) never prefills. Its new work is handoffs
-(``actors.control.handoff``), each in one of three places::
+(``roundgate.actors.control.handoff``), each in one of three places::
 
     add_handoff ─► waiting (WAITING) ──(pool <= 0.9, slots free, pages fit)──► waiting
                    reserve: pages held, KVReservation out          (WAITING_FOR_REMOTE_KV)
@@ -19,21 +19,27 @@ copied when the KV has arrived; their first tokens came with the handoff.
 
 A request that ends while its transfer runs (a client's abort) keeps its pages until the
 transfer ends either way: the transport is still writing them. The receiving end of the
-``KVConnector`` interface (``actors.control.kv_connector``); its sending end refuses.
+``KVConnector`` interface (``roundgate.actors.control.kv_connector``); its sending end refuses.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from actors.control.endings import RequestEnds
-from actors.control.handoff import Handoff, KVArrived, KVFailed, KVReservation, TransferEnd
-from actors.control.kv_pool import KVPool
-from actors.control.page_keys import PageKey
-from actors.control.prefix_cache import PrefixCache
-from actors.control.queues import RequestQueues
-from actors.control.request import Request, RequestStatus, TokenLogprobs, sequence_id
-from actors.control.round import RoundPlan, TokenEvent
+from roundgate.actors.control.endings import RequestEnds
+from roundgate.actors.control.handoff import (
+    Handoff,
+    KVArrived,
+    KVFailed,
+    KVReservation,
+    TransferEnd,
+)
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.page_keys import PageKey
+from roundgate.actors.control.prefix_cache import PrefixCache
+from roundgate.actors.control.queues import RequestQueues
+from roundgate.actors.control.request import Request, RequestStatus, TokenLogprobs, sequence_id
+from roundgate.actors.control.round import RoundPlan, TokenEvent
 
 _WAITING = RequestStatus.WAITING
 _WAITING_FOR_KV = RequestStatus.WAITING_FOR_REMOTE_KV

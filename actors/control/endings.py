@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from actors.control.admission import AdmissionWaits
-from actors.control.kv_pool import KVPool
-from actors.control.prefix_cache import PrefixCache
-from actors.control.queues import RequestQueues
-from actors.control.request import Request, RequestStatus
-from actors.control.round import RoundPlan, TokenEvent
+from roundgate.actors.control.admission import AdmissionWaits
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.prefix_cache import PrefixCache
+from roundgate.actors.control.queues import RequestQueues
+from roundgate.actors.control.request import Request, RequestStatus
+from roundgate.actors.control.round import RoundPlan, TokenEvent
 
 
 class RequestEnds:

@@ -15,14 +15,20 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from actors.control.executor import Executor
-from actors.control.gather import Gather, SingleRankGather
-from actors.control.handoff import Handoff, HandoffReleased, KVArrived, KVFailed, TransferEnd
-from actors.control.rank_loop import RankLoop, RoundOutcome
-from actors.control.request import Request
-from actors.control.round import TokenEvent
-from actors.control.scheduler import Scheduler
-from actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.actors.control.executor import Executor
+from roundgate.actors.control.gather import Gather, SingleRankGather
+from roundgate.actors.control.handoff import (
+    Handoff,
+    HandoffReleased,
+    KVArrived,
+    KVFailed,
+    TransferEnd,
+)
+from roundgate.actors.control.rank_loop import RankLoop, RoundOutcome
+from roundgate.actors.control.request import Request
+from roundgate.actors.control.round import TokenEvent
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.actors.server_args import DisaggregationRole, ServerArgs
 
 EventSink = Callable[[TokenEvent], None]
 logger = logging.getLogger("roundgate.engine")

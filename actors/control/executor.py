@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from actors.control.round import RoundPlan, RoundResult
-from gate import RankRow, RoundView
+from roundgate.actors.control.round import RoundPlan, RoundResult
+from roundgate.gate.rows import RankRow, RoundView
 
 
 class Executor(Protocol):

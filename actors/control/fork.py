@@ -9,7 +9,7 @@ KV copy and no prefill tokens. Each sequence streams on the request's stream wit
 
 from __future__ import annotations
 
-from actors.control.request import Request, TokenLogprobs, sequence_id
+from roundgate.actors.control.request import Request, TokenLogprobs, sequence_id
 
 
 def fork_sequences(

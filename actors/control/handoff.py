@@ -13,7 +13,8 @@ pages a decode rank reserved for it, and the ends of its transfer on either side
                      (also on a failed transfer)                    KVFailed(why): it fails
 
 The engine core's ``release_handoff``, ``kv_arrived`` and ``kv_failed`` queue the last three
-for the rank's next round, where its connector (``actors.control.kv_connector``) applies them.
+for the rank's next round, where its connector (``roundgate.actors.control.kv_connector``) applies
+them.
 
 The handoff carries the request's whole state, not only its KV: the first token of every
 sequence (``n > 1`` prefills once; the decode rank forks over shared pages) with its logprobs,
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.control.request import Request, RequestStatus, SamplingParams, TokenLogprobs
+from roundgate.actors.control.request import Request, RequestStatus, SamplingParams, TokenLogprobs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

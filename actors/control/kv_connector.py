@@ -26,14 +26,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from actors.control.handoff import Handoff, TransferEnd
-from actors.control.kv_pool import KVPool
-from actors.control.request import Request, TokenLogprobs
-from actors.control.round import RoundPlan
+from roundgate.actors.control.handoff import Handoff, TransferEnd
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.request import Request, TokenLogprobs
+from roundgate.actors.control.round import RoundPlan
 
 
 class KVConnector(Protocol):
-    """A scheduler's part for KV that crosses ranks (``actors.control.handoff``'s messages)."""
+    """A scheduler's part for KV that crosses ranks (``roundgate.actors.control.handoff``'s
+    messages)."""
 
     # The rank's index in its group: a handoff names it as the rank that holds its pages.
     rank: int

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from actors.control.page_keys import PageKey
+from roundgate.actors.control.page_keys import PageKey
 
 # The Ray actor the ranks send their batches to and the routers poll (deployment.routing.kv_hub).
 HUB_NAME = "roundgate-kv-events"

@@ -1,7 +1,7 @@
 """KV-cache page bookkeeping for one rank (no tensors: those live in the model runner).
 
 With prefix caching, a full page whose K/V are computed may carry a content key
-(``actors.control.page_keys``) and be shared by every request whose prefix has that key::
+(``roundgate.actors.control.page_keys``) and be shared by every request whose prefix has that key::
 
     free ──take──► referenced (refs >= 1) ──last holder lets go──► evictable (keyed, LRU)
       ▲                 ▲    (no key)  │                              │   │
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, KeysView, Sequence
 
-from actors.control.kv_events import KvEventLog
-from actors.control.page_keys import PageKey, num_leading
+from roundgate.actors.control.kv_events import KvEventLog
+from roundgate.actors.control.page_keys import PageKey, num_leading
 
 
 class KVPool:
@@ -45,7 +45,8 @@ class KVPool:
         self._key_of: dict[int, PageKey] = {}
         self._page_of: dict[PageKey, int] = {}
         self.num_evictions = 0
-        # Stored/removed keys for the routers (``actors.control.kv_events``); None: not kept.
+        # Stored/removed keys for the routers (``roundgate.actors.control.kv_events``); None: not
+        # kept.
         self.events: KvEventLog | None = None
 
     @property

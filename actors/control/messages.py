@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.control.request import Request, SamplingParams, TokenLogprobs
+from roundgate.actors.control.request import Request, SamplingParams, TokenLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,7 @@ class GenerateRequest:
     dp_rank: int | None = None  # pin to one rank of the group (the routers read it)
     session_id: str | None = None  # the client's ``user``: the cache-aware router's affinity key
     # A continuation: the prompt's last tokens are this request's earlier output
-    # (``Request.num_resumed_tokens``; the ingress builds it in ``deployment.resume``).
+    # (``Request.num_resumed_tokens``; the ingress builds it in ``roundgate.deployment.resume``).
     num_resumed_tokens: int = 0
 
     def to_request(self) -> Request:

@@ -10,16 +10,16 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from actors.control.admission import AdmissionWaits
-from actors.control.endings import RequestEnds
-from actors.control.kv_connector import KVConnector
-from actors.control.kv_pool import KVPool
-from actors.control.prefix_cache import PrefixCache
-from actors.control.queues import RequestQueues
-from actors.control.request import Request, RequestStatus
-from actors.control.round import RoundPlan, ScheduledChunk
-from actors.server_args import DisaggregationRole, ServerArgs
-from gate.permission import ALLOW_ALL, Permission
+from roundgate.actors.control.admission import AdmissionWaits
+from roundgate.actors.control.endings import RequestEnds
+from roundgate.actors.control.kv_connector import KVConnector
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.prefix_cache import PrefixCache
+from roundgate.actors.control.queues import RequestQueues
+from roundgate.actors.control.request import Request, RequestStatus
+from roundgate.actors.control.round import RoundPlan, ScheduledChunk
+from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.gate.permission import ALLOW_ALL, Permission
 
 logger = logging.getLogger("roundgate.scheduler")
 

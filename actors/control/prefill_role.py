@@ -6,16 +6,16 @@ queues as a ``Handoff`` and its pages stay pinned (held by the pool under its id
 transfer to its decode rank ends, either way (``HandoffReleased``). Pinned pages count in the
 pool's occupancy, so a slow or stuck decode group stops this rank admitting prompts at the 0.9
 watermark instead of overwriting K/V still being read. The sending end of the
-``KVConnector`` interface (``actors.control.kv_connector``); its receiving end refuses.
+``KVConnector`` interface (``roundgate.actors.control.kv_connector``); its receiving end refuses.
 """
 
 from __future__ import annotations
 
-from actors.control.handoff import Handoff, HandoffReleased, TransferEnd
-from actors.control.kv_pool import KVPool
-from actors.control.queues import RequestQueues
-from actors.control.request import Request, TokenLogprobs, sequence_id
-from actors.control.round import RoundPlan
+from roundgate.actors.control.handoff import Handoff, HandoffReleased, TransferEnd
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.queues import RequestQueues
+from roundgate.actors.control.request import Request, TokenLogprobs, sequence_id
+from roundgate.actors.control.round import RoundPlan
 
 
 class PrefillHandoffs:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.control.kv_pool import KVPool
-from actors.control.page_keys import extend_keys
-from actors.control.request import Request, RequestStatus
-from actors.control.round import RoundPlan
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.page_keys import extend_keys
+from roundgate.actors.control.request import Request, RequestStatus
+from roundgate.actors.control.round import RoundPlan
 
 _RETRACTED = RequestStatus.RETRACTED
 

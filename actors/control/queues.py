@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from actors.control.request import Request, RequestStatus
+from roundgate.actors.control.request import Request, RequestStatus
 
 
 @dataclass(slots=True)

@@ -3,8 +3,8 @@ scheduler. Apart from the scheduler: only the KV-event publishers need it."""
 
 from __future__ import annotations
 
-from actors.control.kv_events import RankLoad
-from actors.control.scheduler import Scheduler
+from roundgate.actors.control.kv_events import RankLoad
+from roundgate.actors.control.scheduler import Scheduler
 
 
 def rank_load(scheduler: Scheduler, rounds_since_prefill: int | None = None) -> RankLoad:

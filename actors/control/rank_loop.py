@@ -21,15 +21,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from actors.control.columns import column_reader
-from actors.control.executor import Executor
-from actors.control.gather import Gather
-from actors.control.handoff import Handoff
-from actors.control.round import Probe, RoundPlan, RoundResult, TokenEvent
-from actors.control.scheduler import Scheduler
-from gate import GateVote, RankRow, RoundView, read_rows
-from gate.permission import HOLD_ALL
-from gate.policy import PrefillPolicy
+from roundgate.actors.control.columns import column_reader
+from roundgate.actors.control.executor import Executor
+from roundgate.actors.control.gather import Gather
+from roundgate.actors.control.handoff import Handoff
+from roundgate.actors.control.round import Probe, RoundPlan, RoundResult, TokenEvent
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.gate.permission import HOLD_ALL
+from roundgate.gate.policy import PrefillPolicy
+from roundgate.gate.rows import RankRow, RoundView, read_rows
+from roundgate.gate.vote import GateVote
 
 # What an empty rank's probe always says.
 IDLE_PROBE = Probe(False, False)

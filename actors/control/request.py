@@ -210,8 +210,8 @@ class Request:
     error: str | None = None
     # Content keys of the sequence's full pages, computed as far as needed (prefix caching).
     page_keys: list[bytes] = field(default_factory=list)
-    # A continuation (``deployment.resume``): the prompt's last ``num_resumed_tokens`` tokens
-    # are this request's own earlier output, streamed by a rank that died. They count toward
+    # A continuation (``roundgate.deployment.resume``): the prompt's last ``num_resumed_tokens``
+    # tokens are this request's own earlier output, streamed by a rank that died. They count toward
     # ``max_tokens`` and seeded draws, penalties and the grammar see them as output.
     num_resumed_tokens: int = 0
     # The prompt never changes after construction, so its length is stored, not recounted:

@@ -6,9 +6,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from actors.control.handoff import KVReservation
-from actors.control.request import Request, TokenLogprobs
-from gate.permission import HOLD_ALL, Permission
+from roundgate.actors.control.handoff import KVReservation
+from roundgate.actors.control.request import Request, TokenLogprobs
+from roundgate.gate.permission import HOLD_ALL, Permission
 
 
 class RoundKind(enum.StrEnum):

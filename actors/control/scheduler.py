@@ -20,7 +20,7 @@ The scheduler is composed of parts it owns, each given what it works on when it 
                     pinned) or HandoffIntake (handoffs reserve pages, wait for KV, then decode)
 
 It keeps intake, the probe, the plan and the update after the forward. (The simulator's fast
-path, ``sim.steady_rank``, makes a steady rank's decode rounds through the same parts.)
+path, ``roundgate.sim.steady_rank``, makes a steady rank's decode rounds through the same parts.)
 """
 
 from __future__ import annotations
@@ -28,26 +28,26 @@ from __future__ import annotations
 from collections import deque
 from types import EllipsisType
 
-from actors.control.admission import AdmissionWaits
-from actors.control.decode_role import HandoffIntake
-from actors.control.endings import RequestEnds
-from actors.control.fork import fork_sequences
-from actors.control.kv_connector import KVConnector, NoKVConnector
-from actors.control.kv_pool import KVPool
-from actors.control.planner import PREFILL_WATERMARK, RoundPlanner
-from actors.control.prefill_role import PrefillHandoffs
-from actors.control.prefix_cache import PrefixCache
-from actors.control.queues import RequestQueues
-from actors.control.request import Request, RequestStatus
-from actors.control.round import (
+from roundgate.actors.control.admission import AdmissionWaits
+from roundgate.actors.control.decode_role import HandoffIntake
+from roundgate.actors.control.endings import RequestEnds
+from roundgate.actors.control.fork import fork_sequences
+from roundgate.actors.control.kv_connector import KVConnector, NoKVConnector
+from roundgate.actors.control.kv_pool import KVPool
+from roundgate.actors.control.planner import PREFILL_WATERMARK, RoundPlanner
+from roundgate.actors.control.prefill_role import PrefillHandoffs
+from roundgate.actors.control.prefix_cache import PrefixCache
+from roundgate.actors.control.queues import RequestQueues
+from roundgate.actors.control.request import Request, RequestStatus
+from roundgate.actors.control.round import (
     PROBES,
     Probe,
     RoundPlan,
     RoundResult,
     TokenEvent,
 )
-from actors.server_args import DisaggregationRole, ServerArgs
-from gate.permission import Permission
+from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.gate.permission import Permission
 
 _RETRACTED = RequestStatus.RETRACTED
 _DECODING = RequestStatus.DECODING
@@ -313,7 +313,7 @@ class Scheduler:
         self.queues.retire(req)
 
     def _fork(self, plan: RoundPlan, result: RoundResult, events: list[TokenEvent]) -> None:
-        """Take in the sequences forked this round (``actors.control.fork``): as retracted
+        """Take in the sequences forked this round (``roundgate.actors.control.fork``): as retracted
         requests whose KV the executor saved, so readmission gives each its own pages."""
         parents = {c.request.request_id: c.request for c in plan.chunks}
         for request_id, firsts in result.forks.items():

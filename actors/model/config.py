@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.model.config_parts import MLAConfig, RopeScaling, RouterConfig
+from roundgate.actors.model.config_parts import MLAConfig, RopeScaling, RouterConfig
 
 # Byte-level tokenizer ids used by the presets (see actors/model/tokenizer.py): 0..255 are bytes.
 BYTE_BOS_ID = 256

@@ -11,16 +11,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from actors.model.config import PRESETS, ModelConfig
-from actors.model.fp8 import BlockFP8Source
-from actors.model.gguf_file import find_gguf
-from actors.model.gguf_source import GGUFSource
-from actors.model.layers import Attention, DenseMLP, ForwardContext, RMSNorm, fill
-from actors.model.llamacpp_arith import FusedDecoder
-from actors.model.mla import MLAttention
-from actors.model.moe import Router, SparseMoE
-from actors.model.rope import RotaryTable
-from actors.model.weights import (
+from roundgate.actors.model.config import PRESETS, ModelConfig
+from roundgate.actors.model.fp8 import BlockFP8Source
+from roundgate.actors.model.gguf_file import find_gguf
+from roundgate.actors.model.gguf_source import GGUFSource
+from roundgate.actors.model.layers import Attention, DenseMLP, ForwardContext, RMSNorm, fill
+from roundgate.actors.model.llamacpp_arith import FusedDecoder
+from roundgate.actors.model.mla import MLAttention
+from roundgate.actors.model.moe import Router, SparseMoE
+from roundgate.actors.model.rope import RotaryTable
+from roundgate.actors.model.weights import (
     DictSource,
     ReadTracker,
     SafetensorsSource,
@@ -28,7 +28,7 @@ from actors.model.weights import (
     random_hf_state,
     unread_tensors,
 )
-from kernels.moe import ExpertPlacement, MoEBackend
+from roundgate.kernels.moe import ExpertPlacement, MoEBackend
 
 
 class DecoderLayer(nn.Module):

@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from actors.model.weights import SafetensorsSource
+from roundgate.actors.model.weights import SafetensorsSource
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from actors.model.config import read_json_object
+from roundgate.actors.model.config import read_json_object
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 

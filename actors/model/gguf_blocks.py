@@ -7,7 +7,7 @@ over the file's own blocks, copied byte for byte from the memory-mapped file (fu
 projections concatenate their parts' rows, Q/K rows un-permuted as the float path does). A swap
 happens only when the packed weight dequantizes to exactly the float32 weight it replaces, so a
 mapping that does not fit a model can never change results. Other types (the K-quants among
-them) keep their float32 weights: see ``kernels.quant``.
+them) keep their float32 weights: see ``roundgate.kernels.quant``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from actors.model.gguf_source import GGUFSource, unpermute
-from kernels.quant import BLOCK, FORMATS, BlockLinear, BlockWeights, kernel, kernel_failure
+from roundgate.actors.model.gguf_source import GGUFSource, unpermute
+from roundgate.kernels.quant import (
+    BLOCK,
+    FORMATS,
+    BlockLinear,
+    BlockWeights,
+    kernel,
+    kernel_failure,
+)
 
 logger = logging.getLogger("roundgate.model")
 

@@ -13,7 +13,7 @@ import importlib.metadata
 from pathlib import Path
 from typing import Any
 
-from actors.model.config import ModelConfig
+from roundgate.actors.model.config import ModelConfig
 
 # Architectures whose GGUF layout this loader maps onto our model code.
 ARCHITECTURES = ("llama",)

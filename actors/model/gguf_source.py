@@ -14,8 +14,8 @@ import gguf
 import numpy as np
 import torch
 
-from actors.model.config import ModelConfig
-from actors.model.gguf_file import gguf_reader
+from roundgate.actors.model.config import ModelConfig
+from roundgate.actors.model.gguf_file import gguf_reader
 
 # GGUF tensor name (per layer ``blk.{i}.``) -> HF parameter name.
 _LAYER_NAMES = {

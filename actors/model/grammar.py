@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from actors.control.request import Request
+from roundgate.actors.control.request import Request
 
 KINDS = ("json_object", "json_schema", "json_schema_open", "regex", "choice", "ebnf", "tool_call")
 _BITS = 32
@@ -68,7 +68,7 @@ class Grammars:
     def _build(self) -> Any:
         import xgrammar as xgr
 
-        from actors.model.tokenizer import load_tokenizer
+        from roundgate.actors.model.tokenizer import load_tokenizer
 
         tok = load_tokenizer(self.model, self.chat_template)
         hf = getattr(tok, "_tok", None)

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from actors.kv_budget import gpu_pages
-from actors.model.config import ModelConfig
-from actors.server_args import ServerArgs
-from kernels.attention import (
+from roundgate.actors.kv_budget import gpu_pages
+from roundgate.actors.model.config import ModelConfig
+from roundgate.actors.server_args import ServerArgs
+from roundgate.kernels.attention import (
     PagedKVCache,
     select_attention_backend,
     select_latent_attention_backend,

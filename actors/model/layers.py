@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from actors.model.config import ModelConfig
-from actors.model.rope import RotaryTable, apply_rope
-from actors.model.weights import TensorSource
-from kernels.attention import AttentionBackend, AttentionBatch, PagedKVCache
-from kernels.moe import ExpertsKernel, MoEBackend, run_experts
-from kernels.quant import ggml_arith
+from roundgate.actors.model.config import ModelConfig
+from roundgate.actors.model.rope import RotaryTable, apply_rope
+from roundgate.actors.model.weights import TensorSource
+from roundgate.kernels.attention import AttentionBackend, AttentionBatch, PagedKVCache
+from roundgate.kernels.moe import ExpertsKernel, MoEBackend, run_experts
+from roundgate.kernels.quant import ggml_arith
 
 __all__ = ["Attention", "DenseMLP", "ForwardContext", "RMSNorm", "RotaryTable", "apply_rope"]
 

@@ -1,7 +1,7 @@
 """Switch a model to llama.cpp's float arithmetic (the int8-dot weight path's other half).
 
 ``--gguf-weights int8-dot`` takes llama.cpp as its reference. Its products are ggml's already;
-this module makes the operations between them ggml's too (``kernels.quant.ggml_arith``):
+this module makes the operations between them ggml's too (``roundgate.kernels.quant.ggml_arith``):
 RMSNorm, RoPE (ggml's angles), SwiGLU and paged attention. It flags the model's modules
 (each keeps its torch path for every other weight path) and swaps the RoPE table; the runner
 then attends with ``GgmlAttention``. A model outside what those operations cover keeps torch's
@@ -16,11 +16,11 @@ import logging
 import torch
 from torch import nn
 
-from actors.model.config import ModelConfig
-from actors.model.layers import Attention, DenseMLP, ForwardContext, RMSNorm
-from kernels import quant
-from kernels.attention import PagedKVCache
-from kernels.quant import BlockLinear, ggml_arith
+from roundgate.actors.model.config import ModelConfig
+from roundgate.actors.model.layers import Attention, DenseMLP, ForwardContext, RMSNorm
+from roundgate.kernels import quant
+from roundgate.kernels.attention import PagedKVCache
+from roundgate.kernels.quant import BlockLinear, ggml_arith
 
 logger = logging.getLogger("roundgate.model")
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from actors.control.request import SamplingParams
+from roundgate.actors.control.request import SamplingParams
 
 # (prompt token ids, output token ids) of one row; only read for rows with penalties.
 History = tuple[Sequence[int], Sequence[int]]

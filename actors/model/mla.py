@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from actors.model.config import ModelConfig
-from actors.model.layers import ForwardContext, RMSNorm, fill, linear, param
-from actors.model.rope import apply_rope, deinterleave_rows, yarn_mscale
-from actors.model.weights import TensorSource
+from roundgate.actors.model.config import ModelConfig
+from roundgate.actors.model.layers import ForwardContext, RMSNorm, fill, linear, param
+from roundgate.actors.model.rope import apply_rope, deinterleave_rows, yarn_mscale
+from roundgate.actors.model.weights import TensorSource
 
 # transformers builds DeepSeek's q_a/kv_a norms with RMSNorm's default eps, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6

@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from actors.model.config import ModelConfig
-from actors.model.layers import DenseMLP, ForwardContext, fill, linear, param
-from actors.model.weights import TensorSource
-from kernels.moe import ExpertPlacement, ExpertsKernel, MoEBackend, run_experts
+from roundgate.actors.model.config import ModelConfig
+from roundgate.actors.model.layers import DenseMLP, ForwardContext, fill, linear, param
+from roundgate.actors.model.weights import TensorSource
+from roundgate.kernels.moe import ExpertPlacement, ExpertsKernel, MoEBackend, run_experts
 
 
 class Router(nn.Module):

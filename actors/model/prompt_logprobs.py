@@ -18,8 +18,8 @@ from typing import NamedTuple
 
 import torch
 
-from actors.control.request import TokenLogprobs
-from actors.control.round import ScheduledChunk
+from roundgate.actors.control.request import TokenLogprobs
+from roundgate.actors.control.round import ScheduledChunk
 
 # Rows scored per log_softmax call: bounds the float32 temporaries to ~rows x vocab.
 _SLICE_ROWS = 256

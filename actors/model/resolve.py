@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actors.model import gguf_file
-from actors.model.config import PRESETS, ModelConfig
-from actors.model.families import read_model_dir
+from roundgate.actors.model import gguf_file
+from roundgate.actors.model.config import PRESETS, ModelConfig
+from roundgate.actors.model.families import read_model_dir
 
 
 def resolve_model_config(model: str) -> ModelConfig:

@@ -9,7 +9,7 @@ import math
 import torch
 from torch import nn
 
-from actors.model.config_parts import RopeScaling
+from roundgate.actors.model.config_parts import RopeScaling
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:

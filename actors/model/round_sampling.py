@@ -12,9 +12,9 @@ from typing import NamedTuple
 
 import torch
 
-from actors.control.request import Request, TokenLogprobs, sequence_id
-from actors.model.grammar import Grammars
-from actors.model.sampling import sample
+from roundgate.actors.control.request import Request, TokenLogprobs, sequence_id
+from roundgate.actors.model.grammar import Grammars
+from roundgate.actors.model.sampling import sample
 
 
 class RoundSamples(NamedTuple):

@@ -22,22 +22,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from actors.control.request import Request, TokenLogprobs, sequence_id
-from actors.control.round import RoundPlan, RoundResult, ScheduledChunk
-from actors.model.decode_graphs import DecodeGraphs, ineligibility
-from actors.model.decoder import build_model, open_source
-from actors.model.gguf_blocks import pack_gguf, weight_path
-from actors.model.grammar import Grammars
-from actors.model.kv_cache import allocate_cache, select_backend, size_for_gpu
-from actors.model.layers import ForwardContext
-from actors.model.llamacpp_arith import fuse_layers, use_llamacpp_arithmetic
-from actors.model.prompt_logprobs import prompt_rows, score_rows
-from actors.model.round_sampling import sample_round
-from actors.server_args import DisaggregationRole, ServerArgs
-from gate import RankRow, RoundView, read_rows
-from kernels.attention import AttentionBatch, build_attention_batch
-from kernels.moe import ExpertPlacement, select_experts_kernel, select_moe_backend
-from kernels.quant.ggml_arith import GgmlAttention
+from roundgate.actors.control.request import Request, TokenLogprobs, sequence_id
+from roundgate.actors.control.round import RoundPlan, RoundResult, ScheduledChunk
+from roundgate.actors.model.decode_graphs import DecodeGraphs, ineligibility
+from roundgate.actors.model.decoder import build_model, open_source
+from roundgate.actors.model.gguf_blocks import pack_gguf, weight_path
+from roundgate.actors.model.grammar import Grammars
+from roundgate.actors.model.kv_cache import allocate_cache, select_backend, size_for_gpu
+from roundgate.actors.model.layers import ForwardContext
+from roundgate.actors.model.llamacpp_arith import fuse_layers, use_llamacpp_arithmetic
+from roundgate.actors.model.prompt_logprobs import prompt_rows, score_rows
+from roundgate.actors.model.round_sampling import sample_round
+from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.gate.rows import RankRow, RoundView, read_rows
+from roundgate.kernels.attention import AttentionBatch, build_attention_batch
+from roundgate.kernels.moe import ExpertPlacement, select_experts_kernel, select_moe_backend
+from roundgate.kernels.quant.ggml_arith import GgmlAttention
 
 logger = logging.getLogger("roundgate.runner")
 

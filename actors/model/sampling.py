@@ -1,8 +1,8 @@
 """Batched token sampling: greedy, temperature, top-k, top-p, min-p, per-request seeds.
 
 Per-request transforms (logit bias, min tokens, penalties) come first, from
-``actors.model.logit_transforms``; logprobs are read from the raw model distribution before
-any of them (vLLM's default), so they describe the model, not the sampling settings.
+``roundgate.actors.model.logit_transforms``; logprobs are read from the raw model distribution
+before any of them (vLLM's default), so they describe the model, not the sampling settings.
 
 Sampling uses the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``, computed as
 ``argmax(logits - log q)``), which draws from ``p`` exactly and lets every row bring its own
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
-from actors.control.request import SamplingParams, TokenLogprobs
-from actors.model.logit_transforms import History, apply_transforms
+from roundgate.actors.control.request import SamplingParams, TokenLogprobs
+from roundgate.actors.model.logit_transforms import History, apply_transforms
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, index) pairs over the generator's seed space
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from actors.model.config import BYTE_BOS_ID, BYTE_EOS_ID, PRESETS, ModelConfig
-from actors.model.generation_config import GenerationConfig
+from roundgate.actors.model.config import BYTE_BOS_ID, BYTE_EOS_ID, PRESETS, ModelConfig
+from roundgate.actors.model.generation_config import GenerationConfig
 
 
 class ChatTemplateError(ValueError):
@@ -193,7 +193,7 @@ def _chat_template(path: str | None) -> str | None:
 
 def load_tokenizer(model: str, chat_template: str | None = None) -> ByteTokenizer | HFTokenizer:
     """The tokenizer for ``--model`` (``chat_template``: the ``--chat-template`` file)."""
-    from actors.model import gguf_file
+    from roundgate.actors.model import gguf_file
 
     template = _chat_template(chat_template)
     if model in PRESETS:

@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from actors.model.config import ModelConfig, read_json_object
+from roundgate.actors.model.config import ModelConfig, read_json_object
 
 
 class TensorSource(Protocol):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from actors.control.messages import GenerateChunk, Usage
-from actors.control.request import Request, sequence_id
-from actors.control.round import TokenEvent
+from roundgate.actors.control.messages import GenerateChunk, Usage
+from roundgate.actors.control.request import Request, sequence_id
+from roundgate.actors.control.round import TokenEvent
 
 
 class ChunkBuilder:

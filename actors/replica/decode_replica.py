@@ -3,7 +3,7 @@
 ``decode`` queues the handoff; a round reserves its pages (under the 0.9 watermark and the
 batch's slots, like a new prompt on a fused rank: until then it waits for decode capacity);
 the rank then asks the handoff's prefill rank to send (``send_kv``) while it receives into the
-reserved pages over their pair of the P/D link (``actors.replica.pd_pairs``), and reports
+reserved pages over their pair of the P/D link (``roundgate.actors.replica.pd_pairs``), and reports
 the KV arrived (the request decodes from the next round) or failed (that request alone ends
 with a 500, its pages freed; or, when the prefill process that held the pages is gone, the
 report says so and the ingress prefills the request again, as after any lost rank). The stream's
@@ -19,22 +19,22 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from actors.control.handoff import KVReservation
-from actors.control.messages import GenerateChunk, Usage
-from actors.control.rank_loop import RoundOutcome
-from actors.replica import pd_pairs
-from actors.replica.chunks import ChunkBuilder
-from actors.replica.kv_link import TransferFailed
-from actors.replica.pd_messages import (
+from roundgate.actors.control.handoff import KVReservation
+from roundgate.actors.control.messages import GenerateChunk, Usage
+from roundgate.actors.control.rank_loop import RoundOutcome
+from roundgate.actors.replica import pd_pairs
+from roundgate.actors.replica.chunks import ChunkBuilder
+from roundgate.actors.replica.kv_link import TransferFailed
+from roundgate.actors.replica.pd_messages import (
     DecodeRequest,
     LinkSpec,
     ReleaseHandoff,
     SendKV,
     TransferReport,
 )
-from actors.replica.rank_replica import RankReplica
-from actors.server_args import DisaggregationRole
-from actors.telemetry.transfer_metrics import TransferMetrics
+from roundgate.actors.replica.rank_replica import RankReplica
+from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.telemetry.transfer_metrics import TransferMetrics
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle

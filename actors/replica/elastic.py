@@ -19,12 +19,12 @@ import asyncio
 import time
 from typing import Any
 
-from actors.replica import seats
-from actors.replica.elastic_gather import ElasticGather
-from actors.replica.elastic_member import ElasticSpec, enter, group_id
-from actors.replica.epoch_group import form_group
-from actors.replica.membership import Epoch, RayKvStore, joiners
-from actors.replica.node import node_id
+from roundgate.actors.replica import seats
+from roundgate.actors.replica.elastic_gather import ElasticGather
+from roundgate.actors.replica.elastic_member import ElasticSpec, enter, group_id
+from roundgate.actors.replica.epoch_group import form_group
+from roundgate.actors.replica.membership import Epoch, RayKvStore, joiners
+from roundgate.actors.replica.node import node_id
 
 # A seat whose holder has not said it is alive for this long is free to take.
 STALE_S = 30.0
@@ -80,9 +80,9 @@ class ElasticRank:
 
     async def enter(self) -> None:
         """Start the seat's group or be admitted to it, then form its process group."""
-        from actors.replica.node import device_type, multinode_host
-        from actors.replica.outbox import SendAfterGather
-        from actors.replica.torch_gather import TorchGather
+        from roundgate.actors.replica.node import device_type, multinode_host
+        from roundgate.actors.replica.outbox import SendAfterGather
+        from roundgate.actors.replica.torch_gather import TorchGather
 
         replica, args = self.replica, self.replica.args
         timeout = args.collective_timeout_s
@@ -115,9 +115,9 @@ class ElasticRank:
 
     def _apply(self, epoch: Epoch, reason: str | None) -> None:
         """What a new epoch resets (on the engine thread, or before rounds start)."""
-        from actors.replica.group_wake import open_group_wake
-        from gate import registry
-        from gate.spec import PolicyContext
+        from roundgate.actors.replica.group_wake import open_group_wake
+        from roundgate.gate import registry
+        from roundgate.gate.spec import PolicyContext
 
         replica, args = self.replica, self.replica.args
         spec = registry.get(args.prefill_policy_name)

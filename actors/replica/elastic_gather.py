@@ -18,9 +18,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from actors.control.gather import Gather, Packed, SingleRankGather
-from actors.replica.epoch_group import form_group
-from actors.replica.membership import Epoch, MembershipStore, joiners, next_epoch
+from roundgate.actors.control.gather import Gather, Packed, SingleRankGather
+from roundgate.actors.replica.epoch_group import form_group
+from roundgate.actors.replica.membership import Epoch, MembershipStore, joiners, next_epoch
 
 # Re-forms one gather may go through before giving up (a member failing again mid re-form).
 MAX_REFORMS = 4

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from actors.replica import seats
-from actors.replica.membership import (
+from roundgate.actors.replica import seats
+from roundgate.actors.replica.membership import (
     Epoch,
     Fenced,
     MembershipStore,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import time
 
-from actors.replica import rendezvous
-from actors.replica.membership import POLL_S, Epoch, MembershipStore
+from roundgate.actors.replica import rendezvous
+from roundgate.actors.replica.membership import POLL_S, Epoch, MembershipStore
 
 
 def meeting_key(epoch: Epoch) -> str:

@@ -5,7 +5,8 @@ the two (gloo on CPU, NCCL on GPU): no pickling, no Serve handle in the data pat
 pages in Ray's object store. The group is a process group object of its own, apart from the DP
 group each rank already joined, so a transfer never queues behind a round's collectives and
 both can run at once on different threads. Which pairs exist, and how they meet, is
-``actors.replica.pd_pairs``'s (a pair per prefill and decode process, formed on first use).
+``roundgate.actors.replica.pd_pairs``'s (a pair per prefill and decode process, formed on first
+use).
 
 One transfer is two messages with the same tag: a header (``[status, num_pages]``, int64)
 and, when the status is ``OK``, the pages ``[parts, layers, pages, page_size, heads, dim]``
@@ -25,7 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from kernels.attention import PagedKVCache
+from roundgate.kernels.attention import PagedKVCache
 
 OK, FAILED = 0, 1
 

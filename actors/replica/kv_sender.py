@@ -1,9 +1,9 @@
 """A rank's side of the live KV-event channel: batches per round, sent to the hub actor.
 
 The engine thread calls ``after_round`` once per round: the pool's notes become one
-``KvEventBatch`` (``actors.control.kv_events``), queued; every ``send_interval_s`` the queue
-goes to the hub (``deployment.routing.kv_hub``, looked up by name: the kv routers create it)
-in one fire-and-forget call. The queue is bounded: while no hub can be reached the oldest
+``KvEventBatch`` (``roundgate.actors.control.kv_events``), queued; every ``send_interval_s`` the
+queue goes to the hub (``roundgate.deployment.routing.kv_hub``, looked up by name: the kv routers
+create it) in one fire-and-forget call. The queue is bounded: while no hub can be reached the oldest
 batches are dropped, and the next connection starts with a snapshot, so routers never apply
 a gap silently. A new hub (another actor id) also gets a snapshot first.
 """
@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from actors.control.kv_events import (
+from roundgate.actors.control.kv_events import (
     HUB_NAME,
     HUB_NAMESPACE,
     KvEventBatch,
@@ -25,8 +25,8 @@ from actors.control.kv_events import (
     KvPublisher,
     KvSnapshot,
 )
-from actors.control.rank_load import rank_load
-from actors.control.scheduler import Scheduler
+from roundgate.actors.control.rank_load import rank_load
+from roundgate.actors.control.scheduler import Scheduler
 
 logger = logging.getLogger("roundgate.kv_events")
 LOOKUP_EVERY_S = 1.0  # between lookups of a missing hub

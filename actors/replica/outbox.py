@@ -25,8 +25,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from actors.control.gather import Gather, Packed
-from gate import RankRow
+from roundgate.actors.control.gather import Gather, Packed
+from roundgate.gate.rows import RankRow
 
 
 def holds(rows: Sequence[RankRow], rank: int) -> bool:

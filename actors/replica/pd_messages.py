@@ -9,16 +9,16 @@
 
 Every message names the rank it must reach with ``dp_rank`` (the routers pin on it) or leaves
 it None for the role's router: the prefill role's routes a prompt to the rank with the fewest
-uncached tokens, the decode role's to the least-loaded rank (``deployment.pd_config``: which
-index and which load each reads).
+uncached tokens, the decode role's to the least-loaded rank (``roundgate.deployment.pd_config``:
+which index and which load each reads).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.control.handoff import Handoff
-from actors.control.messages import GenerateChunk
+from roundgate.actors.control.handoff import Handoff
+from roundgate.actors.control.messages import GenerateChunk
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -36,9 +36,9 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
-from actors.replica.kv_link import KVLink, TransferFailed
-from actors.replica.pd_messages import LinkSpec
-from actors.server_args import DisaggregationRole
+from roundgate.actors.replica.kv_link import KVLink, TransferFailed
+from roundgate.actors.replica.pd_messages import LinkSpec
+from roundgate.actors.server_args import DisaggregationRole
 
 KEY_PREFIX = "roundgate/pd-link/"
 PREFILL_END, DECODE_END = 0, 1  # each pair group's ranks
@@ -225,8 +225,8 @@ def join(
     spec: LinkSpec, role: DisaggregationRole, rank: int, device: str, timeout_s: float
 ) -> LinkPairs:
     """A served rank's end of the link: published in Ray's KV store, peers awaited once."""
-    from actors.replica.membership import RayKvStore
-    from actors.replica.node import device_type, multinode_host
+    from roundgate.actors.replica.membership import RayKvStore
+    from roundgate.actors.replica.node import device_type, multinode_host
 
     backend = "nccl" if device_type(device) == "cuda" else "gloo"
     pairs = LinkPairs(

@@ -3,8 +3,8 @@
 ``prefill`` runs the request like ``generate`` until the round that samples its first token
 turns it into a ``Handoff`` (its pages pinned here); ``send_kv``, called by the decode rank
 that reserved pages for it, sends those pages over that pair of the P/D link
-(``actors.replica.pd_pairs``) and unpins them, whatever happened. A request that ends at its
-first token (or is refused) comes back whole instead.
+(``roundgate.actors.replica.pd_pairs``) and unpins them, whatever happened. A request that ends at
+its first token (or is refused) comes back whole instead.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from actors.control.handoff import Handoff
-from actors.control.messages import GenerateChunk, GenerateRequest, RankTarget
-from actors.control.rank_loop import RoundOutcome
-from actors.replica import pd_pairs
-from actors.replica.kv_link import TransferFailed
-from actors.replica.pd_messages import LinkSpec, PrefillResult, ReleaseHandoff, SendKV
-from actors.replica.rank_replica import RankReplica
-from actors.server_args import DisaggregationRole
-from actors.telemetry.transfer_metrics import TransferMetrics
+from roundgate.actors.control.handoff import Handoff
+from roundgate.actors.control.messages import GenerateChunk, GenerateRequest, RankTarget
+from roundgate.actors.control.rank_loop import RoundOutcome
+from roundgate.actors.replica import pd_pairs
+from roundgate.actors.replica.kv_link import TransferFailed
+from roundgate.actors.replica.pd_messages import LinkSpec, PrefillResult, ReleaseHandoff, SendKV
+from roundgate.actors.replica.rank_replica import RankReplica
+from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.telemetry.transfer_metrics import TransferMetrics
 
 logger = logging.getLogger("roundgate.prefill")
 

@@ -24,24 +24,24 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from actors.control.engine_core import EngineCore
-from actors.control.messages import GenerateChunk, GenerateRequest, RankTarget, Usage
-from actors.control.rank_loop import RoundOutcome
-from actors.control.request import Request
-from actors.control.round import TokenEvent
-from actors.replica.chunks import ChunkBuilder
-from actors.replica.elastic import ElasticRank
-from actors.replica.elastic_member import ElasticSpec
-from actors.replica.group_wake import STOP_CHECK_S, open_group_wake
-from actors.replica.kv_sender import KvEventSender
-from actors.replica.node import device_type, multinode_host, node_id
-from actors.replica.outbox import RoundOutbox, SendAfterGather
-from actors.server_args import ServerArgs
-from actors.telemetry import gate_log
-from actors.telemetry.gate_log import log_gate_window
-from actors.telemetry.metrics_hub import Pusher, snapshot
-from actors.telemetry.rank_metrics import RankMetrics
-from actors.telemetry.rank_stats import RankStats
+from roundgate.actors.control.engine_core import EngineCore
+from roundgate.actors.control.messages import GenerateChunk, GenerateRequest, RankTarget, Usage
+from roundgate.actors.control.rank_loop import RoundOutcome
+from roundgate.actors.control.request import Request
+from roundgate.actors.control.round import TokenEvent
+from roundgate.actors.replica.chunks import ChunkBuilder
+from roundgate.actors.replica.elastic import ElasticRank
+from roundgate.actors.replica.elastic_member import ElasticSpec
+from roundgate.actors.replica.group_wake import STOP_CHECK_S, open_group_wake
+from roundgate.actors.replica.kv_sender import KvEventSender
+from roundgate.actors.replica.node import device_type, multinode_host, node_id
+from roundgate.actors.replica.outbox import RoundOutbox, SendAfterGather
+from roundgate.actors.server_args import ServerArgs
+from roundgate.actors.telemetry import gate_log
+from roundgate.actors.telemetry.gate_log import log_gate_window
+from roundgate.actors.telemetry.metrics_hub import Pusher, snapshot
+from roundgate.actors.telemetry.rank_metrics import RankMetrics
+from roundgate.actors.telemetry.rank_stats import RankStats
 
 logger = logging.getLogger("roundgate.rank")
 
@@ -52,7 +52,7 @@ class GroupFailure(RuntimeError):
 
 class GroupUnavailable(GroupFailure):
     """This rank's group had failed before the request arrived: it never ran here (the
-    ingress resubmits it without charging it a rank failure, ``deployment.resume``)."""
+    ingress resubmits it without charging it a rank failure, ``roundgate.deployment.resume``)."""
 
 
 class RankReplica:
@@ -61,15 +61,15 @@ class RankReplica:
     async def __init__(self, args: dict[str, Any], elastic: dict[str, Any] | None = None) -> None:
         from ray import serve
 
-        from actors.replica import rendezvous
+        from roundgate.actors.replica import rendezvous
 
         self.args = ServerArgs(**args)  # validated here, once for this process
         _limit_threads()
         timeout = self.args.collective_timeout_s
         device = device_type(self.args.device)
         backend = self._backend = "nccl" if device == "cuda" else "gloo"
-        # Elastic DP (``actors.replica.elastic``): no gang; the group forms after the model
-        # loads, and re-forms around a dead member instead of restarting.
+        # Elastic DP (``roundgate.actors.replica.elastic``): no gang; the group forms after the
+        # model loads, and re-forms around a dead member instead of restarting.
         self.elastic = ElasticRank(ElasticSpec(**elastic), self) if elastic else None
         if self.elastic is not None:
             self.rank, self.world_size, self.gang_id = await self.elastic.take_seat()
@@ -140,9 +140,9 @@ class RankReplica:
     def _build_core(self, device: str) -> EngineCore:
         import torch.distributed as dist
 
-        from actors.control.gather import SingleRankGather
-        from actors.model.runner import ModelRunner
-        from actors.replica.torch_gather import TorchGather
+        from roundgate.actors.control.gather import SingleRankGather
+        from roundgate.actors.model.runner import ModelRunner
+        from roundgate.actors.replica.torch_gather import TorchGather
 
         if self.elastic is not None:
             runner = self._runner = self.elastic.build_runner(ModelRunner)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from actors.control.gather import Packed
+from roundgate.actors.control.gather import Packed
 
 
 class TorchGather:

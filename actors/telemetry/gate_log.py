@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from actors.control.rank_loop import RoundOutcome
+from roundgate.actors.control.rank_loop import RoundOutcome
 
 logger = logging.getLogger("roundgate.gate")
 

@@ -1,9 +1,9 @@
 """Every Prometheus metric of roundgate, defined once (name, type, labels, buckets).
 
 Each process (a rank replica, an ingress replica) builds its metrics into its own
-``CollectorRegistry``; ``actors.telemetry.metrics_hub`` merges the processes' samples so one scrape
-of ``/metrics`` shows every series once. Group-level series (rounds, votes) are identical on
-every rank of a group, so only rank 0 of each group exports them.
+``CollectorRegistry``; ``roundgate.actors.telemetry.metrics_hub`` merges the processes' samples so
+one scrape of ``/metrics`` shows every series once. Group-level series (rounds, votes) are identical
+on every rank of a group, so only rank 0 of each group exports them.
 """
 
 from __future__ import annotations
@@ -375,9 +375,9 @@ class RequestMetricSet:
             (*labels, "finish_reason"),
             registry=r,
         )
-        # Rank requests that went on after their rank was lost (``deployment.resume``), counted
-        # when the resumed attempt's first chunk arrives, by kind: ``rerouted`` (no token yet,
-        # the request whole) or ``continued`` (a sequence with tokens already streamed).
+        # Rank requests that went on after their rank was lost (``roundgate.deployment.resume``),
+        # counted when the resumed attempt's first chunk arrives, by kind: ``rerouted`` (no token
+        # yet, the request whole) or ``continued`` (a sequence with tokens already streamed).
         self.requests_resumed = Counter(
             _n("requests_resumed"),
             "Rank requests resumed on a live rank after their rank was lost, by kind "

@@ -102,7 +102,7 @@ def get_hub() -> Any:
     """The application's hub actor, created on first use (any process may be first)."""
     import ray
 
-    from actors.head_node import on_head_node
+    from roundgate.actors.head_node import on_head_node
 
     return (
         ray.remote(MetricsHub)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from actors.control.rank_loop import RoundOutcome, RoundParts
-from actors.control.scheduler import Scheduler
-from actors.telemetry.metrics import ROUND_PARTS, RankMetricSet
-from actors.telemetry.regime_metrics import RegimeMetrics
-from gate import RankRow
+from roundgate.actors.control.rank_loop import RoundOutcome, RoundParts
+from roundgate.actors.control.scheduler import Scheduler
+from roundgate.actors.telemetry.metrics import ROUND_PARTS, RankMetricSet
+from roundgate.actors.telemetry.regime_metrics import RegimeMetrics
+from roundgate.gate.rows import RankRow
 
 WORK_QUANTITIES = ("decodes", "prefill_tokens")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from actors.control.rank_loop import RoundOutcome
+from roundgate.actors.control.rank_loop import RoundOutcome
 
 
 @dataclass

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from actors.control.rank_loop import RoundOutcome
-from actors.telemetry.metrics import RankMetricSet
-from gate import RankRow
-from gate.outcome import (
+from roundgate.actors.control.rank_loop import RoundOutcome
+from roundgate.actors.telemetry.metrics import RankMetricSet
+from roundgate.gate.outcome import (
     OUTCOMES,
     ProgressBins,
     any_wants,
@@ -22,6 +21,7 @@ from gate.outcome import (
     prefill_tokens,
     rank_kinds,
 )
+from roundgate.gate.rows import RankRow
 
 
 class RegimeMetrics:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.telemetry.metrics import RankMetricSet
+from roundgate.actors.telemetry.metrics import RankMetricSet
 
 
 class TransferMetrics:

@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deployment.openai.errors import APIError
-from deployment.openai.protocol import ChatRequest, CompletionRequest
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.protocol import ChatRequest, CompletionRequest
 
 api = FastAPI(title="roundgate", version="0.1.0")
 # Every route's body model (``json_body`` adds each route's), for the OpenAPI document.

@@ -22,12 +22,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from actors.control.messages import GenerateChunk, Usage
-from deployment.ingress import Ingress
-from deployment.openai.choices import Choice, Delta
-from deployment.openai.errors import APIError
-from deployment.openai.sampling import GenerateBody
-from deployment.openai.sse import drain
+from roundgate.actors.control.messages import GenerateChunk, Usage
+from roundgate.deployment.ingress import Ingress
+from roundgate.deployment.openai.choices import Choice, Delta
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.sampling import GenerateBody
+from roundgate.deployment.openai.sse import drain
 
 # Fields beam search honours (or that change nothing it returns); any other field a client
 # sets to a value other than its default is refused when ``use_beam_search`` is true.

@@ -15,13 +15,13 @@ from typing import Any
 
 from fastapi import Request
 
-from deployment.ingress import Ingress
-from deployment.openai.api import read_json
-from deployment.openai.chat import ChatResponder, chat_options, chat_prompt_ids
-from deployment.openai.errors import APIError
-from deployment.openai.protocol import ChatRequest, parse
-from deployment.openai.sse import drain
-from deployment.serve_context import new_request_id
+from roundgate.deployment.ingress import Ingress
+from roundgate.deployment.openai.api import read_json
+from roundgate.deployment.openai.chat import ChatResponder, chat_options, chat_prompt_ids
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.protocol import ChatRequest, parse
+from roundgate.deployment.openai.sse import drain
+from roundgate.deployment.serve_context import new_request_id
 
 # Fields a batch refuses at anything but their default (vLLM's batch limits, and echo).
 NOT_IN_A_BATCH = {"stream": False, "tools": None, "n": 1, "echo": False}

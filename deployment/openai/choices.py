@@ -12,10 +12,10 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from actors.control.messages import GenerateChunk, Usage
-from actors.control.request import TokenLogprobs
-from actors.model.detokenizer import Detokenizer
-from actors.model.tokenizer import Tokenizer
+from roundgate.actors.control.messages import GenerateChunk, Usage
+from roundgate.actors.control.request import TokenLogprobs
+from roundgate.actors.model.detokenizer import Detokenizer
+from roundgate.actors.model.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

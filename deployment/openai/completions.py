@@ -8,20 +8,20 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from actors.model.tokenizer import Tokenizer
-from deployment.ingress import Ingress
-from deployment.openai.beam_search import beam_search_choices, check_beam_request, drained
-from deployment.openai.choices import Choice, Delta, token_ids_of, usage
-from deployment.openai.errors import APIError
-from deployment.openai.logprobs import (
+from roundgate.actors.model.tokenizer import Tokenizer
+from roundgate.deployment.ingress import Ingress
+from roundgate.deployment.openai.beam_search import beam_search_choices, check_beam_request, drained
+from roundgate.deployment.openai.choices import Choice, Delta, token_ids_of, usage
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.logprobs import (
     EchoedPrompt,
     completion_logprobs,
     logprob_texts,
     vllm_prompt_logprobs,
 )
-from deployment.openai.protocol import CompletionRequest
-from deployment.openai.sse import drain, stream
-from deployment.serve_context import new_request_id
+from roundgate.deployment.openai.protocol import CompletionRequest
+from roundgate.deployment.openai.sse import drain, stream
+from roundgate.deployment.serve_context import new_request_id
 
 
 async def create_completion(

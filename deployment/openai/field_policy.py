@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from deployment.openai.errors import APIError, describe_error
+from roundgate.deployment.openai.errors import APIError, describe_error
 
 ACCEPTS = "x-roundgate-accepts"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from deployment.openai.errors import APIError
+from roundgate.deployment.openai.errors import APIError
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ from typing import Any
 
 from fastapi import Request
 
-from deployment.ingress import Ingress
-from deployment.openai.api import read_json
-from deployment.openai.chat import create_chat_completion
-from deployment.openai.completions import create_completion
-from deployment.openai.errors import APIError
+from roundgate.deployment.ingress import Ingress
+from roundgate.deployment.openai.api import read_json
+from roundgate.deployment.openai.chat import create_chat_completion
+from roundgate.deployment.openai.completions import create_completion
+from roundgate.deployment.openai.errors import APIError
 
 HANDLERS = ("ChatCompletionRequest", "CompletionRequest")  # vLLM's names, in its order
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from actors.control.request import TokenLogprobs
-from actors.model.tokenizer import Tokenizer
+from roundgate.actors.control.request import TokenLogprobs
+from roundgate.actors.model.tokenizer import Tokenizer
 
 # JSON has no -inf: a token the model gives no probability at all reports this (as vLLM does).
 MIN_LOGPROB = -9999.0

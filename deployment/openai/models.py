@@ -6,7 +6,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from deployment.ingress import Ingress
+from roundgate.deployment.ingress import Ingress
 
 
 def list_models(core: Ingress) -> dict[str, Any]:

@@ -28,10 +28,12 @@ from pydantic import (
     model_validator,
 )
 
-from actors.control.request import MAX_N
-from deployment.openai.errors import APIError
-from deployment.openai.field_policy import ignored, refused, vllm_default
-from deployment.openai.field_policy import parse as parse  # re-exported: the routes' parser
+from roundgate.actors.control.request import MAX_N
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.field_policy import ignored, refused, vllm_default
+from roundgate.deployment.openai.field_policy import (
+    parse as parse,  # re-exported: the routes' parser
+)
 
 MAX_INT32 = 2**31 - 1
 MIN_INT64, MAX_INT64 = -(2**63), 2**63 - 1  # vLLM's seed range

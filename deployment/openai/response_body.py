@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from deployment.openai.choices import Choice, usage
-from deployment.openai.responses_stream import OutputItems
+from roundgate.deployment.openai.choices import Choice, usage
+from roundgate.deployment.openai.responses_stream import OutputItems
 
 if TYPE_CHECKING:
-    from deployment.openai.responses_request import ResponsesRequest
+    from roundgate.deployment.openai.responses_request import ResponsesRequest
 
 DONE = ("completed", "incomplete")
 

@@ -6,9 +6,9 @@ system message, ``input`` items the messages, ``max_output_tokens`` the
 ``response_format``, vLLM's extra sampling fields as they are) and runs exactly as
 ``/v1/chat/completions`` does: the model's chat template, the same sampling checks and one
 rank request. The answer's text comes back as output items
-(``deployment.openai.responses_stream``). ``previous_response_id`` continues a conversation
-kept in the ingress's bounded ``ResponseStore``; ``background`` runs it there
-(``deployment.openai.responses_background``).
+(``roundgate.deployment.openai.responses_stream``). ``previous_response_id`` continues a
+conversation kept in the ingress's bounded ``ResponseStore``; ``background`` runs it there
+(``roundgate.deployment.openai.responses_background``).
 
 Errors have the OpenAI envelope, their ``param`` named in the Responses request's terms
 (``input``, ``max_output_tokens``, ``text``), never the translated chat request's.
@@ -23,29 +23,29 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from deployment.ingress import Ingress
-from deployment.openai.chat import chat_options, chat_prompt_ids
-from deployment.openai.choices import Choice
-from deployment.openai.errors import APIError
-from deployment.openai.logprobs import chat_logprobs, logprob_texts
-from deployment.openai.protocol import ChatRequest, parse
-from deployment.openai.response_body import ResponseBody
-from deployment.openai.response_store import ResponseStore, StoredResponse
-from deployment.openai.responses_background import run_in_background
-from deployment.openai.responses_input import (
+from roundgate.deployment.ingress import Ingress
+from roundgate.deployment.openai.chat import chat_options, chat_prompt_ids
+from roundgate.deployment.openai.choices import Choice
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.logprobs import chat_logprobs, logprob_texts
+from roundgate.deployment.openai.protocol import ChatRequest, parse
+from roundgate.deployment.openai.response_body import ResponseBody
+from roundgate.deployment.openai.response_store import ResponseStore, StoredResponse
+from roundgate.deployment.openai.responses_background import run_in_background
+from roundgate.deployment.openai.responses_input import (
     chat_response_format,
     chat_tool_choice,
     chat_tools,
     input_messages,
 )
-from deployment.openai.responses_request import (
+from roundgate.deployment.openai.responses_request import (
     VLLM_CHAT_FIELDS,
     ResponsesRequest,
     check_request,
 )
-from deployment.openai.responses_stream import OutputItems, stream_response
-from deployment.openai.sse import drain
-from deployment.serve_context import new_request_id
+from roundgate.deployment.openai.responses_stream import OutputItems, stream_response
+from roundgate.deployment.openai.sse import drain
+from roundgate.deployment.serve_context import new_request_id
 
 # A chat request's field -> the Responses field it came from (for error ``param``s).
 RESPONSES_NAMES = {

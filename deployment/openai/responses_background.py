@@ -17,9 +17,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from deployment.openai.errors import APIError
-from deployment.openai.response_body import ResponseBody
-from deployment.openai.response_store import ResponseStore, StoredResponse
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.response_body import ResponseBody
+from roundgate.deployment.openai.response_store import ResponseStore, StoredResponse
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
 """The Responses API's ``input``, ``tools``, ``tool_choice`` and ``text`` in the chat
-request's terms: the translation ``deployment.openai.responses`` runs before the chat path.
+request's terms: the translation ``roundgate.deployment.openai.responses`` runs before the chat
+path.
 
 Each mistake is a 400 naming the Responses field (``input.3.content.1``, ``tools.0``), never
 the chat field it would have become.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deployment.openai.errors import APIError
+from roundgate.deployment.openai.errors import APIError
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 

@@ -3,7 +3,8 @@
 As for chat, unknown fields are refused, a declared field roundgate does not implement is
 refused unless its value asks for nothing, and a few that change no output are accepted and
 ignored. vLLM's sampling extensions are declared loosely here and checked by the chat request
-they become (``deployment.openai.responses.chat_request``), so one set of rules holds for both.
+they become (``roundgate.deployment.openai.responses.chat_request``), so one set of rules holds for
+both.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployment.openai.errors import APIError
-from deployment.openai.protocol import MAX_INT32, Int, ignored, refused
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.protocol import MAX_INT32, Int, ignored, refused
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # vLLM's extensions of the Responses request that are chat fields too: passed to the chat

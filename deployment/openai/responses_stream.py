@@ -5,7 +5,7 @@ function calls) and the server-sent events that build them.
 once, so both answer the same items, texts and calls. Items appear in the order they start:
 an assistant message opens at its first non-blank text and stays open to the end (text after
 a tool call continues it), each function call is one item, announced whole when its
-``<tool_call>`` block closes (the chat path's parser, ``deployment.openai.tool_calls``).
+``<tool_call>`` block closes (the chat path's parser, ``roundgate.deployment.openai.tool_calls``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from deployment.openai.choices import Delta
-from deployment.openai.errors import APIError
-from deployment.openai.tool_calls import ToolStream
+from roundgate.deployment.openai.choices import Delta
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.tool_calls import ToolStream
 
 Event = dict[str, Any]
 # ``body(status, error)``: the response object as it stands (output and usage once done).

@@ -5,8 +5,8 @@ per prompt; a field that cannot be translated is a 400 naming it. Structured out
 ``response_format`` (``json_object``, ``json_schema``), vLLM's ``structured_outputs`` (``json``,
 ``regex``, ``choice``, ``grammar``: EBNF, ``json_object``) and the older vendor fields
 ``guided_json``, ``guided_regex`` and ``guided_choice`` each become ``SamplingParams.grammar``
-(compiled and enforced on the rank, see ``actors.model.grammar``); at most one may be given.
-An EBNF grammar or a regex that does not parse is a 400 naming its field, here.
+(compiled and enforced on the rank, see ``roundgate.actors.model.grammar``); at most one may be
+given. An EBNF grammar or a regex that does not parse is a 400 naming its field, here.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from actors.control.request import SamplingParams
-from actors.model.generation_config import GenerationConfig
-from deployment.openai.errors import APIError
-from deployment.openai.protocol import ChatRequest, CompletionRequest, StructuredOutputs
-from deployment.openai.tool_calls import tool_grammar
+from roundgate.actors.control.request import SamplingParams
+from roundgate.actors.model.generation_config import GenerationConfig
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.protocol import ChatRequest, CompletionRequest, StructuredOutputs
+from roundgate.deployment.openai.tool_calls import tool_grammar
 
 GenerateBody = CompletionRequest | ChatRequest
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from deployment.openai.choices import Choice, Delta, usage
-from deployment.openai.errors import APIError
-from deployment.openai.protocol import StreamOptions
+from roundgate.deployment.openai.choices import Choice, Delta, usage
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.protocol import StreamOptions
 
 
 def sse(obj: dict[str, Any]) -> str:

@@ -17,10 +17,10 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from deployment.ingress import Ingress
-from deployment.openai.chat import chat_options, chat_prompt_ids
-from deployment.openai.errors import APIError
-from deployment.openai.protocol import ChatMessage, ChatRequest, Int, check_tools, parse
+from roundgate.deployment.ingress import Ingress
+from roundgate.deployment.openai.chat import chat_options, chat_prompt_ids
+from roundgate.deployment.openai.errors import APIError
+from roundgate.deployment.openai.protocol import ChatMessage, ChatRequest, Int, check_tools, parse
 
 
 class TokenizeRequest(BaseModel):

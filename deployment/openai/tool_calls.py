@@ -18,7 +18,7 @@ import re
 import uuid
 from typing import Any
 
-from deployment.openai.errors import APIError
+from roundgate.deployment.openai.errors import APIError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)

@@ -1,6 +1,6 @@
 """The live KV-event channel: one hub actor between the ranks and every ingress replica's router.
 
-Ranks (``actors.replica.kv_sender``) send their per-round ``KvEventBatch``es to the hub, a
+Ranks (``roundgate.actors.replica.kv_sender``) send their per-round ``KvEventBatch``es to the hub, a
 few rounds at a time; the hub applies them to its own ``KvIndex`` (the ranks' truth, in each
 rank's order: one caller's calls to a plain actor run in order) and keeps the last
 ``max_batches`` in a bounded log under a hub-wide cursor. Each router polls with the cursor it
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.control.kv_events import HUB_NAME, HUB_NAMESPACE, KvEventBatch, KvSnapshot
-from routing.kv_index import KvIndex
+from roundgate.actors.control.kv_events import HUB_NAME, HUB_NAMESPACE, KvEventBatch, KvSnapshot
+from roundgate.routing.kv_index import KvIndex
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def hub_actor(namespace: str = HUB_NAMESPACE) -> Any:
     if not ray.is_initialized():
         return None
 
-    from actors.head_node import on_head_node
+    from roundgate.actors.head_node import on_head_node
 
     cls = ray.remote(num_cpus=0, max_concurrency=1)(KvEventLogBook)
     return cls.options(

@@ -21,11 +21,11 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from deployment.routing.kv_hub import KvPoll, hub_actor
-from routing import registry
-from routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
-from routing.decode_load import DecodeLoadPolicy
-from routing.kv_router import KvCostPolicy, KvRouterConfig
+from roundgate.deployment.routing.kv_hub import KvPoll, hub_actor
+from roundgate.routing import registry
+from roundgate.routing.cache_aware import CacheAwareConfig, CacheAwarePolicy
+from roundgate.routing.decode_load import DecodeLoadPolicy
+from roundgate.routing.kv_router import KvCostPolicy, KvRouterConfig
 
 logger = logging.getLogger("ray.serve")
 
@@ -187,8 +187,8 @@ class SkewedRouter(_RankRouter):
 
 class CacheAwareRouter(_RankRouter):
     """The replica whose rank holds the prompt's longest cached prefix, within load limits
-    (``routing.cache_aware``); replicas are indexed by replica id, so a replaced replica starts
-    empty. Calls that carry no prompt go to the least-loaded replica."""
+    (``roundgate.routing.cache_aware``); replicas are indexed by replica id, so a replaced replica
+    starts empty. Calls that carry no prompt go to the least-loaded replica."""
 
     def initialize_state(self, **config: Any) -> None:
         self.policy = CacheAwarePolicy(CacheAwareConfig(**config))
@@ -200,10 +200,10 @@ class CacheAwareRouter(_RankRouter):
 
 
 class KvAwareRouter(_RankRouter):
-    """The least-cost rank on what the ranks report holding (``routing.kv_router``;
+    """The least-cost rank on what the ranks report holding (``roundgate.routing.kv_router``;
     ``gate_aware`` adds the gate's term). The index is fed by polling the KV-event hub
-    (``deployment.routing.kv_hub``) every ``poll_interval_s``, in the background: a choice never
-    waits for the hub. Replicas are indexed by replica id, so a replaced replica starts empty;
+    (``roundgate.deployment.routing.kv_hub``) every ``poll_interval_s``, in the background: a choice
+    never waits for the hub. Replicas are indexed by replica id, so a replaced replica starts empty;
     calls that carry no prompt go to the least-loaded replica."""
 
     def initialize_state(self, poll_interval_s: float = 0.02, **config: Any) -> None:
@@ -274,7 +274,7 @@ class KvAwareRouter(_RankRouter):
 
 class DecodeLoadRouter(KvAwareRouter):
     """P/D's decode role under ``router: kv-aware``: the decode rank with the least decode
-    load the ranks report through the same hub (``routing.decode_load``: active KV
+    load the ranks report through the same hub (``roundgate.routing.decode_load``: active KV
     tokens + waiting handoffs' tokens + this router's unsettled sends), Serve's request counts
     while no candidate has reported."""
 

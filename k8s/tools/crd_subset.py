@@ -27,8 +27,8 @@ from typing import Any
 
 import yaml
 
-from k8s.tools.crd_schema import load_crd, served_schema
-from k8s.tools.render import render
+from roundgate.k8s.tools.crd_schema import load_crd, served_schema
+from roundgate.k8s.tools.render import render
 
 K8S = Path(__file__).resolve().parents[1]
 CRD_FILES = {

@@ -3,8 +3,8 @@
 ``ray.serve.schema.ServeDeploySchema`` ignores unknown keys, so ``num_replica:`` or
 ``import_pth:`` would deploy with the default silently. Here every key at every level is compared
 with the pydantic fields (and aliases) of the model that reads it, and the application ``args``
-(a free-form dict to Ray) are checked by what ``deployment.app:build_app`` validates them with,
-the pydantic ``deployment.config.AppArgs``.
+(a free-form dict to Ray) are checked by what ``roundgate.deployment.app:build_app`` validates them
+with, the pydantic ``roundgate.deployment.config.AppArgs``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from ray.serve.schema import ServeDeploySchema
 
-from actors.model.config import PRESETS
-from deployment.config import AppArgs  # the deployment's own args model decides
+from roundgate.actors.model.config import PRESETS
+from roundgate.deployment.config import AppArgs  # the deployment's own args model decides
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
@@ -54,7 +54,7 @@ def unknown_keys(data: Any, model: type[BaseModel], path: str) -> list[str]:
 
 
 def check_app_args(args: dict[str, Any], path: str) -> list[str]:
-    """Problems with one application's ``args`` for ``deployment.app:build_app``.
+    """Problems with one application's ``args`` for ``roundgate.deployment.app:build_app``.
 
     The model files live on the cluster's volumes, not here: a ``model`` path this machine
     cannot see is checked as a preset stands in for it (and ``max_model_len`` against nothing),

@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 import torch
 
-from kernels.attention.batch import AttentionBatch, PagedKVCache, build_attention_batch
-from kernels.attention.mla_torch import TorchMLAAttention
-from kernels.attention.torch_ref import TorchAttention
-from kernels.triton_env import check_triton_device
+from roundgate.kernels.attention.batch import AttentionBatch, PagedKVCache, build_attention_batch
+from roundgate.kernels.attention.mla_torch import TorchMLAAttention
+from roundgate.kernels.attention.torch_ref import TorchAttention
+from roundgate.kernels.triton_env import check_triton_device
 
 __all__ = [
     "AttentionBackend",
@@ -105,11 +105,11 @@ def select_attention_backend(
     """Build the backend ``resolve_attention_backend`` picks (shape args: FlashInfer only)."""
     chosen = resolve_attention_backend(name, device)
     if chosen == "flashinfer":
-        from kernels.attention.flashinfer_backend import FlashInferAttention
+        from roundgate.kernels.attention.flashinfer_backend import FlashInferAttention
 
         return FlashInferAttention(num_heads, num_kv_heads, head_dim, dtype, device)
     if chosen == "triton":
-        from kernels.attention.triton_backend import TritonAttention
+        from roundgate.kernels.attention.triton_backend import TritonAttention
 
         return TritonAttention()
     return TorchAttention()
@@ -125,7 +125,7 @@ def select_latent_attention_backend(name: str, device: torch.device | str) -> An
     """
     chosen = resolve_attention_backend(name, device)
     if name == "triton":
-        from kernels.attention.triton_backend import TritonMLAAttention
+        from roundgate.kernels.attention.triton_backend import TritonMLAAttention
 
         return TritonMLAAttention()
     if name != "auto" and chosen != "torch":

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kernels.attention.batch import AttentionBatch, PagedKVCache
+from roundgate.kernels.attention.batch import AttentionBatch, PagedKVCache
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.attention.batch import AttentionBatch, PagedKVCache
-from kernels.attention.torch_ref import TorchAttention, TorchAttentionState
+from roundgate.kernels.attention.batch import AttentionBatch, PagedKVCache
+from roundgate.kernels.attention.torch_ref import TorchAttention, TorchAttentionState
 
 
 class TorchMLAAttention(TorchAttention):

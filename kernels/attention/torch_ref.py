@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.attention.batch import AttentionBatch, PagedKVCache
+from roundgate.kernels.attention.batch import AttentionBatch, PagedKVCache
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attention.batch import AttentionBatch, PagedKVCache
-from kernels.attention.triton_decode import paged_decode
-from kernels.attention.triton_extend import paged_extend
-from kernels.attention.triton_mla import mla_absorbed
+from roundgate.kernels.attention.batch import AttentionBatch, PagedKVCache
+from roundgate.kernels.attention.triton_decode import paged_decode
+from roundgate.kernels.attention.triton_extend import paged_extend
+from roundgate.kernels.attention.triton_mla import mla_absorbed
 
 
 def is_all_decodes(batch: AttentionBatch) -> bool:

@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention.batch import AttentionBatch
-from kernels.triton_env import tile_width
+from roundgate.kernels.attention.batch import AttentionBatch
+from roundgate.kernels.triton_env import tile_width
 
 BLOCK_N = 64
 

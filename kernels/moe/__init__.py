@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from kernels.moe.base import Dispatched, MoEBackend, group_by_expert, run_experts
-from kernels.moe.local import LocalMoE
-from kernels.moe.placement import ExpertPlacement
-from kernels.moe.torch_a2a import TorchAllToAllMoE
-from kernels.triton_env import check_triton_device
+from roundgate.kernels.moe.base import Dispatched, MoEBackend, group_by_expert, run_experts
+from roundgate.kernels.moe.local import LocalMoE
+from roundgate.kernels.moe.placement import ExpertPlacement
+from roundgate.kernels.moe.torch_a2a import TorchAllToAllMoE
+from roundgate.kernels.triton_env import check_triton_device
 
 # ``run_experts``' signature: grouped rows, rows per local expert, w13, w2 -> unweighted rows.
 ExpertsKernel = Callable[[torch.Tensor, list[int], torch.Tensor, torch.Tensor], torch.Tensor]
@@ -90,7 +90,7 @@ def select_moe_backend(
     if chosen == "local":
         return LocalMoE(placement)
     if chosen == "deepep":
-        from kernels.moe.deepep import DeepEPMoE
+        from roundgate.kernels.moe.deepep import DeepEPMoE
 
         return DeepEPMoE(placement, group, hidden_size, max_dispatch_tokens_per_rank)
     return TorchAllToAllMoE(placement, group)
@@ -111,6 +111,6 @@ def select_experts_kernel(
     check_triton_device("--moe-kernel", torch.device(device).type)
     if not available("triton"):
         raise ValueError("--moe-kernel triton: the 'triton' package is not installed")
-    from kernels.moe.triton_experts import triton_run_experts
+    from roundgate.kernels.moe.triton_experts import triton_run_experts
 
     return triton_run_experts

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from kernels.moe.placement import ExpertPlacement
+from roundgate.kernels.moe.placement import ExpertPlacement
 
 
 @dataclass

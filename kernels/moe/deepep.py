@@ -2,8 +2,8 @@
 
 ``deep_ep`` is imported only when this backend is built (it needs CUDA and NVSHMEM); tests
 pass a fake module. The mode is a per-round group decision: ``low_latency`` comes from the
-gathered rows (``actors.control.executor.is_low_latency``), identical on every rank, so all ranks
-launch the same kernels. Low-latency kernels take a fixed per-rank token cap and skip the
+gathered rows (``roundgate.actors.control.executor.is_low_latency``), identical on every rank, so
+all ranks launch the same kernels. Low-latency kernels take a fixed per-rank token cap and skip the
 layout handshake, which is why a single extending rank (thousands of tokens) forces the
 whole group onto the normal legs for that round.
 
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from kernels.moe.base import Dispatched, group_by_expert
-from kernels.moe.placement import ExpertPlacement
+from roundgate.kernels.moe.base import Dispatched, group_by_expert
+from roundgate.kernels.moe.placement import ExpertPlacement
 
 NORMAL_NVL_BYTES = 1 << 30
 

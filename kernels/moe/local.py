@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.moe.base import Dispatched, group_by_expert
-from kernels.moe.placement import ExpertPlacement
+from roundgate.kernels.moe.base import Dispatched, group_by_expert
+from roundgate.kernels.moe.placement import ExpertPlacement
 
 
 @dataclass

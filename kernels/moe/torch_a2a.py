@@ -20,9 +20,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kernels.moe.base import Dispatched, group_by_expert
-from kernels.moe.local import weighted_scatter_add
-from kernels.moe.placement import ExpertPlacement
+from roundgate.kernels.moe.base import Dispatched, group_by_expert
+from roundgate.kernels.moe.local import weighted_scatter_add
+from roundgate.kernels.moe.placement import ExpertPlacement
 
 
 @dataclass

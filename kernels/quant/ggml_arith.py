@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from kernels.attention.batch import AttentionBatch, PagedKVCache
-from kernels.quant import build_library, cpu_supports_kernel
+from roundgate.kernels.attention.batch import AttentionBatch, PagedKVCache
+from roundgate.kernels.quant import build_library, cpu_supports_kernel
 
 _SOURCE = Path(__file__).with_name("ggml_arith.cpp")
 _CFLAGS = (

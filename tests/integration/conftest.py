@@ -18,8 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from tests.integration.helpers import BackgroundStream
+from helpers import BackgroundStream
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_PORT = int(os.environ.get("ROUNDGATE_TEST_PORT", "18765"))
@@ -53,14 +52,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
-    from deployment.local import start_local_cluster
+    from roundgate.deployment.local import start_local_cluster
 
     start_local_cluster(num_cpus=4)
     import ray
     from ray import serve
 
     yield
-    from deployment.local import shutdown
+    from roundgate.deployment.local import shutdown
 
     if ray.is_initialized():  # the multi-node module may have ended it already
         shutdown(serve, ray)
@@ -68,7 +67,7 @@ def ray_cluster() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def local_config() -> dict[str, Any]:
-    from deployment.local import load_config
+    from roundgate.deployment.local import load_config
 
     cfg = load_config(REPO / "deployment" / "configs" / "local.yaml")
     cfg["http_options"]["port"] = TEST_PORT
@@ -96,7 +95,7 @@ class Deployment:
     def deploy(self, **overrides: Any) -> None:
         from ray import serve
 
-        from deployment.local import deploy, wait_ready
+        from roundgate.deployment.local import deploy, wait_ready
 
         self.overrides = overrides
         deploy(self.cfg, overrides)
@@ -104,7 +103,7 @@ class Deployment:
         wait_ready(self.url)
 
     def rank_call(self, method: str, rank: int, timeout_s: float = 30.0) -> Any:
-        from actors.control.messages import RankTarget
+        from roundgate.actors.control.messages import RankTarget
 
         return getattr(self.ranks, method).remote(RankTarget(rank)).result(timeout_s=timeout_s)
 
@@ -135,7 +134,7 @@ def pd_app(real_model: Deployment) -> Any:
     once for every P/D module in place of the shared app, after the fused deployment answered
     the comparison's requests (``pd_deploy.replace_with_pd``). The modules using it run last
     (``pytest_collection_modifyitems``), so the fused app is not put back."""
-    from tests.integration.pd_deploy import replace_with_pd
+    from pd_deploy import replace_with_pd
 
     return replace_with_pd(real_model)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from sim.sessions import SESSION_WORKLOADS
+from roundgate.sim.sessions import SESSION_WORKLOADS
 
 MIB = 1 << 20
 COMPLETIONS = "/v1/completions"
@@ -199,8 +199,8 @@ def rank_prompt_tokens(url: str, group: str | None = None) -> dict[int, float]:
 
 def stream_tokens(ranks: Any, rank: int, prompt: list[int], max_tokens: int) -> list[int]:
     """Greedy tokens straight from one rank replica (no HTTP, no stop on EOS)."""
-    from actors.control.messages import GenerateRequest
-    from actors.control.request import SamplingParams
+    from roundgate.actors.control.messages import GenerateRequest
+    from roundgate.actors.control.request import SamplingParams
 
     message = GenerateRequest(
         request_id=f"direct-{rank}-{time.monotonic_ns()}",
@@ -247,7 +247,7 @@ def default_model_reference(model: str) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from actors.model.gguf_file import packaged_path
+    from roundgate.actors.model.gguf_file import packaged_path
 
     path = packaged_path(model)
     return AutoModelForCausalLM.from_pretrained(

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from tests.integration.helpers import sse_events, wait_for
+from helpers import sse_events, wait_for
 
 PD_YAML = Path(__file__).resolve().parents[2] / "deployment" / "configs" / "pd.yaml"
 
@@ -53,7 +52,7 @@ class PDApp:
 
 def pd_config(port: int, **args: Any) -> dict[str, Any]:
     """pd.yaml on ``port``; ``args`` replace top-level args (a role section merges)."""
-    from deployment.local import load_config
+    from roundgate.deployment.local import load_config
 
     cfg = load_config(PD_YAML)
     cfg["http_options"]["port"] = port
@@ -69,7 +68,7 @@ def pd_config(port: int, **args: Any) -> dict[str, Any]:
 def replace_with_pd(fused: Any) -> PDApp:
     """Record ``fused``'s answers (a conftest ``Deployment``), then serve pd.yaml as shipped
     in its place (same name and port) and wait until it answers."""
-    from deployment.local import deploy, wait_ready
+    from roundgate.deployment.local import deploy, wait_ready
 
     reference = run_all(fused.url)
     reference_seeded = seeded(fused.url)
@@ -126,7 +125,7 @@ def role_call(
     """``method`` on rank ``rank`` of ``role`` (``prefill`` or ``decode``)."""
     from ray import serve
 
-    from actors.control.messages import RankTarget
+    from roundgate.actors.control.messages import RankTarget
 
     handle = serve.get_deployment_handle(f"{role.capitalize()}Rank", app_name="roundgate")
     call = getattr(handle, method).remote(RankTarget(rank), *call_args)

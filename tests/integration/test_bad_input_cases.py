@@ -7,8 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from tests.integration.helpers import (
+from helpers import (
     COMPLETIONS,
     MIB,
     BackgroundStream,

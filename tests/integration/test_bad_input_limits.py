@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
-from tests.integration.helpers import (
+from helpers import (
     COMPLETIONS,
     MIB,
     check_error_body,
@@ -15,7 +14,7 @@ from tests.integration.helpers import (
 
 
 def test_api_key_is_required_when_set(redeploy) -> None:
-    from deployment.local import deploy
+    from roundgate.deployment.local import deploy
 
     # conftest's readiness probe sends no key, so deploy directly; ``redeploy`` restores the
     # default (keyless) app afterwards because overrides are set.

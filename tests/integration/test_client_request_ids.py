@@ -12,8 +12,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-
-from tests.integration.helpers import COMPLETIONS
+from helpers import COMPLETIONS
 
 SHARED_ID = "dup-1"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from helpers import BackgroundStream, complete, stream_tokens, wait_until
 
-from actors.engine import Engine, SamplingParams
-from actors.server_args import ServerArgs
-from tests.integration.helpers import BackgroundStream, complete, stream_tokens, wait_until
+from roundgate.actors.engine import Engine, SamplingParams
+from roundgate.actors.server_args import ServerArgs
 
 PROMPTS = [[72, 101, 108, 108, 111], list(range(30, 70)), [7] * 3, list(range(100, 230))]
 

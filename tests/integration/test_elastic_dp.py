@@ -20,11 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-
-from tests.integration.helpers import BackgroundStream, complete, wait_for
+from helpers import BackgroundStream, complete, wait_for
 
 if TYPE_CHECKING:
-    from tests.integration.conftest import Deployment
+    from integration.conftest import Deployment
 
 pytestmark = pytest.mark.integration
 

@@ -1,8 +1,8 @@
 """Killing a rank mid-request: every caller in flight gets its whole answer, resumed once the
-gang has restarted (``deployment.resume``: no error event in a stream that already started, a
-200 for a unary call), new requests are refused with 503 and ``Retry-After`` until the gang has
-restarted (a fresh process group), and then every rank answers again. ``/health`` answers 503
-soon after the kill (within Serve's health check and the ingress's cache of it) and 200 again
+gang has restarted (``roundgate.deployment.resume``: no error event in a stream that already
+started, a 200 for a unary call), new requests are refused with 503 and ``Retry-After`` until the
+gang has restarted (a fresh process group), and then every rank answers again. ``/health`` answers
+503 soon after the kill (within Serve's health check and the ingress's cache of it) and 200 again
 once the gang has re-formed.
 
 The test breaks the session's shared deployment on purpose, so it may run in any order: the
@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import ray
+from helpers import BackgroundStream, Unary, WaitTimeout, wait_for
 from ray.serve.exceptions import RayServeException
 
-from tests.integration.helpers import BackgroundStream, Unary, WaitTimeout, wait_for
-
 if TYPE_CHECKING:
-    from tests.integration.conftest import Deployment
+    from integration.conftest import Deployment
 
 # Deadlines for conditions, not expectations of speed: a restart takes ~10 s on the 2-core
 # box; these only bound how long a broken build takes to fail.
@@ -211,7 +210,7 @@ HEALTH_CODES = frozenset({"ranks_unhealthy", "group_restarting"})
 def health_deadline_s(app: Deployment) -> float:
     """How long after a rank dies /health may still answer 200: one of Serve's health
     checks (period plus timeout) and the ingress's cached reading of Serve's status."""
-    from deployment.ingress import HEALTH_CACHE_S
+    from roundgate.deployment.ingress import HEALTH_CACHE_S
 
     check_timeout_s = max(10.0, app.args["collective_timeout_s"])
     return SERVE_HEALTH_CHECK_PERIOD_S + check_timeout_s + HEALTH_CACHE_S + HEALTH_POLL_S

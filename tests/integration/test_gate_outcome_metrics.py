@@ -13,10 +13,10 @@ from collections import defaultdict
 from typing import Any
 
 import httpx
+from helpers import BackgroundStream, complete, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from gate.outcome import CLOSED, EMPTY, NO_DEMAND, OUTCOMES, PARTIAL
-from tests.integration.helpers import BackgroundStream, complete, wait_for
+from roundgate.gate.outcome import CLOSED, EMPTY, NO_DEMAND, OUTCOMES, PARTIAL
 
 GROUP_SERIES = (
     "roundgate_group_rounds_total",

@@ -17,8 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from tests.integration.helpers import COMPLETIONS, MIB, wait_until
+from helpers import COMPLETIONS, MIB, wait_until
 
 PLAIN = [
     {"prompt": [20 + i, 30, 40, 50], "max_tokens": 16, "temperature": 0, "logprobs": 2}

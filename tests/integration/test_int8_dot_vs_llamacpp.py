@@ -41,15 +41,15 @@ import numpy as np
 import pytest
 import torch
 
-from actors.control.request import SamplingParams
-from actors.engine import Engine
-from actors.model.generation_config import read_generation_config
-from actors.model.gguf_file import packaged_path
-from actors.model.runner import ModelRunner
-from actors.model.tokenizer import load_tokenizer, stop_token_ids
-from actors.server_args import ServerArgs
-from bench import ggml_ops
-from bench.llamacpp import (
+from roundgate.actors.control.request import SamplingParams
+from roundgate.actors.engine import Engine
+from roundgate.actors.model.generation_config import read_generation_config
+from roundgate.actors.model.gguf_file import packaged_path
+from roundgate.actors.model.runner import ModelRunner
+from roundgate.actors.model.tokenizer import load_tokenizer, stop_token_ids
+from roundgate.actors.server_args import ServerArgs
+from roundgate.bench import ggml_ops
+from roundgate.bench.llamacpp import (
     LLAMACPP_PYTHON,
     LLAMACPP_VENV,
     MODEL,
@@ -57,9 +57,9 @@ from bench.llamacpp import (
     PROMPTS,
     llamacpp_command,
 )
-from kernels import quant
-from kernels.attention import build_attention_batch
-from kernels.quant import FORMATS, BlockWeights, block_linear, ggml_arith
+from roundgate.kernels import quant
+from roundgate.kernels.attention import build_attention_batch
+from roundgate.kernels.quant import FORMATS, BlockWeights, block_linear, ggml_arith
 
 pytestmark = [
     pytest.mark.integration,

@@ -27,13 +27,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
+from helpers import SMALL_CHAT_SESSIONS, BackgroundStream, complete
 
-from actors.control.page_keys import PageKey, num_leading, page_keys
-from actors.telemetry.metrics import WAIT_ROUND_BUCKETS
-from bench.sessions import scrape_settled
-from deployment.routing.routers import STALE_AFTER_S
-from sim.sessions import Session, SessionPreset, SessionSpec, make_sessions
-from tests.integration.helpers import SMALL_CHAT_SESSIONS, BackgroundStream, complete
+from roundgate.actors.control.page_keys import PageKey, num_leading, page_keys
+from roundgate.actors.telemetry.metrics import WAIT_ROUND_BUCKETS
+from roundgate.bench.sessions import scrape_settled
+from roundgate.deployment.routing.routers import STALE_AFTER_S
+from roundgate.sim.sessions import Session, SessionPreset, SessionSpec, make_sessions
 
 # Session i belongs to group GROUPS[i]: groups {0, 3}, {1, 4} and {2}. Group mates are three
 # requests apart (odd: round-robin splits them; three: the kv-aware index has them).
@@ -178,7 +178,7 @@ def hits_arm(app: Any, seed: int, groups: Sequence[int] = GROUPS, **kwargs: Any)
 def hub_call(method: str) -> Any:
     import ray
 
-    from actors.control.kv_events import HUB_NAME, HUB_NAMESPACE
+    from roundgate.actors.control.kv_events import HUB_NAME, HUB_NAMESPACE
 
     hub = ray.get_actor(HUB_NAME, namespace=HUB_NAMESPACE)
     return ray.get(getattr(hub, method).remote(), timeout=30)

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from tests.integration.helpers import wait_until
+from helpers import wait_until
 
 NUM_CLIENTS = 64
 DURATION_S = 60.0

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = """
-from deployment.local import start_local_cluster
+from roundgate.deployment.local import start_local_cluster
 start_local_cluster(num_cpus=1)
 import ray
 print("cpus", ray.cluster_resources()["CPU"])

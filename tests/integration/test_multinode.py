@@ -31,9 +31,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from helpers import BackgroundStream, complete, wait_for
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.integration.helpers import BackgroundStream, complete, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +63,7 @@ class TwoNodes:
 
 @pytest.fixture(scope="module")
 def two_nodes() -> Iterator[TwoNodes]:
-    from deployment.local import use_loopback_env
+    from roundgate.deployment.local import use_loopback_env
 
     use_loopback_env()
     import ray
@@ -105,7 +104,7 @@ def two_nodes() -> Iterator[TwoNodes]:
 
 
 def config(**args: Any) -> dict[str, Any]:
-    from deployment.local import load_config
+    from roundgate.deployment.local import load_config
 
     cfg = load_config(REPO / "deployment" / "configs" / "local.yaml")
     cfg["http_options"]["port"] = PORT
@@ -114,7 +113,7 @@ def config(**args: Any) -> dict[str, Any]:
 
 
 def deploy(**args: Any) -> dict[str, Any]:
-    from deployment import local
+    from roundgate.deployment import local
 
     cfg = config(**args)
     local.deploy(cfg)
@@ -127,7 +126,7 @@ def rank_call(
 ) -> Any:
     from ray import serve
 
-    from actors.control.messages import RankTarget
+    from roundgate.actors.control.messages import RankTarget
 
     handle = serve.get_deployment_handle(deployment, app_name="roundgate")
     return getattr(handle, method).remote(RankTarget(rank, gang)).result(timeout_s=30)
@@ -161,7 +160,7 @@ def scrape() -> str:
 
 
 def test_pd_roles_on_two_nodes_move_kv_over_tcp(two_nodes: TwoNodes) -> None:
-    from deployment import local
+    from roundgate.deployment import local
 
     cfg = local.load_config(REPO / "deployment" / "configs" / "pd.yaml")
     cfg["http_options"]["port"] = PORT
@@ -193,7 +192,7 @@ def test_serve_address_joins_a_running_cluster(two_nodes: TwoNodes, tmp_path: Pa
     path = tmp_path / "joined.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "serve", "--config", str(path), "--address",
+        [sys.executable, "-m", "roundgate.cli.main", "serve", "--config", str(path), "--address",
          two_nodes.cluster.address],
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -309,7 +308,7 @@ def wait_two_whole_groups() -> dict[tuple[str, int], dict[str, Any]]:
 def test_two_groups_behind_two_ingress_replicas(two_nodes: TwoNodes) -> None:
     import ray
 
-    from actors.control.kv_events import HUB_NAME, HUB_NAMESPACE
+    from roundgate.actors.control.kv_events import HUB_NAME, HUB_NAMESPACE
 
     deploy(**TWO_GROUPS)
     seen = wait_two_whole_groups()
@@ -387,7 +386,7 @@ def test_every_rank_finds_a_new_metrics_hub_when_the_hub_dies(two_nodes: TwoNode
     No scrape meanwhile is a server error: a 200, or a 503 naming the hub."""
     import ray
 
-    from actors.telemetry.metrics_hub import HUB_NAME, HUB_NAMESPACE
+    from roundgate.actors.telemetry.metrics_hub import HUB_NAME, HUB_NAMESPACE
 
     seen = wait_two_whole_groups()
     ray.kill(ray.get_actor(HUB_NAME, namespace=HUB_NAMESPACE))

@@ -12,9 +12,9 @@ from typing import Any
 import openai
 import pytest
 
-from actors.engine import Engine, SamplingParams
-from actors.model.tokenizer import ByteTokenizer
-from actors.server_args import ServerArgs
+from roundgate.actors.engine import Engine, SamplingParams
+from roundgate.actors.model.tokenizer import ByteTokenizer
+from roundgate.actors.server_args import ServerArgs
 
 TOKENIZER = ByteTokenizer()
 EOS = TOKENIZER.eos_token_id

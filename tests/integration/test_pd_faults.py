@@ -14,9 +14,8 @@ import signal
 
 import httpx
 import pytest
-
-from tests.integration.helpers import BackgroundStream, complete, wait_for
-from tests.integration.pd_deploy import PDApp, pd_config, pools_settled, role_call
+from helpers import BackgroundStream, complete, wait_for
+from pd_deploy import PDApp, pd_config, pools_settled, role_call
 
 # The app that cannot start: its own name and route, so the shared P/D app serves on beside it.
 PEER_APP, PEER_ROUTE = "roundgate-peer-test", "/peer-test"
@@ -56,7 +55,7 @@ def test_a_peer_that_never_joins_is_a_startup_error_naming_it(pd_app: PDApp) -> 
     tiny preset and a 1 s join keep Serve's three start attempts short."""
     from ray import serve
 
-    from deployment.local import build
+    from roundgate.deployment.local import build
 
     cfg = pd_config(0, model="tiny-llama", collective_timeout_s=1, decode={"num_cpus_per_rank": 64})
     try:

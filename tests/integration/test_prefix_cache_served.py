@@ -15,12 +15,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from sim.sessions import SESSION_WORKLOADS
-from tests.integration.test_kv_routing_served import (
+from test_kv_routing_served import (
     affine_floor,
     hits_arm,
     round_robin_ceiling,
 )
+
+from roundgate.sim.sessions import SESSION_WORKLOADS
 
 MODEL = "smollm2-135m-instruct"
 PRESET = replace(

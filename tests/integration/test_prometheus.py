@@ -15,10 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import BackgroundStream, WaitTimeout, complete, wait_for
 
-from actors.replica.rendezvous import free_port
-from dashboards import queries
-from tests.integration.helpers import BackgroundStream, WaitTimeout, complete, wait_for
+from roundgate.actors.replica.rendezvous import free_port
+from roundgate.dashboards.build import queries
 
 pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None, reason="Debian package prometheus not installed"

@@ -2,7 +2,7 @@
 goes on to its end with no error and the text of an uninterrupted greedy run of its prompt.
 
 Today a dead rank restarts its whole gang (Ray Serve's gang policy), so the streams of both
-ranks resume once the fresh gang serves (``deployment.resume``: each unfinished stream is
+ranks resume once the fresh gang serves (``roundgate.deployment.resume``: each unfinished stream is
 resubmitted as a continuation of the tokens it already streamed). The test breaks the
 session's shared deployment on purpose and returns only once it serves on every rank again.
 """
@@ -16,12 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import httpx
-
-from tests.integration.helpers import BackgroundStream, wait_for
-from tests.integration.test_faults import RESTART_DEADLINE_S, wait_fresh_gang, wait_serving
+from helpers import BackgroundStream, wait_for
+from test_faults import RESTART_DEADLINE_S, wait_fresh_gang, wait_serving
 
 if TYPE_CHECKING:
-    from tests.integration.conftest import Deployment
+    from integration.conftest import Deployment
 
 STREAMS = 8
 # Long enough that every stream is still running when the rank dies (tiny preset on two

@@ -1,8 +1,8 @@
 """Property-based fuzzing of the running deployment from its own OpenAPI document.
 
 schemathesis reads ``/openapi.json`` (the request bodies are declared from the pydantic
-models, see ``deployment.openai.api.json_body``) and sends bodies that fit the schema and bodies
-that break it. No answer may be a 5xx, and every 4xx must carry the OpenAI error body.
+models, see ``roundgate.deployment.openai.api.json_body``) and sends bodies that fit the schema and
+bodies that break it. No answer may be a 5xx, and every 4xx must carry the OpenAI error body.
 
 Generation is real work on a 2-core CPU, so each case is capped before it is sent: at most
 4 new tokens and 4 prompts. That keeps the run near a minute without hiding a failure mode:
@@ -30,8 +30,8 @@ def load_schema() -> Any:
 
     Loaded at collection time: schemathesis' fixture-based loader does not run on pytest 9.
     """
-    import deployment.app  # noqa: F401  (registers the routes on ``api``)
-    from deployment.openai.api import api
+    import roundgate.deployment.app  # noqa: F401  (registers the routes on ``api``)
+    from roundgate.deployment.openai.api import api
 
     loaded = schemathesis.openapi.from_dict(api.openapi())
     loaded.config.generation.update(

@@ -14,9 +14,8 @@ import httpx
 import openai
 import pytest
 import torch
+from helpers import default_model_reference, served_client
 from pydantic import BaseModel, Field
-
-from tests.integration.helpers import default_model_reference, served_client
 
 MODEL = "smollm2-135m-instruct"
 ATOL = 1e-3

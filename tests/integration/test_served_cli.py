@@ -42,12 +42,12 @@ import httpx
 import psutil
 import pytest
 import yaml
+from helpers import BackgroundStream, complete, rank_prompt_tokens, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.main import main as roundgate
-from deployment.local import DEFAULT_CONFIG, load_config
-from kernels import quant
-from tests.integration.helpers import BackgroundStream, complete, rank_prompt_tokens, wait_for
+from roundgate.cli.main import main as roundgate
+from roundgate.deployment.local import DEFAULT_CONFIG, load_config
+from roundgate.kernels import quant
 
 READY = "roundgate ready on "
 SERVE_ARGS = {"gguf_weights": "int8-dot", "router": "skewed", "route_weights": [0, 1]}
@@ -215,7 +215,7 @@ class SideApp:
     def __init__(self, cfg: dict[str, Any], **overrides: Any) -> None:
         from ray import serve
 
-        from deployment.local import config_url, deploy, wait_ready
+        from roundgate.deployment.local import config_url, deploy, wait_ready
 
         cfg = copy.deepcopy(cfg)
         cfg["applications"][0].update(name=APP, route_prefix=f"/{APP}")
@@ -225,7 +225,7 @@ class SideApp:
         self.ranks = serve.get_deployment_handle("RankReplica", app_name=APP)
 
     def stats(self, rank: int) -> dict[str, Any]:
-        from actors.control.messages import RankTarget
+        from roundgate.actors.control.messages import RankTarget
 
         return self.ranks.stats_snapshot.remote(RankTarget(rank)).result(timeout_s=30)
 

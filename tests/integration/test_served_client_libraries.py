@@ -23,9 +23,8 @@ from typing import Any
 
 import openai
 import pytest
+from helpers import served_client
 from pydantic import BaseModel, Field
-
-from tests.integration.helpers import served_client
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENTS = Path(__file__).parent / "clients"

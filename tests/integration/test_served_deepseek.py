@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from family_models import build_family
+from helpers import complete, stream_tokens
 
-from actors.engine import Engine, SamplingParams
-from actors.server_args import ServerArgs
-from tests.family_models import build_family
-from tests.integration.helpers import complete, stream_tokens
+from roundgate.actors.engine import Engine, SamplingParams
+from roundgate.actors.server_args import ServerArgs
 
 PROMPTS = [[5, 7, 9], list(range(20, 37)), [250, 11, 42, 42, 7, 8]]
 TOKENS = 12

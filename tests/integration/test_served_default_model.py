@@ -14,10 +14,10 @@ from typing import Any
 import openai
 import pytest
 import torch
+from helpers import BackgroundStream
 
-from actors.control.messages import GenerateRequest, RankTarget
-from actors.control.request import SamplingParams
-from tests.integration.helpers import BackgroundStream
+from roundgate.actors.control.messages import GenerateRequest, RankTarget
+from roundgate.actors.control.request import SamplingParams
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a robot"]
@@ -37,7 +37,7 @@ def client(real: Any) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    from actors.model.tokenizer import load_tokenizer
+    from roundgate.actors.model.tokenizer import load_tokenizer
 
     return load_tokenizer(MODEL)
 
@@ -45,7 +45,7 @@ def tokenizer() -> Any:
 def test_greedy_completions_equal_transformers(client: openai.OpenAI, tokenizer: Any) -> None:
     from transformers import AutoModelForCausalLM
 
-    from actors.model.gguf_file import packaged_path
+    from roundgate.actors.model.gguf_file import packaged_path
 
     path = packaged_path(MODEL)
     reference = AutoModelForCausalLM.from_pretrained(

@@ -12,9 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
-
-from tests.integration.conftest import REAL_MODEL
-from tests.integration.helpers import COMPLETIONS, sse_events
+from helpers import COMPLETIONS, sse_events
+from integration.conftest import REAL_MODEL
 
 PLAIN = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
 

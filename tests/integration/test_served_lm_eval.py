@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from actors.model.gguf_file import packaged_path
+from roundgate.actors.model.gguf_file import packaged_path
 
 REPO = Path(__file__).resolve().parents[2]
 LM_EVAL = REPO / ".venv-lmeval" / "bin" / "lm_eval"

@@ -14,8 +14,7 @@ import httpx
 import openai
 import pytest
 import torch
-
-from tests.integration.helpers import default_model_reference, served_client
+from helpers import default_model_reference, served_client
 
 MODEL = "smollm2-135m-instruct"
 PROMPT = "The capital of France is"

@@ -13,10 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
-
-from actors.control.page_keys import page_keys
-from tests.integration.helpers import BackgroundStream, complete, wait_for
-from tests.integration.pd_deploy import (
+from helpers import BackgroundStream, complete, wait_for
+from pd_deploy import (
     CASES,
     GREEDY,
     PDApp,
@@ -27,6 +25,8 @@ from tests.integration.pd_deploy import (
     run_all,
     seeded,
 )
+
+from roundgate.actors.control.page_keys import page_keys
 
 
 def test_pd_answers_equal_the_fused_deployment(pd_app: PDApp) -> None:
@@ -87,7 +87,7 @@ NUM_SHORT = 4
 def hub_snapshots() -> list[Any]:
     import ray
 
-    from actors.control.kv_events import HUB_NAME, HUB_NAMESPACE
+    from roundgate.actors.control.kv_events import HUB_NAME, HUB_NAMESPACE
 
     hub = ray.get_actor(HUB_NAME, namespace=HUB_NAMESPACE)
     return ray.get(hub.snapshots.remote(), timeout=30)
@@ -120,7 +120,7 @@ def test_kv_aware_hands_each_request_to_the_decode_rank_with_less_to_decode(
     they received. The short prompts share two pages, which the prefill rank reuses."""
     import random
 
-    from deployment.local import deploy, wait_ready
+    from roundgate.deployment.local import deploy, wait_ready
 
     url = pd_app.url
     port = int(url.rsplit(":", 1)[1])

@@ -22,10 +22,10 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers import BackgroundStream, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from gate import registry
-from tests.integration.helpers import BackgroundStream, wait_for
+from roundgate.gate import registry
 
 RANKS = (0, 1)
 MAX_TOKENS = 2
@@ -70,7 +70,7 @@ def deploy_policy(app: Any, name: str) -> None:
     """Redeploy with ``name`` selected, ready once ``/health`` answers 200."""
     from ray import serve
 
-    from deployment.local import deploy
+    from roundgate.deployment.local import deploy
 
     app.overrides = policy_overrides(name)
     deploy(app.cfg, app.overrides)

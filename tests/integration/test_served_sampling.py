@@ -29,10 +29,9 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from helpers import default_model_reference
+from test_default_model_sampling import FrequencyPresence
 from transformers import RepetitionPenaltyLogitsProcessor
-
-from tests.integration.helpers import default_model_reference
-from tests.test_default_model_sampling import FrequencyPresence
 
 MODEL = "smollm2-135m-instruct"
 PROMPT = "The capital of France is"

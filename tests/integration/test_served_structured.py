@@ -11,8 +11,7 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-
-from tests.integration.helpers import served_client
+from helpers import served_client
 
 MODEL = "smollm2-135m-instruct"
 SCHEMAS = [

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actors.model.config import ModelConfig, read_json_object
-from actors.model.families import deepseek, llama, qwen2, qwen3, qwen_moe
-from actors.model.families.fields import FieldReader, common_fields
+from roundgate.actors.model.config import ModelConfig, read_json_object
+from roundgate.actors.model.families import deepseek, llama, qwen2, qwen3, qwen_moe
+from roundgate.actors.model.families.fields import FieldReader, common_fields
 
 ARCHITECTURES: dict[str, Callable[[FieldReader, dict[str, Any]], dict[str, Any]]] = {
     "LlamaForCausalLM": llama.read_llama,

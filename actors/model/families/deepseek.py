@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.model.config_parts import MLAConfig, RouterConfig
-from actors.model.families.fields import FieldReader
+from roundgate.actors.model.config_parts import MLAConfig, RouterConfig
+from roundgate.actors.model.families.fields import FieldReader
 
 
 def _mla(reader: FieldReader, interleave: bool) -> MLAConfig:

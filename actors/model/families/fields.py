@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.model.config_parts import RopeScaling
+from roundgate.actors.model.config_parts import RopeScaling
 
 
 class FieldReader:

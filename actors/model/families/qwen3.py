@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.model.families.fields import FieldReader, refuse_sliding_window
+from roundgate.actors.model.families.fields import FieldReader, refuse_sliding_window
 
 
 def read_config(reader: FieldReader, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.model.config_parts import RouterConfig
-from actors.model.families.fields import FieldReader, refuse_sliding_window
+from roundgate.actors.model.config_parts import RouterConfig
+from roundgate.actors.model.families.fields import FieldReader, refuse_sliding_window
 
 
 def _sparse_fields(reader: FieldReader, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from k8s.tools.nccl_tests import check_fabric, parse
+from roundgate.k8s.tools.nccl_tests import check_fabric, parse
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from nccl_log.result import NcclTestsResult
+from roundgate.nccl_log.result import NcclTestsResult
 
 SMALL_MAX_BYTES = 4096  # sizes up to this count as "small" for the latency figure
 

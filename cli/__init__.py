@@ -1,1 +1,0 @@
-"""The `roundgate` command line: one entry point over serve, simulate, tune, calibrate and bench."""

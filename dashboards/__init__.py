@@ -1,5 +1,0 @@
-"""Grafana dashboards as code (grafana-foundation-sdk) and their generated JSON."""
-
-from dashboards.build import queries
-
-__all__ = ["queries"]

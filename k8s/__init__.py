@@ -1,1 +1,0 @@
-"""Offline tooling for the KubeRay manifests: render, validate, generate (no kubectl here)."""
