@@ -3,7 +3,8 @@
 ``--model`` may name a ``.gguf`` file, a directory holding exactly one, or a packaged preset
 (``smollm2-135m-instruct``). The ``gguf`` package reads the metadata, imported only when a
 file is read. This module imports no torch and no numpy itself: ``ServerArgs`` resolves the
-model in the control plane. The tensors are read by ``gguf_source.GGUFSource``.
+model in the control plane. The header is read by ``gguf_header`` (stdlib only); the tensors
+by ``gguf_source.GGUFSource``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from roundgate.actors.model.config import ModelConfig
+from roundgate.actors.model.gguf_header import GGUFHeader
 
 # Architectures whose GGUF layout this loader maps onto our model code.
 ARCHITECTURES = ("llama",)
@@ -57,29 +59,23 @@ def find_gguf(model: str) -> Path | None:
 
 
 @functools.lru_cache(maxsize=4)
-def gguf_reader(path: Path) -> Any:
-    """The parsed file (memory-mapped): parsing its metadata takes seconds (49k tokens), and a
-    process reads it for the config and again for the tensors."""
-    import gguf
-
-    try:
-        return gguf.GGUFReader(str(path))
-    except Exception as exc:  # gguf raises plain ValueError/struct errors on a bad file
-        raise ValueError(f"{path}: not a readable GGUF file ({exc})") from exc
+def read_header(path: Path) -> GGUFHeader:
+    """The file's parsed header (memory-mapped; ``gguf_header`` says why not the ``gguf``
+    package's reader): a process reads it for the config and again for the tensors."""
+    return GGUFHeader(path)
 
 
-def _field(reader: Any, key: str, default: Any = ..., path: Path | None = None) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
+def _field(header: GGUFHeader, key: str, default: Any = ..., path: Path | None = None) -> Any:
+    if key not in header.fields:
         if default is ...:
             raise ValueError(f"{path}: GGUF metadata {key!r} is missing")
         return default
-    return field.contents()
+    return header.get(key)
 
 
 def read_config(path: Path) -> ModelConfig:
     """The model's shape from GGUF metadata; an unsupported architecture is named."""
-    reader = gguf_reader(path)
+    reader = read_header(path)
     arch = _field(reader, "general.architecture", path=path)
     if arch not in ARCHITECTURES:
         raise ValueError(
@@ -89,8 +85,8 @@ def read_config(path: Path) -> ModelConfig:
     names = {t.name for t in reader.tensors}
     heads = int(_field(reader, f"{arch}.attention.head_count", path=path))
     hidden = int(_field(reader, f"{arch}.embedding_length", path=path))
-    tokens = _field(reader, "tokenizer.ggml.tokens", None)
-    vocab = _field(reader, f"{arch}.vocab_size", None) or (len(tokens) if tokens else None)
+    tokens = reader.array_length("tokenizer.ggml.tokens")
+    vocab = _field(reader, f"{arch}.vocab_size", None) or tokens or None
     if vocab is None:
         raise ValueError(f"{path}: GGUF metadata has neither {arch}.vocab_size nor tokens")
     eos = _field(reader, "tokenizer.ggml.eos_token_id", None)

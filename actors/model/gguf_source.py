@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from roundgate.actors.model.config import ModelConfig
-from roundgate.actors.model.gguf_file import gguf_reader
+from roundgate.actors.model.gguf_file import read_header
 
 # GGUF tensor name (per layer ``blk.{i}.``) -> HF parameter name.
 _LAYER_NAMES = {
@@ -52,8 +52,8 @@ class GGUFSource:
     def __init__(self, path: Path, config: ModelConfig) -> None:
         self.path = path
         self.config = config
-        reader = gguf_reader(path)
-        self._tensors = {t.name: t for t in reader.tensors}
+        header = read_header(path)
+        self._tensors = {t.name: header.tensor(t) for t in header.tensors}
         self._gguf_of = dict(self._names(config))
 
     @staticmethod
