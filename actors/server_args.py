@@ -1,19 +1,24 @@
 """Engine configuration: one frozen dataclass, validated once where it is built.
 
 A ``ServerArgs`` that exists is valid: ``__init__`` validates, and nothing can change it
-afterwards (``replace`` builds a new, validated copy). Each process builds it once from the
-flat dict ``to_dict`` sends (``build_app``, the ingress, every rank), so each process boundary
-validates exactly once. The prefill policy's flags are not fields: the policy registry
-declares them, and they live in ``policy_flags`` as given. Code reads them typed, through the
-selected policy's frozen config (``policy_config``, ``policy_config_as``) or ``prefill_delay``.
+afterwards (``replace`` builds a new, validated copy). It is validated once, in the process
+that builds it (``build_app``, a CLI, a test), and crosses process boundaries as itself:
+unpickling restores the validated fields and what was derived from them (the model's config,
+the policy's config) without validating or reading the model from disk again. The prefill
+policy's flags are not fields: the policy registry declares them, and they live in
+``policy_flags`` as given. Code reads them typed, through the selected policy's frozen config
+(``policy_config``, ``policy_config_as``) or ``prefill_delay``.
+
+The fields are the flag table: each one's metadata carries its help, its choices and whether
+it must be a positive integer; the command line (``roundgate.cli.engine_flags``) and the
+serve config's keys (``engine_arg_names``) are derived from it.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -25,7 +30,7 @@ from roundgate.actors.model.resolve import resolve_model_config
 from roundgate.gate import registry
 from roundgate.gate.delay import PrefillDelay
 from roundgate.gate.policy import PrefillPolicy
-from roundgate.gate.spec import PolicyContext, annotation_type
+from roundgate.gate.spec import PolicyContext
 from roundgate.kernels.triton_env import check_triton_device
 
 
@@ -63,6 +68,8 @@ _NULL = "null"
 # The role's: its values, and ``null`` for the fused role (command lines and serve configs).
 DISAGGREGATION_MODES = (*(role.value for role in DisaggregationRole), _NULL)
 DEVICES = ("auto", "cpu", "cuda")
+# (To be read from the kernels' registries, ``roundgate.kernels.attention.registry`` and
+# ``roundgate.kernels.moe.registry``, once they exist: adding a backend is then one file.)
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 MOE_BACKENDS = ("auto", "local", "torch", "deepep")
 MOE_KERNELS = ("torch", "triton")
@@ -86,7 +93,9 @@ class ServerArgs:
     """Every engine flag; ``ServerArgs(**flat)`` accepts the policy flags as keywords too."""
 
     model: str = _flag(
-        "preset name (tiny-llama, tiny-moe) or a local HF model directory", "tiny-moe"
+        "a preset name (tiny-llama, tiny-moe, smollm2-135m-instruct), a local Hugging Face "
+        "model directory, or a GGUF file (or a directory holding one)",
+        "tiny-moe",
     )
     dp_size: int = _flag("attention data-parallel ranks in one group", 1, positive=True)
     max_num_seqs: int = _flag(
@@ -191,9 +200,25 @@ class ServerArgs:
         object.__setattr__(self, "policy_flags", MappingProxyType(given))
         self._validate()
 
-    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
-        """Pickled as its flat dict: the receiving process rebuilds (and validates) it."""
-        return _rebuild, (self.to_dict(),)
+    @classmethod
+    def of(cls, value: ServerArgs | Mapping[str, Any]) -> ServerArgs:
+        """``value`` itself when it is a ``ServerArgs`` (already valid), else one built (and
+        validated) from a flat dict such as a serve config's engine keys."""
+        return value if isinstance(value, ServerArgs) else cls(**value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Every field, the derived ones included (the read-only ``policy_flags`` view as a
+        plain dict): what ``__setstate__`` needs to restore it without validating."""
+        state = dict(self.__dict__)
+        state["policy_flags"] = dict(self.policy_flags)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled as it was pickled: valid already, so neither validated again nor the
+        model's config read again from disk in the receiving process."""
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "policy_flags", MappingProxyType(dict(state["policy_flags"])))
 
     # ---- validation (once per construction) ---------------------------------------------
 
@@ -202,7 +227,7 @@ class ServerArgs:
         for name in _POSITIVE:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
-                raise ValueError(f"{_cli(name)} must be a positive integer, got {value!r}")
+                raise ValueError(f"{flag_name(name)} must be a positive integer, got {value!r}")
         for flag, value in (
             ("--collective-timeout-s", self.collective_timeout_s),
             ("--max-grammar-compile-s", self.max_grammar_compile_s),
@@ -213,9 +238,10 @@ class ServerArgs:
         role = DisaggregationRole.parse(self.disaggregation_mode)
         object.__setattr__(self, "disaggregation_mode", role)
         for name, choices in _CHOICES.items():
-            if getattr(self, name) not in choices:
+            value = getattr(self, name)
+            if value not in choices:
                 raise ValueError(
-                    f"{_cli(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}"
+                    f"{flag_name(name)} must be one of {', '.join(choices)}, got {value!r}"
                 )
         if self.device == "cpu":  # auto may still find CUDA on the rank: the runner checks
             if self.attention_backend == "triton":
@@ -318,83 +344,17 @@ class ServerArgs:
         values = {name: getattr(self, name) for name in CORE_FIELDS}
         return values | dict(self.policy_flags)
 
-    # ---- the command line ---------------------------------------------------------------
 
-    @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        """One ``--flag`` per field and per registered policy flag."""
-        for f in _flag_fields():
-            flag, help_text = _cli(f.name), f.metadata["help"]
-            if f.type in ("bool", bool):
-                parser.add_argument(
-                    flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
-                )
-                continue
-            choices = registry.names() if f.name == "prefill_policy" else _CHOICES.get(f.name)
-            parser.add_argument(
-                flag,
-                type=annotation_type(f.type),
-                default=f.default,
-                choices=choices,
-                help=help_text,
-            )
-        for flag, owner in registry.all_flags().values():
-            default = "required" if flag.required else f"default {flag.default}"
-            parser.add_argument(
-                flag.cli,
-                type=flag.kind,
-                default=None,
-                help=f"{flag.help} (--prefill-policy {owner}; {default})",
-            )
-
-    @classmethod
-    def from_namespace(cls, ns: argparse.Namespace) -> ServerArgs:
-        """Build from parsed CLI args (unset policy flags stay unset)."""
-        names = (*CORE_FIELDS, *registry.all_flags())
-        return cls(**{name: getattr(ns, name) for name in names if hasattr(ns, name)})
-
-    @classmethod
-    def from_cli(cls, argv: Sequence[str] | None = None) -> ServerArgs:
-        """Parse ``argv``; an invalid value exits with an argparse error naming the flag."""
-        parser = argparse.ArgumentParser(
-            prog="roundgate",
-            description="roundgate engine arguments",
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        )
-        cls.add_cli_args(parser)
-        ns = parser.parse_args(argv)
-        try:
-            return cls.from_namespace(ns)
-        except ValueError as exc:
-            parser.error(str(exc))
-            raise  # unreachable: parser.error exits
-
-    def to_cli(self) -> list[str]:
-        """The argv that ``from_cli`` turns back into an equal ServerArgs."""
-        argv: list[str] = []
-        for name, value in self.to_dict().items():
-            if value is None:
-                continue
-            if isinstance(value, bool):
-                argv.append(_cli(name) if value else "--no-" + _cli(name)[2:])
-            else:
-                argv += [_cli(name), str(value)]
-        return argv
-
-
-def _flag_fields() -> tuple[dataclasses.Field[Any], ...]:
-    """The fields that are flags: neither ``policy_flags`` nor a derived field."""
+def flag_fields() -> tuple[dataclasses.Field[Any], ...]:
+    """The flag table: the fields that are flags (neither ``policy_flags`` nor a derived
+    field), each with ``help``, ``choices`` and ``positive`` in its metadata."""
     return tuple(f for f in dataclasses.fields(ServerArgs) if f.init and f.name != "policy_flags")
 
 
-CORE_FIELDS = tuple(f.name for f in _flag_fields())
-_DEFAULTS = {f.name: f.default for f in _flag_fields()}
-_CHOICES = {f.name: f.metadata["choices"] for f in _flag_fields() if f.metadata["choices"]}
-_POSITIVE = tuple(f.name for f in _flag_fields() if f.metadata["positive"])
-
-
-def _rebuild(values: dict[str, Any]) -> ServerArgs:
-    return ServerArgs(**values)
+CORE_FIELDS = tuple(f.name for f in flag_fields())
+_DEFAULTS = {f.name: f.default for f in flag_fields()}
+_CHOICES = {f.name: f.metadata["choices"] for f in flag_fields() if f.metadata["choices"]}
+_POSITIVE = tuple(f.name for f in flag_fields() if f.metadata["positive"])
 
 
 def engine_arg_names() -> tuple[str, ...]:
@@ -406,5 +366,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _cli(name: str) -> str:
+def flag_name(name: str) -> str:
+    """A field's command-line spelling: ``dp_size`` -> ``--dp-size``."""
     return "--" + name.replace("_", "-")

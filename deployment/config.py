@@ -27,7 +27,10 @@ def _annotation(option: Option) -> Any:
 def _router_fields() -> dict[str, Any]:
     """``router`` (the serve choices) and every setting of a router Serve runs, each with its
     default, bound and help as the router module declares them (``roundgate.routing.registry``)."""
-    fields: dict[str, Any] = {"router": (Literal[registry.names("serve")], registry.DEFAULT)}
+    router = Field(
+        registry.DEFAULT, description="where the ingress sends each request (docs/routing.md)"
+    )
+    fields: dict[str, Any] = {"router": (Literal[registry.names("serve")], router)}
     for option in registry.options("serve"):
         field = Field(option.default, ge=option.minimum, description=option.help)
         fields[option.name] = (_annotation(option), field)
@@ -60,7 +63,9 @@ class AppArgs(RouterArgs):
         description="bearer key, or several (any one is accepted, as vLLM's --api-key); "
         "default $ROUNDGATE_API_KEY",
     )
-    max_request_bytes: int = Field(1 << 20, ge=1024)
+    max_request_bytes: int = Field(
+        1 << 20, ge=1024, description="largest request body, bytes (413 past it)"
+    )
     max_logprobs: int = Field(
         DEFAULT_MAX_LOGPROBS,
         ge=-1,
@@ -71,17 +76,28 @@ class AppArgs(RouterArgs):
         256, ge=1, description="prompts one completion request may batch (400 past it)"
     )
     # Structured-output grammars past these are a 400 at the ingress (grammar_limits.py).
-    max_grammar_bytes: int = Field(_GRAMMAR.max_grammar_bytes, ge=1)
+    max_grammar_bytes: int = Field(
+        _GRAMMAR.max_grammar_bytes, ge=1, description="bytes of a structured-output grammar"
+    )
     max_grammar_properties: int = Field(
         _GRAMMAR.max_grammar_properties, ge=1, description="JSON schema object properties"
     )
     max_grammar_depth: int = Field(
         _GRAMMAR.max_grammar_depth, ge=1, description="JSON nesting levels of a schema"
     )
-    max_grammar_regex_chars: int = Field(_GRAMMAR.max_grammar_regex_chars, ge=1)
-    max_grammar_ebnf_chars: int = Field(_GRAMMAR.max_grammar_ebnf_chars, ge=1)
-    num_cpus_per_rank: float = Field(1.0, gt=0)
-    num_gpus_per_rank: float = Field(0.0, ge=0)
+    max_grammar_regex_chars: int = Field(
+        _GRAMMAR.max_grammar_regex_chars, ge=1, description="characters of a regex grammar"
+    )
+    max_grammar_ebnf_chars: int = Field(
+        _GRAMMAR.max_grammar_ebnf_chars, ge=1, description="characters of an EBNF grammar"
+    )
+    num_cpus_per_rank: float = Field(1.0, gt=0, description="CPUs Ray reserves per rank")
+    num_gpus_per_rank: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs Ray reserves per rank (a rank given none sees none; roundgate "
+        "serve's --device cuda sets 1 when neither the config nor a flag sets it)",
+    )
     resources_per_rank: dict[str, float] = Field(
         default_factory=dict,
         description="Ray custom resources each rank needs (a node label such as "
@@ -92,8 +108,10 @@ class AppArgs(RouterArgs):
         description="where a group's ranks go: pack (as few nodes as fit, NVLink-close) or "
         "spread (one rank a node where possible: a node's loss costs each group one rank)",
     )
-    max_ongoing_requests: int = Field(1024, ge=1)
-    ingress_replicas: int = Field(1, ge=1)
+    max_ongoing_requests: int = Field(
+        1024, ge=1, description="requests one replica (ingress or rank) holds at once"
+    )
+    ingress_replicas: int = Field(1, ge=1, description="OpenAI front-door replicas")
     ingress_resources: dict[str, float] = Field(
         default_factory=dict,
         description="Ray custom resources each ingress replica needs (e.g. {head: 0.01} keeps "
@@ -114,6 +132,13 @@ class AppArgs(RouterArgs):
     _server_args: ServerArgs | None = PrivateAttr(default=None)
     _role_args: dict[str, ServerArgs] = PrivateAttr(default_factory=dict)
     _role_routers: dict[str, str] = PrivateAttr(default_factory=dict)  # P/D: role -> router
+
+    @classmethod
+    def of(cls, value: AppArgs | dict[str, Any]) -> AppArgs:
+        """``value`` itself when it is an ``AppArgs`` (validated already, in this process or
+        before it was pickled to this one), else validated from a dict (a serve config's
+        ``args``): a deployment validates once, where ``build_app`` is called."""
+        return value if isinstance(value, AppArgs) else cls.model_validate(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -266,9 +291,10 @@ class AppArgs(RouterArgs):
         return self.model_name or os.path.basename(str(self.engine.get("model", "tiny-moe")))
 
     def ingress_args(self) -> dict[str, Any]:
-        """These args as the ingress replica validates them again: only what was given, so a
-        default is not read as a choice there (a P/D deployment refuses an explicit fused
-        router, and ``router``'s default is one)."""
+        """These args as a dict the ingress replica would validate again: only what was
+        given, so a default is not read as a choice there (a P/D deployment refuses an
+        explicit fused router, and ``router``'s default is one). Binding the ``AppArgs``
+        itself (``AppArgs.of`` on the other side) validates nothing again."""
         return self.model_dump(exclude_unset=True)
 
     def router_values(self) -> dict[str, Any]:
@@ -293,14 +319,18 @@ class AppArgs(RouterArgs):
         kv-aware's reported pools), the decode rank with the least load."""
         return self._router_kwargs(self.pd_router(role), self.role_args(role))
 
-    def rank_flags(self, role: str | None = None) -> dict[str, Any]:
-        """The engine flags a rank replica is bound with (fused: ``role`` None; P/D: its
-        role's), with ``publish_kv_events`` on when a kv router reads what the ranks hold."""
+    def rank_args(self, role: str | None = None) -> ServerArgs:
+        """The ``ServerArgs`` a rank replica is bound with (fused: ``role`` None; P/D: its
+        role's), with ``publish_kv_events`` on when a kv router reads what the ranks hold. The
+        object itself crosses to the rank's process (``ServerArgs.of`` there: no validation)."""
         engine = self.server_args() if role is None else self.role_args(role)
-        flags = engine.to_dict()
-        if self.publishes_kv_events:
-            flags["publish_kv_events"] = True
-        return flags
+        if self.publishes_kv_events and not engine.publish_kv_events:
+            engine = engine.replace(publish_kv_events=True)
+        return engine
+
+    def rank_flags(self, role: str | None = None) -> dict[str, Any]:
+        """``rank_args`` as a flat dict (what a rank replica validates again)."""
+        return self.rank_args(role).to_dict()
 
     @property
     def publishes_kv_events(self) -> bool:

@@ -1,22 +1,30 @@
 """``roundgate serve``: a local Ray cluster on loopback running a ``serve run`` config.
 
-Sets the environment that keeps every Ray socket on 127.0.0.1 before Ray is imported, deploys
-the config's application, prints a ready line, and on Ctrl-C / SIGTERM shuts Serve and Ray
-down so no process is left behind.
+Merges the command line's overrides into the config's args (``apply_overrides``), validates
+them once (``app_args``: an ``AppArgs``, the engine's ``ServerArgs`` inside it), sets the
+environment that keeps every Ray socket on 127.0.0.1 before Ray is imported, deploys the
+application built from that validated object, prints a ready line, and on Ctrl-C / SIGTERM
+shuts Serve and Ray down so no process is left behind.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+from roundgate.gate import registry
+
+if TYPE_CHECKING:  # pydantic and the engine's imports are only needed once args are validated
+    from roundgate.deployment.config import AppArgs
 
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
@@ -74,16 +82,79 @@ def join_cluster(address: str) -> None:
     ray.init(address=address, configure_logging=True, logging_level="WARNING")
 
 
-def build(cfg: dict[str, Any], overrides: dict[str, Any] | None = None) -> Any:
-    """The config's application, its args validated (``build_app``); needs no cluster."""
+def apply_overrides(cfg: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``cfg`` whose application args take ``overrides`` (engine and app keys, by
+    name, as ``roundgate serve``'s flags give them); ``cfg`` is left as it was.
+
+    Two keys bring along what they imply, so that a flag never fights the file:
+
+    - a prefill policy the overrides select (``prefill_policy``, or the policy whose flags
+      they give) drops the file's flags of other policies, and the file's ``prefill_policy``
+      when the overrides' flags imply theirs;
+    - ``device: cuda`` with no GPU reserved per rank, by the file or the overrides, reserves
+      one (``num_gpus_per_rank: 1``): a rank Ray gives no GPU sees none.
+
+    >>> cfg = {"applications": [{"args": {"dp_size": 2, "prefill_attempt_interval": 4}}]}
+    >>> apply_overrides(cfg, {"prefill_policy": "none"})["applications"][0]["args"]
+    {'dp_size': 2, 'prefill_policy': 'none'}
+    """
+    out = copy.deepcopy(cfg)
+    args = out["applications"][0]["args"]
+    policy = _selected_policy(overrides)
+    if policy is not None:
+        _drop_other_policies(args, policy, keep_named="prefill_policy" in overrides)
+        if isinstance(args.get("engine"), dict):
+            _drop_other_policies(args["engine"], policy, keep_named="prefill_policy" in overrides)
+    args.update(overrides)
+    if overrides.get("device") == "cuda" and not _gpus_reserved(args):
+        args["num_gpus_per_rank"] = 1
+    return out
+
+
+def _selected_policy(overrides: Mapping[str, Any]) -> str | None:
+    """The prefill policy ``overrides`` select: named, else the owner of a policy flag given."""
+    if overrides.get("prefill_policy") is not None:
+        return str(overrides["prefill_policy"])
+    owners = registry.all_flags()
+    given = [owners[name][1] for name, v in overrides.items() if name in owners and v is not None]
+    return given[0] if given else None
+
+
+def _drop_other_policies(args: dict[str, Any], policy: str, keep_named: bool) -> None:
+    owners = registry.all_flags()
+    for name in [n for n in args if n in owners and owners[n][1] != policy]:
+        del args[name]
+    if not keep_named and args.get("prefill_policy") not in (None, policy):
+        del args["prefill_policy"]
+
+
+def _gpus_reserved(args: Mapping[str, Any]) -> bool:
+    if args.get("num_gpus_per_rank"):
+        return True
+    sections = [args.get(role) for role in ("prefill", "decode")]
+    return any(isinstance(s, dict) and s.get("num_gpus_per_rank") for s in sections)
+
+
+def app_args(cfg: dict[str, Any], overrides: Mapping[str, Any] | None = None) -> AppArgs:
+    """The config's application args with ``overrides``, validated once (``AppArgs``, its
+    ``ServerArgs`` inside): what ``build_app`` takes as is. Needs no cluster."""
+    from roundgate.deployment.config import AppArgs
+
+    merged = apply_overrides(cfg, overrides or {})
+    return AppArgs.model_validate(merged["applications"][0]["args"])
+
+
+def build(cfg: dict[str, Any], overrides: Mapping[str, Any] | None = None) -> Any:
+    """The config's application, its args validated once (``app_args``); needs no cluster."""
+    args = app_args(cfg, overrides)  # refused (naming the flag) before Ray is imported
     from roundgate.deployment.app import build_app
 
-    return build_app({**cfg["applications"][0]["args"], **(overrides or {})})
+    return build_app(args)
 
 
 def deploy(
     cfg: dict[str, Any],
-    overrides: dict[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
     blocking: bool = False,
     app: Any = None,
 ):
@@ -174,11 +245,11 @@ def shutdown(serve: Any, ray: Any, timeout_s: float = 20.0) -> None:
 
 
 def serve_forever(
-    config: Path, overrides: dict[str, Any] | None = None, address: str | None = None
+    config: Path, overrides: Mapping[str, Any] | None = None, address: str | None = None
 ) -> int:
-    """Deploy ``config`` and serve until a signal. ``address``: on that running cluster
-    (stopping removes only this application and leaves the cluster up); else on a local
-    cluster started here and shut down after."""
+    """Deploy ``config`` with ``overrides`` (``apply_overrides``) and serve until a signal.
+    ``address``: on that running cluster (stopping removes only this application and leaves
+    the cluster up); else on a local cluster started here and shut down after."""
     cfg = load_config(config)
     use_loopback_env()
     app = build(cfg, overrides)  # every refusal before any cluster starts

@@ -8,6 +8,7 @@ import itertools
 import pytest
 from sim_builders import make_spec, simulate
 
+from roundgate.cli.engine_flags import parse_server_args
 from roundgate.gate.auto import AutoGate, AutoGateConfig
 from roundgate.gate.prefill_cost import PrefillCost, prefill_tokens
 from roundgate.gate.rows import RankRow, read_rows
@@ -230,7 +231,7 @@ def test_server_args_refuse_a_bad_budget_naming_the_flag(capsys) -> None:
     with pytest.raises(ValueError, match="--prefill-max-wait-ms"):
         ServerArgs(dp_size=2, prefill_policy="roundgate-auto", prefill_max_wait_ms=-1.0)
     with pytest.raises(SystemExit):
-        ServerArgs.from_cli(["--prefill-policy", "roundgate-auto", "--prefill-max-wait-ms", "x"])
+        parse_server_args(["--prefill-policy", "roundgate-auto", "--prefill-max-wait-ms", "x"])
     assert "--prefill-max-wait-ms" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--prefill-max-wait-ms applies to --prefill-policy"):
         ServerArgs(dp_size=2, prefill_policy="none", prefill_max_wait_ms=100.0)

@@ -21,6 +21,7 @@ from roundgate.actors.model.decode_graphs import (
     pad_decodes,
 )
 from roundgate.actors.server_args import ServerArgs
+from roundgate.cli.engine_flags import parse_server_args
 
 
 @pytest.mark.parametrize(
@@ -77,7 +78,7 @@ def test_padding_rows_live_in_the_scratch_page() -> None:
 
 
 def test_enforce_eager_is_a_flag() -> None:
-    assert ServerArgs.from_cli(["--enforce-eager", "--model", "tiny-llama"]).enforce_eager
+    assert parse_server_args(["--enforce-eager", "--model", "tiny-llama"]).enforce_eager
     args = ServerArgs(model="tiny-llama", device="cpu", num_kv_pages=8)
     engine = Engine(args)
     assert engine.runner.graphs is None  # a CPU never captures

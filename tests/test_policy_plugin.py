@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from roundgate.actors.server_args import ServerArgs
+from roundgate.cli.engine_flags import parse_server_args
 from roundgate.cli.main import main
 from roundgate.deployment.config import AppArgs
 from roundgate.gate import registry
@@ -78,7 +79,7 @@ def plugin() -> Iterator[PolicySpec]:
 
 def test_the_registry_derives_its_flag_everywhere(plugin: PolicySpec) -> None:
     assert "every-nth" in registry.names()
-    args = ServerArgs.from_cli(["--prefill-policy", "every-nth", "--every-nth-period", "5"])
+    args = parse_server_args(["--prefill-policy", "every-nth", "--every-nth-period", "5"])
     assert args.prefill_policy_name == "every-nth"
     assert args.policy_flags["every_nth_period"] == 5
     assert args.policy_config_as(EveryNthConfig) == EveryNthConfig(5)

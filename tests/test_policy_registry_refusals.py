@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from policy_cases import BUILTINS, GATE, make, refuses
 
-from roundgate.actors.server_args import ServerArgs
+from roundgate.cli.engine_flags import parse_server_args, to_argv
 from roundgate.gate import registry
 from roundgate.gate.delay import PrefillDelay
 from roundgate.gate.local_interval import LocalIntervalConfig
@@ -168,10 +168,10 @@ def _required(name: str) -> dict[str, Any]:
     ],
 )
 def test_cli_selects_a_policy_with_its_flags(argv: list[str], name: str, config: Any) -> None:
-    args = ServerArgs.from_cli(["--dp-size", "4", "--max-num-seqs", "64", *argv])
+    args = parse_server_args(["--dp-size", "4", "--max-num-seqs", "64", *argv])
     assert args.prefill_policy_name == name
     assert args.policy_config == config
-    back = ServerArgs.from_cli(args.to_cli())
+    back = parse_server_args(to_argv(args))
     assert back == args
     assert back.policy_config == config
 
@@ -192,7 +192,7 @@ def test_cli_refusal_is_an_argparse_error(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        ServerArgs.from_cli(argv)
+        parse_server_args(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err

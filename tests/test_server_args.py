@@ -13,6 +13,7 @@ from server_args_cases import ANY, ATTEMPT, CONTEXT, GATE, LOCAL_ONLY, refuses
 
 from roundgate.actors.model.config import PRESETS, with_overrides
 from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.cli.engine_flags import parse_server_args, to_argv
 from roundgate.gate.delay import PrefillDelay
 from roundgate.gate.no_gate import NoGateConfig
 from roundgate.gate.vllm_interval import VllmIntervalConfig
@@ -309,7 +310,7 @@ def test_unknown_argument_is_a_type_error() -> None:
 def test_the_role_is_an_enum_whatever_its_spelling(given: Any, role: DisaggregationRole) -> None:
     args = ServerArgs(disaggregation_mode=given)
     assert args.disaggregation_mode is role
-    assert ServerArgs.from_cli(args.to_cli()) == args
+    assert parse_server_args(to_argv(args)) == args
     assert pickle.loads(pickle.dumps(args)).disaggregation_mode is role
 
 

@@ -20,6 +20,7 @@ from roundgate.actors.server_args import (
     DisaggregationRole,
     ServerArgs,
 )
+from roundgate.cli.engine_flags import parse_server_args, to_argv
 from roundgate.gate import registry
 from roundgate.gate.delay import PrefillDelay
 
@@ -27,7 +28,7 @@ from roundgate.gate.delay import PrefillDelay
 
 
 def test_from_cli_parses_the_design_flags() -> None:
-    args = ServerArgs.from_cli(
+    args = parse_server_args(
         [
             *GATE_CLI,
             "--dp-size",
@@ -56,13 +57,13 @@ def test_from_cli_parses_the_design_flags() -> None:
 
 @pytest.mark.parametrize("spelling", ["null", "fused"])
 def test_the_fused_role_takes_both_spellings_on_the_command_line(spelling: str) -> None:
-    args = ServerArgs.from_cli(["--disaggregation-mode", spelling])
+    args = parse_server_args(["--disaggregation-mode", spelling])
     assert args.disaggregation_mode is DisaggregationRole.FUSED
     assert args == ServerArgs()
 
 
 def test_from_cli_defaults_equal_the_dataclass() -> None:
-    args = ServerArgs.from_cli([])
+    args = parse_server_args([])
     assert args == ServerArgs()
     assert args.max_model_len == CONTEXT
     assert dict(args.policy_flags) == {}
@@ -83,7 +84,7 @@ def test_from_cli_defaults_equal_the_dataclass() -> None:
 )
 def test_cli_round_trip(changes: dict[str, Any]) -> None:
     args = ServerArgs(**changes)
-    assert ServerArgs.from_cli(args.to_cli()) == args
+    assert parse_server_args(to_argv(args)) == args
 
 
 @st.composite
@@ -127,7 +128,7 @@ def valid_args(draw: st.DrawFn) -> ServerArgs:
 @settings(max_examples=50, deadline=None)
 @given(args=valid_args())
 def test_cli_round_trip_property(args: ServerArgs) -> None:
-    back = ServerArgs.from_cli(args.to_cli())
+    back = parse_server_args(to_argv(args))
     assert back == args
     assert back.prefill_policy_name == args.prefill_policy_name
     assert back.policy_config == args.policy_config
@@ -136,7 +137,7 @@ def test_cli_round_trip_property(args: ServerArgs) -> None:
 def help_entries(capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
     """``--help`` output as {first flag of an option: its whole entry, whitespace collapsed}."""
     with pytest.raises(SystemExit) as exit_info:
-        ServerArgs.from_cli(["--help"])
+        parse_server_args(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     options = out.split("options:", 1)[1]
@@ -205,7 +206,7 @@ def test_bad_cli_value_is_an_argparse_error_naming_the_flag(
     argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        ServerArgs.from_cli(argv)
+        parse_server_args(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: roundgate")

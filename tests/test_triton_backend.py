@@ -17,6 +17,7 @@ import torch
 
 from roundgate.actors.model.runner import ModelRunner
 from roundgate.actors.server_args import ServerArgs
+from roundgate.cli.engine_flags import parse_server_args, to_argv
 from roundgate.kernels.attention import resolve_attention_backend, select_latent_attention_backend
 from roundgate.kernels.moe import run_experts, select_experts_kernel
 from roundgate.kernels.triton_env import check_triton_device, interpreter_enabled
@@ -60,7 +61,7 @@ def test_cpu_under_the_interpreter_accepts_triton(interpreter) -> None:
         model="tiny-llama", device="cpu", attention_backend="triton", moe_kernel="triton"
     )
     assert (args.attention_backend, args.moe_kernel) == ("triton", "triton")
-    assert ServerArgs.from_cli(args.to_cli()) == args
+    assert parse_server_args(to_argv(args)) == args
 
 
 @NO_CUDA

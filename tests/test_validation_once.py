@@ -18,9 +18,11 @@ import pytest
 from roundgate.actors.control.engine_core import EngineCore
 from roundgate.actors.control.messages import GenerateRequest
 from roundgate.actors.control.request import Request, SamplingParams
-from roundgate.actors.server_args import ServerArgs
+from roundgate.actors.server_args import DisaggregationRole, ServerArgs
 from roundgate.sim.cost_executor import CostExecutor
 from roundgate.sim.round_costs import TOY
+
+FUSED = DisaggregationRole.FUSED
 
 APP_ARGS = {"dp_size": 2, "prefill_attempt_interval": 4, "prefill_any_attempt_interval": 16}
 
@@ -57,7 +59,7 @@ def test_the_ingress_validates_once(validations: list[ServerArgs]) -> None:
 
     bound = AppArgs.model_validate(dict(APP_ARGS)).model_dump()  # what build_app binds
     validations.clear()
-    ingress = Ingress(FakeRanks(), bound)
+    ingress = Ingress(bound, {FUSED: FakeRanks()})
     assert len(validations) == 1
     assert ingress.max_model_len == ingress.engine_args.max_model_len == 4096
 
@@ -101,13 +103,24 @@ def test_a_requests_limits_are_checked_once_at_the_ranks_intake(
     assert checked == ["r"]
 
 
-def test_pickling_crosses_a_process_boundary_with_one_validation(
-    validations: list[ServerArgs],
+def test_pickling_crosses_a_process_boundary_without_validating_again(
+    validations: list[ServerArgs], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The validated object crosses as itself: unpickled, it neither validates nor reads the
+    model's config from disk again, and keeps what was derived from it."""
     args = ServerArgs(**APP_ARGS)
     validations.clear()
-    assert pickle.loads(pickle.dumps(args)) == args
-    assert len(validations) == 1
+
+    def unread(model: str) -> None:
+        raise AssertionError(f"the model's config was read again ({model})")
+
+    monkeypatch.setattr("roundgate.actors.server_args.resolve_model_config", unread)
+    back = pickle.loads(pickle.dumps(args))
+    assert back == args and validations == []
+    assert back.model_config == args.model_config
+    assert back.policy_config == args.policy_config
+    assert back.build_policy(1) is not None
+    assert dict(back.policy_flags) == dict(args.policy_flags)
 
 
 def test_the_context_length_is_resolved_once_and_shared() -> None:
@@ -115,7 +128,9 @@ def test_the_context_length_is_resolved_once_and_shared() -> None:
     from roundgate.deployment.ingress import Ingress
 
     args = ServerArgs(max_model_len=1000)
-    ingress = Ingress(FakeRanks(), AppArgs.model_validate({"max_model_len": 1000}).model_dump())
+    ingress = Ingress(
+        AppArgs.model_validate({"max_model_len": 1000}).model_dump(), {FUSED: FakeRanks()}
+    )
     core = EngineCore(args, CostExecutor(TOY))
     assert ingress.max_model_len == core.scheduler.max_model_len == 1000
     with pytest.raises(ValueError, match=r"--max-model-len 5000 exceeds .*\(4096\)"):

@@ -15,7 +15,6 @@ import torch
 
 from roundgate.actors.kv_budget import gpu_pages
 from roundgate.actors.model.config import ModelConfig
-from roundgate.actors.server_args import ServerArgs
 from roundgate.kernels.attention import (
     PagedKVCache,
     select_attention_backend,
@@ -25,14 +24,13 @@ from roundgate.kernels.attention import (
 logger = logging.getLogger(__name__)
 
 
-def select_backend(
-    args: ServerArgs, config: ModelConfig, device: torch.device, dtype: torch.dtype
-) -> Any:
-    """The paged-attention backend for this architecture (latent for MLA)."""
+def select_backend(name: str, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Any:
+    """The paged-attention backend ``name`` (``--attention-backend``) for this architecture
+    (latent for MLA)."""
     if config.mla is not None:
-        return select_latent_attention_backend(args.attention_backend, device)
+        return select_latent_attention_backend(name, device)
     return select_attention_backend(
-        args.attention_backend,
+        name,
         device,
         num_heads=config.num_heads,
         num_kv_heads=config.num_kv_heads,
@@ -42,17 +40,21 @@ def select_backend(
 
 
 def allocate_cache(
-    args: ServerArgs, config: ModelConfig, dtype: torch.dtype, device: torch.device
+    num_kv_pages: int,
+    page_size: int,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> PagedKVCache:
-    """``args.num_kv_pages`` pages in the architecture's layout, plus one scratch page (the
-    last: padded rows of graph-captured decode rounds write there; the KV pool never hands it
-    out); logs what it holds."""
-    num_pages = args.num_kv_pages + 1
+    """``num_kv_pages`` pages of ``page_size`` tokens in the architecture's layout, plus one
+    scratch page (the last: padded rows of graph-captured decode rounds write there; the KV
+    pool never hands it out); logs what it holds."""
+    num_pages = num_kv_pages + 1
     if config.mla is not None:
         cache = PagedKVCache.allocate_latent(
             config.num_layers,
             num_pages,
-            args.page_size,
+            page_size,
             config.mla.latent_width,
             dtype,
             device,
@@ -61,7 +63,7 @@ def allocate_cache(
         cache = PagedKVCache.allocate(
             config.num_layers,
             num_pages,
-            args.page_size,
+            page_size,
             config.num_kv_heads,
             config.head_dim,
             dtype,
@@ -70,11 +72,11 @@ def allocate_cache(
     per_token = config.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
     if cache.bytes_per_token != per_token:  # the formula ServerArgs sizes the pool with
         raise RuntimeError(f"KV cache holds {cache.bytes_per_token} B/token, expected {per_token}")
-    tokens = args.num_kv_pages * args.page_size
+    tokens = num_kv_pages * page_size
     logger.info(
         "KV cache: %d pages x %d tokens = %d max concurrent tokens, %d B/token, %.3f GiB",
-        args.num_kv_pages,
-        args.page_size,
+        num_kv_pages,
+        page_size,
         tokens,
         per_token,
         tokens * per_token / 2**30,
@@ -82,12 +84,9 @@ def allocate_cache(
     return cache
 
 
-def size_for_gpu(args: ServerArgs, config: ModelConfig, device: torch.device) -> ServerArgs:
-    """``args`` with the page count ``--gpu-memory-utilization`` leaves after the weights."""
+def pages_for_gpu(share: float, page_size: int, config: ModelConfig, device: torch.device) -> int:
+    """The page count ``--gpu-memory-utilization share`` leaves after the weights."""
     if device.type != "cuda":
         raise ValueError("--gpu-memory-utilization applies to --device cuda only")
     free, total = torch.cuda.mem_get_info(device)
-    pages = gpu_pages(
-        total, free, args.gpu_memory_utilization, config.kv_bytes_per_token(2), args.page_size
-    )
-    return args.replace(num_kv_pages=pages, gpu_memory_utilization=None)
+    return gpu_pages(total, free, share, config.kv_bytes_per_token(2), page_size)

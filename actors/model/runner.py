@@ -28,11 +28,12 @@ from roundgate.actors.model.decode_graphs import DecodeGraphs, ineligibility
 from roundgate.actors.model.decoder import build_model, open_source
 from roundgate.actors.model.gguf_blocks import pack_gguf, weight_path
 from roundgate.actors.model.grammar import Grammars
-from roundgate.actors.model.kv_cache import allocate_cache, select_backend, size_for_gpu
+from roundgate.actors.model.kv_cache import allocate_cache, pages_for_gpu, select_backend
 from roundgate.actors.model.layers import ForwardContext
 from roundgate.actors.model.llamacpp_arith import fuse_layers, use_llamacpp_arithmetic
 from roundgate.actors.model.prompt_logprobs import prompt_rows, score_rows
 from roundgate.actors.model.round_sampling import sample_round
+from roundgate.actors.model.runner_config import RunnerConfig
 from roundgate.actors.server_args import DisaggregationRole, ServerArgs
 from roundgate.gate.rows import RankRow, RoundView, read_rows
 from roundgate.kernels.attention import AttentionBatch, build_attention_batch
@@ -54,34 +55,46 @@ def resolve_device(name: str) -> torch.device:
 class ModelRunner:
     """One rank's model shard, KV cache and sampler, behind the ``Executor`` protocol.
 
-    ``args`` becomes a copy with ``num_kv_pages`` set under ``--gpu-memory-utilization``
-    (the engine core builds its scheduler from ``runner.args``). ``group`` is the DP group's
-    ``torch.distributed`` process group (``None``: the default group when ``dp_size > 1``).
-    Attention is data-parallel: every rank holds all attention weights. Experts are sharded
-    over the group (``ExpertPlacement``), so an MoE model with ``dp_size > 1`` needs every
-    rank in every round (idle ranks run ``idle_forward``).
+    ``runner_config`` is this rank's part of the engine's configuration (``RunnerConfig.of``
+    a validated ``ServerArgs``); under ``gpu_memory_utilization`` it becomes a copy with
+    ``num_kv_pages`` set from the memory left after the weights (the scheduler's pool must be
+    given that count). ``group`` is the DP group's ``torch.distributed`` process group
+    (``None``: the default group when ``dp_size > 1``). Attention is data-parallel: every rank
+    holds all attention weights. Experts are sharded over the group (``ExpertPlacement``), so
+    an MoE model with ``dp_size > 1`` needs every rank in every round (idle ranks run
+    ``idle_forward``).
     """
 
-    def __init__(self, args: ServerArgs, rank: int = 0, group: Any = None) -> None:
-        self.args = args
+    def __init__(
+        self, runner_config: RunnerConfig | ServerArgs, rank: int = 0, group: Any = None
+    ) -> None:
+        # (A whole ServerArgs: the call before RunnerConfig, kept for its callers; ``args``.)
+        self._server_args = runner_config if isinstance(runner_config, ServerArgs) else None
+        if isinstance(runner_config, ServerArgs):
+            runner_config = RunnerConfig.of(runner_config)
         self.rank = rank
-        self.device = resolve_device(args.device)
+        self.device = resolve_device(runner_config.device)
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        self.config = config = args.model_config  # read once, when the args were built
-        world = _group_world(args.dp_size, rank, group) if config.is_moe else 1
+        self.config = config = runner_config.model_config
+        world = _group_world(runner_config.dp_size, rank, group) if config.is_moe else 1
         self.placement = ExpertPlacement(
             max(config.num_experts, 1), world, rank if world > 1 else 0
         )
-        source = open_source(args.model, config, args.seed)
+        source = open_source(runner_config.model, config, runner_config.seed)
         self.model = build_model(config, source, self.placement, self.dtype, self.device)
-        if args.gguf_weights != "float" and self.device.type == "cpu":
-            int8_dot = args.gguf_weights == "int8-dot"
+        if runner_config.gguf_weights != "float" and self.device.type == "cpu":
+            int8_dot = runner_config.gguf_weights == "int8-dot"
             pack_gguf(self.model, source, config.tie_word_embeddings, int8_dot)
         # What /metrics reports as this rank's weight path.
         self.weight_path = weight_path(self.model)
-        if args.gpu_memory_utilization is not None:  # sized now that the weights are in
-            args = self.args = size_for_gpu(args, config, self.device)
-        self.attention = select_backend(args, config, self.device, self.dtype)
+        share = runner_config.gpu_memory_utilization
+        if share is not None:  # sized now that the weights are in
+            pages = pages_for_gpu(share, runner_config.page_size, config, self.device)
+            runner_config = runner_config.with_pages(pages)
+        self.runner_config = runner_config
+        self.attention = select_backend(
+            runner_config.attention_backend, config, self.device, self.dtype
+        )
         # int8-dot takes llama.cpp as its reference: its float operations too, where covered.
         llamacpp = (
             self.weight_path == "int8-dot"
@@ -92,33 +105,52 @@ class ModelRunner:
             self.attention = GgmlAttention()
         self.moe = (
             select_moe_backend(
-                args.moe_backend,
+                runner_config.moe_backend,
                 self.placement,
                 group=group,
                 device=self.device,
                 hidden_size=config.hidden_size,
-                max_dispatch_tokens_per_rank=args.max_batch_size,
+                max_dispatch_tokens_per_rank=runner_config.max_batch_size,
             )
             if config.is_moe
             else None
         )
-        self.experts = select_experts_kernel(args.moe_kernel, self.device)
-        self.cache = allocate_cache(args, config, self.dtype, self.device)
+        self.experts = select_experts_kernel(runner_config.moe_kernel, self.device)
+        self.cache = allocate_cache(
+            runner_config.num_kv_pages, runner_config.page_size, config, self.dtype, self.device
+        )
         if self.attention.name in ("torch", "ggml"):  # packed CPU weights: layers in one call
             fuse_layers(self.model, config, self.cache)
         why_eager = ineligibility(
-            self.device.type, args.enforce_eager, config.is_moe, self.attention.name
+            self.device.type, runner_config.enforce_eager, config.is_moe, self.attention.name
         )
         self.graphs = self.decode_graphs(capture=True) if why_eager is None else None
         if why_eager is not None and self.device.type == "cuda":
             logger.info("decode rounds run eagerly: %s", why_eager)
         # Unseeded sampling: one stream per rank, reproducible from --seed.
-        self.generator = torch.Generator(device=self.device).manual_seed(args.seed + rank)
+        self.generator = torch.Generator(device=self.device).manual_seed(runner_config.seed + rank)
         # request id -> host copy of its KV pages while it is retracted.
         self.parked: dict[str, torch.Tensor] = {}
         self.grammars = Grammars(
-            args.model, args.chat_template, config.vocab_size, args.max_grammar_cache
+            runner_config.model,
+            runner_config.chat_template,
+            config.vocab_size,
+            runner_config.max_grammar_cache,
         )
+
+    @property
+    def args(self) -> ServerArgs:
+        """The ``ServerArgs`` this runner was built from, its ``num_kv_pages`` the pool sized
+        here: for callers that still build an ``EngineCore`` from ``runner.args``
+        (``actors/disaggregated.py``); a runner built from a ``RunnerConfig`` has none."""
+        if self._server_args is None:
+            raise AttributeError("a runner built from a RunnerConfig has no ServerArgs")
+        pages = self.runner_config.num_kv_pages
+        if pages != self._server_args.num_kv_pages:
+            self._server_args = self._server_args.replace(
+                num_kv_pages=pages, gpu_memory_utilization=None
+            )
+        return self._server_args
 
     # -- Executor ---------------------------------------------------------------------------
 
@@ -158,7 +190,8 @@ class ModelRunner:
                 requests = [chunks[i].request for i in picks]
                 sampled, logprobs, forks = self._sample(logits[picks], requests, failed)
                 # A prefill rank hands the forks to its decode rank, which shares the pages.
-                if forks and self.args.disaggregation_mode is not DisaggregationRole.PREFILL:
+                role = self.runner_config.disaggregation_mode
+                if forks and role is not DisaggregationRole.PREFILL:
                     self.save_forks(requests, forks)
         else:
             self.idle_forward(low_latency)
@@ -230,7 +263,7 @@ class ModelRunner:
             [c.num_tokens for c in chunks],
             [c.start for c in chunks],
             [c.request.page_ids for c in chunks],
-            self.args.page_size,
+            self.runner_config.page_size,
             self.device,
         )
         input_ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
@@ -269,10 +302,10 @@ class ModelRunner:
         the same padded path runs eagerly, which is what a CPU can check)."""
         return DecodeGraphs(
             self.forward_batch,
-            max_batch_size=self.args.max_batch_size,
-            max_pages=-(-self.args.max_model_len // self.args.page_size),
-            page_size=self.args.page_size,
-            scratch_page=self.args.num_kv_pages,
+            max_batch_size=self.runner_config.max_batch_size,
+            max_pages=-(-self.runner_config.max_model_len // self.runner_config.page_size),
+            page_size=self.runner_config.page_size,
+            scratch_page=self.runner_config.num_kv_pages,
             device=self.device,
             capture=capture,
         )
@@ -301,7 +334,7 @@ class ModelRunner:
         for request in requests:
             firsts = forks.get(request.request_id)
             if firsts:
-                pages = -(-request.num_prompt_tokens // self.args.page_size)
+                pages = -(-request.num_prompt_tokens // self.runner_config.page_size)
                 saved = self.cache.read_pages(request.page_ids[:pages])
                 for j in range(1, len(firsts) + 1):
                     self.parked[sequence_id(request.request_id, j)] = saved
@@ -310,7 +343,7 @@ class ModelRunner:
         """Copy parked KV into each readmitted request's new pages."""
         for request in readmitted:
             saved = self.parked.pop(request.request_id, None)
-            needed = -(-request.num_computed_tokens // self.args.page_size)
+            needed = -(-request.num_computed_tokens // self.runner_config.page_size)
             if saved is None:
                 if needed:
                     raise ValueError(
