@@ -5,8 +5,9 @@ source). Then, for a GGUF model on the CPU, each linear layer whose checkpoint t
 Q4_0, Q4_1 or Q8_0 (all parts of a fused layer the same type) is swapped for a ``BlockLinear``
 over the file's own blocks, copied byte for byte from the memory-mapped file (fused
 projections concatenate their parts' rows, Q/K rows un-permuted as the float path does). A swap
-happens only when the packed weight dequantizes to exactly the float32 weight it replaces, so a
-mapping that does not fit a model can never change results. Other types (the K-quants among
+happens only when the packed weight dequantizes to exactly the float32 weight it replaces on
+rows sampled over every part (``_check_rows``), so a mapping that does not fit a model does
+not change results. Other types (the K-quants among
 them) keep their float32 weights: see ``roundgate.kernels.quant``.
 """
 
@@ -105,7 +106,9 @@ def pack_gguf(model: nn.Module, source: object, tied: bool, int8_dot: bool = Fal
         if packed is None:
             logger.info("%s: its parts are stored in different block types; kept float", path)
             continue
-        if not torch.equal(packed.dequantize(), linear.weight.float()):
+        rows = _check_rows([b.shape[0] for b in blocks])  # type: ignore[union-attr]
+        sample = BlockWeights(packed.data[rows], packed.format, packed.in_features)
+        if not torch.equal(sample.dequantize(), linear.weight.float()[rows]):
             logger.warning("%s: packed GGUF weight differs from the float one; kept float", path)
             continue
         before += linear.weight.numel() * linear.weight.element_size()
@@ -120,6 +123,20 @@ def pack_gguf(model: nn.Module, source: object, tied: bool, int8_dot: bool = Fal
         after / 2**20,
     )
     return swapped
+
+
+def _check_rows(part_rows: Sequence[int]) -> torch.Tensor:
+    """The rows of a fused weight whose packed and float values are compared: each part's
+    first and last row and about 64 more spread over the whole. A wrong mapping (a part out
+    of place, Q/K rows permuted the wrong way) moves whole rows, so it shows in these; the
+    whole weight would cost a dequantization per layer at every start (seconds)."""
+    total = sum(part_rows)
+    chosen = set(range(0, total, max(1, total // 64)))
+    start = 0
+    for rows in part_rows:
+        chosen |= {start, start + rows - 1}
+        start += rows
+    return torch.tensor(sorted(chosen), dtype=torch.long)
 
 
 def _linear_at(model: nn.Module, path: str) -> nn.Linear | None:
