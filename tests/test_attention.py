@@ -11,8 +11,7 @@ from roundgate.kernels.attention import (
     PagedKVCache,
     TorchAttention,
     build_attention_batch,
-    resolve_attention_backend,
-    select_attention_backend,
+    registry,
 )
 
 HEADS, KV_HEADS, DIM = 4, 2, 8
@@ -121,7 +120,7 @@ def _available(*names: str):
     ],
 )
 def test_backend_resolution(name: str, device: str, installed: tuple, expected: str) -> None:
-    assert resolve_attention_backend(name, device, _available(*installed)) == expected
+    assert registry.resolve(name, device, _available(*installed)) == expected
 
 
 @pytest.mark.parametrize(
@@ -138,11 +137,11 @@ def test_backend_refusals_name_the_flag(
 ):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # no interpreter: triton needs CUDA
     with pytest.raises(ValueError, match=f"--attention-backend.*{message}"):
-        resolve_attention_backend(name, device, _available(*installed))
+        registry.resolve(name, device, _available(*installed))
 
 
 def test_cpu_auto_builds_the_reference() -> None:
-    assert select_attention_backend("auto", "cpu").name == "torch"
+    assert registry.build("auto", "cpu").name == "torch"
 
 
 @pytest.mark.gpu
@@ -162,7 +161,7 @@ def test_gpu_backends_match_the_reference(name: str, new: list[int]) -> None:
     outs = []
     for backend in (
         TorchAttention(),
-        select_attention_backend(
+        registry.build(
             name, device, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=64, dtype=torch.bfloat16
         ),
     ):

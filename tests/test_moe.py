@@ -17,7 +17,7 @@ from model_driver import grow_pages, make_requests, make_runner
 from roundgate.actors.control.kv_pool import KVPool
 from roundgate.actors.control.round import RoundPlan, ScheduledChunk
 from roundgate.gate.rows import RankRow, read_rows
-from roundgate.kernels.moe import ExpertPlacement, LocalMoE, resolve_moe_backend, run_experts
+from roundgate.kernels.moe import ExpertPlacement, LocalMoE, registry, run_experts
 from roundgate.kernels.moe.deepep import DeepEPMoE
 
 # --- placement and selection ---------------------------------------------------------------
@@ -52,7 +52,7 @@ def test_placement_needs_divisible_experts() -> None:
     ],
 )
 def test_backend_resolution(name: str, world: int, device: str, deep_ep: bool, expected: str):
-    assert resolve_moe_backend(name, world, device, lambda _: deep_ep) == expected
+    assert registry.resolve_backend(name, world, device, lambda _: deep_ep) == expected
 
 
 @pytest.mark.parametrize(
@@ -66,7 +66,7 @@ def test_backend_resolution(name: str, world: int, device: str, deep_ep: bool, e
 )
 def test_backend_refusals_name_the_flag(name, world, device, deep_ep, message) -> None:
     with pytest.raises(ValueError, match=f"--moe-backend.*{message}"):
-        resolve_moe_backend(name, world, device, lambda _: deep_ep)
+        registry.resolve_backend(name, world, device, lambda _: deep_ep)
 
 
 # --- the local path ------------------------------------------------------------------------

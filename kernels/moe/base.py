@@ -15,6 +15,7 @@ both for every MoE layer, even with zero tokens, because the collectives must ma
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,6 +62,11 @@ def group_by_expert(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.T
     order = torch.argsort(expert_ids, stable=True)
     counts = torch.bincount(expert_ids, minlength=num_experts).tolist()
     return order, counts
+
+
+# ``run_experts``' signature, which every ``--moe-kernel`` has: grouped rows, rows per local
+# expert, w13, w2 -> unweighted rows.
+ExpertsKernel = Callable[[torch.Tensor, list[int], torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def run_experts(
