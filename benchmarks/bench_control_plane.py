@@ -18,6 +18,7 @@ import argparse
 import statistics
 import time
 
+from roundgate.actors.control.config import SchedulerConfig
 from roundgate.actors.control.rank_loop import RankLoop
 from roundgate.actors.control.request import Request, SamplingParams
 from roundgate.actors.control.scheduler import Scheduler
@@ -47,7 +48,7 @@ def build(ns: argparse.Namespace) -> RankLoop:
         **POLICY_ARGS.get(ns.policy, {}),
     )
     # No model: only the pool bounds a sequence (as in the simulator).
-    scheduler = Scheduler(args, max_model_len=None)
+    scheduler = Scheduler(SchedulerConfig.from_args(args).replace(max_model_len=None))
     loop = RankLoop(scheduler, args.build_policy(0), CostExecutor(TOY), ns.dp_size, clock=lambda: 0)
     for i in range(ns.running):
         params = SamplingParams(max_tokens=rounds + 8)

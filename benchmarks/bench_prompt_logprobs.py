@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
+from roundgate.actors.control.config import PoolConfig
 from roundgate.actors.control.kv_pool import KVPool
 from roundgate.actors.control.request import Request, SamplingParams
 from roundgate.actors.control.round import RoundPlan, ScheduledChunk
@@ -39,7 +40,7 @@ CLOCK: Callable[[], float] = time.process_time
 
 def asking_prefill_seconds(runner: ModelRunner, prompt: list[int], k: int) -> float:
     """One forward of ``prompt`` for a request that asks for ``k`` prompt logprobs."""
-    pool = KVPool(runner.args.num_kv_pages, runner.args.page_size)
+    pool = KVPool(PoolConfig.from_args(runner.args))
     request = Request("p", prompt, SamplingParams(max_tokens=1, prompt_logprobs=k))
     request.page_ids = pool.allocate("p", len(prompt))
     plan = RoundPlan(chunks=[ScheduledChunk(request, 0, len(prompt), True)])

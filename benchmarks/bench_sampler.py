@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from roundgate.actors.control.config import PoolConfig
 from roundgate.actors.control.kv_pool import KVPool
 from roundgate.actors.control.request import Request, SamplingParams
 from roundgate.actors.control.round import RoundPlan, ScheduledChunk
@@ -40,7 +41,7 @@ SCHEMA = {
 
 def run(runner: ModelRunner, prompts: list[list[int]], sampling: SamplingParams, rounds: int):
     """(forward seconds, sampler seconds, batch size) of each decode round."""
-    pool = KVPool(runner.args.num_kv_pages, runner.args.page_size)
+    pool = KVPool(PoolConfig.from_args(runner.args))
     requests = [Request(f"r{i}", p, sampling) for i, p in enumerate(prompts)]
     for r in requests:
         r.page_ids = pool.allocate(r.request_id, r.num_prompt_tokens + rounds + 1)

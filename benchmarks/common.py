@@ -130,12 +130,13 @@ def runner_decode_steps(
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[float]:
     """Seconds of each decode round after one prefill round (``new_tokens - 1`` rounds)."""
+    from roundgate.actors.control.config import PoolConfig
     from roundgate.actors.control.kv_pool import KVPool
     from roundgate.actors.control.request import Request, SamplingParams
     from roundgate.actors.control.round import RoundPlan, ScheduledChunk
 
     page_size = runner.args.page_size
-    pool = KVPool(runner.args.num_kv_pages, page_size)
+    pool = KVPool(PoolConfig(runner.args.num_kv_pages, page_size))
     requests = [
         Request(f"r{i}", p, SamplingParams(max_tokens=new_tokens)) for i, p in enumerate(prompts)
     ]
@@ -161,11 +162,12 @@ def runner_prefill_seconds(
     runner: ModelRunner, prompt: list[int], clock: Callable[[], float] = time.perf_counter
 ) -> float:
     """Seconds of one prefill round of ``prompt``."""
+    from roundgate.actors.control.config import PoolConfig
     from roundgate.actors.control.kv_pool import KVPool
     from roundgate.actors.control.request import Request, SamplingParams
     from roundgate.actors.control.round import RoundPlan, ScheduledChunk
 
-    pool = KVPool(runner.args.num_kv_pages, runner.args.page_size)
+    pool = KVPool(PoolConfig.from_args(runner.args))
     request = Request("p", prompt, SamplingParams(max_tokens=1))
     request.page_ids = pool.allocate("p", len(prompt))
     plan = RoundPlan(chunks=[ScheduledChunk(request, 0, len(prompt), True)])

@@ -7,6 +7,7 @@ import json
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from roundgate.gate import registry
 from roundgate.routing import registry as routers
@@ -14,7 +15,7 @@ from roundgate.routing.spec import Option
 from roundgate.sim import regime_cli
 from roundgate.sim.disaggregated import (
     describe_transfers,
-    disaggregated_namespace,
+    disaggregated_flags,
     parse_split,
     simulate_pd,
 )
@@ -330,14 +331,15 @@ def run(ns: argparse.Namespace) -> int:
     if getattr(ns, "scenario", None) is not None:
         return run_scenario(ns)
     split = None
+    flags: dict[str, Any] = {}  # parsed flags the run replaces
     try:
         slo = slo_of(ns)
         if ns.disaggregate is not None:
             split = parse_split(ns.disaggregate)
-            ns = disaggregated_namespace(ns, split)
+            flags = disaggregated_flags(ns, split)
         # The regime report reads every round (the timeline), which the fast path skips.
         keep = {"keep_timeline": True} if getattr(ns, "regime_report", False) else {}
-        specs = [replace(spec, itl_slo_ms=slo.itl_ms, **keep) for spec in sim_specs(ns)]
+        specs = [replace(spec, itl_slo_ms=slo.itl_ms, **keep) for spec in sim_specs(ns, **flags)]
     except ValueError as exc:
         ns.parser.error(str(exc))
     results = [simulate_with_progress(spec, not ns.no_progress) for spec in specs]
@@ -358,7 +360,7 @@ def run(ns: argparse.Namespace) -> int:
         print(format_reports(regimes))
     if ns.json is not None:
         report = {
-            "config": _config(ns, specs[0].costs),
+            "config": _config(vars(ns) | flags, specs[0].costs),
             "results": summaries,
             "goodput": {name: g.as_dict() for name, g in goodputs.items()},
         }
@@ -374,10 +376,11 @@ def run(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _config(ns: argparse.Namespace, costs: RoundCosts) -> dict:
+def _config(given: dict[str, Any], costs: RoundCosts) -> dict:
     """The JSON report's ``config``: every flag, the lengths and costs as resolved."""
-    cfg = {k: v for k, v in vars(ns).items() if k not in ("func", "parser")}
-    cfg |= resolve_lengths(ns.workload, ns.input_len, ns.output_len, ns.length_dist)
+    cfg = {k: v for k, v in given.items() if k not in ("func", "parser")}
+    lengths = (given["workload"], given["input_len"], given["output_len"], given["length_dist"])
+    cfg |= resolve_lengths(*lengths)
     cfg = {k: str(v) if isinstance(v, Path) else v for k, v in cfg.items()}
     cfg["resolved_costs"] = {n: getattr(costs, n) for n in COST_FLAGS}
     return cfg

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from roundgate.actors.control.config import SchedulerConfig
 from roundgate.actors.control.rank_loop import RankLoop
 from roundgate.actors.control.round import RoundPlan, RoundResult
 from roundgate.actors.control.scheduler import Scheduler
@@ -47,7 +48,7 @@ def cost_loops(args: ServerArgs, costs: RoundCosts, clock: Callable[[], float]) 
     bounds a sequence."""
     return [
         RankLoop(
-            Scheduler(args, max_model_len=None),
+            Scheduler(SchedulerConfig.from_args(args).replace(max_model_len=None)),
             args.build_policy(rank),
             CostExecutor(costs),
             args.dp_size,

@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from roundgate.actors.control.handoff import Handoff, HandoffReleased, KVArrived, TransferEnd
 from roundgate.actors.control.rank_loop import RoundOutcome
@@ -378,11 +379,10 @@ def simulate_pd(spec, num_prefill: int, num_decode: int) -> tuple[SimResult, PDS
     return sim.run(arrivals_of(spec), spec.concurrency, spec.itl_slo_ms), sim
 
 
-def disaggregated_namespace(ns, split: tuple[int, int]):
-    """``roundgate simulate --disaggregate P:D``'s fused arms: ``none`` and ``roundgate``
-    (unless ``--compare`` names others) on P+D ranks, ``--max-num-seqs`` per rank kept."""
-    import argparse
-
+def disaggregated_flags(ns, split: tuple[int, int]) -> dict[str, Any]:
+    """``roundgate simulate --disaggregate P:D``'s fused arms, as the flags they change (for
+    ``sim_specs``): ``none`` and ``roundgate`` (unless ``--compare`` names others) on P+D
+    ranks, ``--max-num-seqs`` per rank kept."""
     if getattr(ns, "plot", None) is not None:
         raise ValueError("--disaggregate does not draw plots (--plot): P/D has no timeline")
     registry.check_pd(ns.router, flag)
@@ -390,12 +390,11 @@ def disaggregated_namespace(ns, split: tuple[int, int]):
     per_rank = ns.max_num_seqs // ns.dp_size
     if per_rank < 1:
         raise ValueError(f"--max-num-seqs {ns.max_num_seqs} gives no slot per rank")
-    values = vars(ns) | {
+    return {
         "dp_size": num_prefill + num_decode,
         "max_num_seqs": per_rank * (num_prefill + num_decode),
         "compare": ns.compare or "none,roundgate",
     }
-    return argparse.Namespace(**values)
 
 
 def describe_transfers(sim: PDSimulator) -> str:

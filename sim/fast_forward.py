@@ -22,12 +22,10 @@ It only engages where that equivalence is easy to see:
   votes come before the update that finishes them); no arrival becomes due inside; no
   timeline.
 
-Pool operations happen in the order the full rounds make them: a request that needs its next
-page first keys the page it filled (with prefix caching) and then takes one, round by round
-and in running order, so page ids, keys and evictions come out the same.
-``roundgate.sim.steady_rank`` makes those state changes on each rank (``decode_horizon``,
-``decode_page_grants`` and ``skip_decode_rounds``); this module decides how many rounds to skip and
-keeps the records.
+Each rank's scheduler makes the k rounds' state changes itself, through its public interface
+(``decode_horizon``, ``decode_page_grants`` and ``skip_decode_rounds``: its round counter and
+admission waits move as k held rounds would move them); this module decides how many rounds to
+skip, prices them and keeps the records.
 """
 
 from __future__ import annotations
@@ -40,15 +38,10 @@ from typing import TYPE_CHECKING
 
 from roundgate.actors.control.rank_loop import RankLoop
 from roundgate.actors.control.request import Request
+from roundgate.actors.control.steady_decodes import Grant
 from roundgate.gate.rows import RankRow
 from roundgate.sim.cost_executor import SIM_TOKEN
 from roundgate.sim.round_costs import RoundCosts
-from roundgate.sim.steady_rank import (
-    decode_horizon,
-    decode_page_grants,
-    is_steady,
-    skip_decode_rounds,
-)
 
 if TYPE_CHECKING:
     from roundgate.sim.records import RequestRecord
@@ -66,20 +59,20 @@ def supported(loops: Sequence[RankLoop]) -> bool:
 def _scan(loops: Sequence[RankLoop]) -> tuple[list[RankRow], list[int], list[int]] | None:
     """The rows every rank publishes while it decodes steadily, and for each rank the
     rounds until its first finish (the round that finishes counted) and until its first
-    page grant (``steady_rank.decode_horizon``); None when some rank is not steady."""
+    page grant (``Scheduler.decode_horizon``); None when some rank is not steady."""
     rows = []
     lefts = []
     grants = []
     for loop in loops:
         s = loop.scheduler
-        if not is_steady(s):
+        if not s.is_steady:
             return None
         n = len(s.queues.running)
         # The plan never cuts decodes short (a mixed engine reserves up to half the budget
         # for prefill while a vote may be open).
-        if n > s.args.max_scheduled_tokens // 2:
+        if n > s.config.max_scheduled_tokens // 2:
             return None
-        first_end, first_grant = decode_horizon(s)
+        first_end, first_grant = s.decode_horizon()
         probe = s.probe()
         key = (n, probe.wants_prefill, probe.has_decode_work)
         row = _ROWS.get(key)
@@ -124,12 +117,12 @@ def _round_ends(
 
 def _page_needs(
     loops: Sequence[RankLoop], k: int, first_grants: list[int]
-) -> list[list[tuple[int, int, Request]]] | None:
-    """Each rank's page grants over k rounds (``steady_rank.decode_page_grants``); None if a
+) -> list[list[Grant]] | None:
+    """Each rank's page grants over k rounds (``Scheduler.decode_page_grants``); None if a
     pool runs short or a held prompt's probe flips."""
     needs = []
     for loop, first_grant in zip(loops, first_grants, strict=True):
-        grants = [] if first_grant >= k else decode_page_grants(loop.scheduler, k)
+        grants = [] if first_grant >= k else loop.scheduler.decode_page_grants(k)
         if grants is None:
             return None
         needs.append(grants)
@@ -216,7 +209,7 @@ def advance(
                 rec.slow_gaps += slow_later
             rec.last_token_s = end_s
             rec.num_output += k
-        for req in skip_decode_rounds(s, k, grants, SIM_TOKEN, left):
+        for req in s.skip_decode_rounds(k, grants, SIM_TOKEN, left):
             records[req.request_id].finish_s = end_s
             finished.append(req)
         loop.policy.advance_quiet(k)

@@ -158,44 +158,50 @@ def channel_spec(policy: str, given: Mapping[str, Any]) -> ChannelSpec | None:
     return ChannelSpec(**{CHANNEL_FLAGS[k]: v for k, v in named.items()})
 
 
-def sim_specs(ns: argparse.Namespace) -> list[SimSpec]:
+def sim_specs(ns: argparse.Namespace, **overrides: Any) -> list[SimSpec]:
     """One validated spec per policy (``--policy`` or ``--compare``), all on one workload
-    drawn here (so a workload a rank could never run is refused before any round)."""
-    policies = policies_of(ns.policy, ns.compare)
-    costs = resolve_costs(ns.costs, {name: getattr(ns, name, None) for name in COST_FLAGS})
-    lengths = resolve_lengths(ns.workload, ns.input_len, ns.output_len, ns.length_dist)
+    drawn here (so a workload a rank could never run is refused before any round).
+
+    ``overrides`` replace parsed flags by their ``ns`` names (``--disaggregate``'s fused arms).
+    """
+    given = vars(ns) | overrides
+    policies = policies_of(given["policy"], given["compare"])
+    costs = resolve_costs(given["costs"], {name: given.get(name) for name in COST_FLAGS})
+    lengths = resolve_lengths(
+        given["workload"], given["input_len"], given["output_len"], given["length_dist"]
+    )
     workload: Workload = WorkloadSpec(
-        num_requests=ns.num_requests,
-        arrival=ns.arrival,
-        rate=ns.rate,
-        burst_size=ns.burst_size,
-        trace=ns.trace,
-        seed=ns.seed,
+        num_requests=given["num_requests"],
+        arrival=given["arrival"],
+        rate=given["rate"],
+        burst_size=given["burst_size"],
+        trace=given["trace"],
+        seed=given["seed"],
         **lengths,
     )
-    group = {name: getattr(ns, name) for name in GROUP_DEFAULTS}
-    group["enable_mixed_prefill_decode"] = ns.enable_mixed_prefill_decode
-    group["enable_prefix_caching"] = getattr(ns, "enable_prefix_caching", True)
-    args = {policy: policy_args(policy, vars(ns), **group) for policy in policies}
+    group = {name: given[name] for name in GROUP_DEFAULTS}
+    group["enable_mixed_prefill_decode"] = given["enable_mixed_prefill_decode"]
+    group["enable_prefix_caching"] = given.get("enable_prefix_caching", True)
+    args = {policy: policy_args(policy, given, **group) for policy in policies}
     first = args[policies[0]]
-    if ns.workload in SESSION_WORKLOADS:
+    if given["workload"] in SESSION_WORKLOADS:
         workload = SessionSpec(
-            SESSION_WORKLOADS[ns.workload],
-            num_sessions=getattr(ns, "num_sessions", 64),
-            rate=ns.rate,
+            SESSION_WORKLOADS[given["workload"]],
+            num_sessions=given.get("num_sessions", 64),
+            rate=given["rate"],
             vocab_size=first.model_config.vocab_size,
-            seed=ns.seed,
+            seed=given["seed"],
         )
-    router = router_spec(ns.router, first, vars(ns))
+    router = router_spec(given["router"], first, given)
     spec = SimSpec(
         first,
         workload,
         costs,
         router,
-        seed=ns.seed,
-        concurrency=getattr(ns, "concurrency", None),
-        max_rounds=getattr(ns, "max_rounds", None),
-        keep_timeline=getattr(ns, "plot", None) is not None,
+        seed=given["seed"],
+        concurrency=given.get("concurrency"),
+        max_rounds=given.get("max_rounds"),
+        keep_timeline=given.get("plot") is not None,
     )
     drawn = arrivals_of(spec)
     return [replace(spec, args=args[policy], workload=drawn) for policy in policies]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from roundgate.actors.control.request import Request
 from roundgate.actors.server_args import ServerArgs
 from roundgate.gate.rows import read_rows
-from roundgate.sim import decode_ranks, fast_forward
+from roundgate.sim import fast_forward
 from roundgate.sim.arrivals import INF, Arrival
 from roundgate.sim.cost_executor import cost_loops
 from roundgate.sim.kv_channel import KvChannel
@@ -236,16 +236,11 @@ class GroupSimulator:
         collecting = collector is not None and collector.due
         # The collectors' batches as the round begins: the requests their heaps hold.
         gc_ms = collector.pause_ms(schedulers) if collecting else 0.0
-        if self._fast:
-            # The ranks with no prefill work decode without plan objects, exactly.
-            view, costs_s, events = decode_ranks.step(self.loops, costs)
-            outcomes = None
-        else:
-            rows = [begin() for begin in self._begins]
-            view = read_rows(rows)  # one reading for every rank of the round
-            outcomes = [finish(rows, view) for finish in self._finishes]
-            costs_s = [o.result.cost_s for o in outcomes]
-            events = [o.events for o in outcomes]
+        rows = [begin() for begin in self._begins]
+        view = read_rows(rows)  # one reading for every rank of the round
+        outcomes = [finish(rows, view) for finish in self._finishes]
+        costs_s = [o.result.cost_s for o in outcomes]
+        events = [o.events for o in outcomes]
         any_extend = view.any_extend
         if not view.all_idle:
             round_ms = costs.group_ms([c * 1000 for c in costs_s], any_extend)
@@ -266,7 +261,7 @@ class GroupSimulator:
             self.channel.tick(loop.rounds + 1, clock)
         loop.record(events, clock, schedulers, collector)
         timeline = self.timeline
-        if timeline is not None and outcomes is not None:
+        if timeline is not None:
             timeline.start_s.append(start)
             timeline.duration_ms.append(round_ms)
             timeline.kinds.extend(KIND_CODES[o.plan.kind] for o in outcomes)

@@ -79,11 +79,11 @@ def check_round(run: Run, outcomes: list[RoundOutcome]) -> None:
             assert sched.pool.pages_of(req.request_id) == req.page_ids
             assert req.num_computed_tokens <= len(req.page_ids) * sched.pool.page_size
         assert len(sched.queues.running) <= sched.max_batch_size
-        assert plan.num_tokens <= sched.args.max_scheduled_tokens
+        assert plan.num_tokens <= sched.config.max_scheduled_tokens
         permission = outcome.plan.permission
         if not (permission.allow_new or permission.allow_chunks):
             assert plan.num_extends == 0, "prefill planned without permission"
-        if not sched.args.enable_mixed_prefill_decode:
+        if not sched.config.enable_mixed_prefill_decode:
             assert plan.kind is not RoundKind.MIXED
         assert outcome.rows == outcomes[0].rows
 

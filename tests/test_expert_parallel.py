@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 from family_models import build_family
 from model_driver import grow_pages, next_chunk
 
+from roundgate.actors.control.config import PoolConfig
 from roundgate.actors.control.kv_pool import KVPool
 from roundgate.actors.control.request import Request
 from roundgate.actors.control.round import RoundPlan
@@ -64,7 +65,7 @@ def moe_args(model: str, dp_size: int, kernels: str = "torch") -> ServerArgs:
 
 def run_rounds(runner: ModelRunner, rank: int | None) -> dict[str, list[torch.Tensor]]:
     """Play ROUNDS on one rank (``None``: every request, single process); logits per step."""
-    pool = KVPool(64, 4)
+    pool = KVPool(PoolConfig(64, 4))
     requests = {name: Request(name, prompt) for name, prompt in PROMPTS.items()}
     logits: dict[str, list[torch.Tensor]] = {name: [] for name in PROMPTS}
     for round_index, plan_names in enumerate(ROUNDS):

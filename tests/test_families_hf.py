@@ -20,6 +20,7 @@ from model_driver import (
     make_runner,
 )
 
+from roundgate.actors.control.config import PoolConfig
 from roundgate.actors.control.kv_pool import KVPool
 from roundgate.actors.control.round import RoundPlan, ScheduledChunk
 from roundgate.actors.engine import Engine, SamplingParams
@@ -74,7 +75,7 @@ def test_the_model_exercises_its_family(family) -> None:
 
 def test_batched_ragged_prefill_logits_match(family) -> None:
     _, model, path, _ = family
-    runner, pool = make_runner(path), KVPool(256, 4)
+    runner, pool = make_runner(path), KVPool(PoolConfig(256, 4))
     requests = make_requests(PROMPTS)
     for r in requests:
         grow_pages(pool, r, r.num_tokens)
@@ -88,7 +89,7 @@ def test_batched_ragged_prefill_logits_match(family) -> None:
 @pytest.mark.parametrize("chunk_size", [1 << 30, 5, 3], ids=["whole", "chunk5", "chunk3"])
 def test_greedy_matches_transformers(family, chunk_size: int) -> None:
     _, _, path, expected = family
-    runner, pool = make_runner(path), KVPool(256, 4)
+    runner, pool = make_runner(path), KVPool(PoolConfig(256, 4))
     outputs = drive(runner, pool, make_requests(PROMPTS, max_tokens=8), chunk_size=chunk_size)
     assert outputs == expected
 
@@ -97,7 +98,7 @@ def test_decode_logits_match_teacher_forcing(family) -> None:
     """Every decode step (MLA: the absorbed path over the cached latent) equals
     transformers' full forward over the same tokens."""
     _, model, path, _ = family
-    runner, pool = make_runner(path), KVPool(256, 4)
+    runner, pool = make_runner(path), KVPool(PoolConfig(256, 4))
     requests = make_requests(PROMPTS, max_tokens=5)
     steps = greedy_step_logits(runner, pool, requests)
     for i, r in enumerate(requests):

@@ -105,12 +105,11 @@ def test_fast_path_keys_and_takes_the_same_pages(concurrency, num_kv_pages) -> N
 
 
 def test_fast_path_engages_on_steady_decoding_and_finishes(monkeypatch) -> None:
-    """The fast path skips rounds, its last skipped round finishes requests, and the full
-    rounds step decode-only ranks without plan objects."""
-    calls, finished, lite = [], [], []
-    from roundgate.sim import fast_forward, steady_rank
+    """The fast path skips rounds, and its last skipped round finishes requests."""
+    calls, finished = [], []
+    from roundgate.sim import fast_forward
 
-    advance, decodes = fast_forward.advance, steady_rank.plan_decode_round
+    advance = fast_forward.advance
 
     def spy(*args, **kwargs):
         done = advance(*args, **kwargs)
@@ -118,17 +117,10 @@ def test_fast_path_engages_on_steady_decoding_and_finishes(monkeypatch) -> None:
         finished.extend(done[2])
         return done
 
-    def spy_decodes(scheduler):
-        planned = decodes(scheduler)
-        lite.append(planned)
-        return planned
-
     monkeypatch.setattr(fast_forward, "advance", spy)
-    monkeypatch.setattr(steady_rank, "plan_decode_round", spy_decodes)
     result = run("roundgate", {}, "h100-dsv3", None, fast=True)
     assert sum(calls) > 0
     assert finished and all(req.is_finished for req in finished)
-    assert any(lite) and None in lite  # both kinds of rank in the full rounds
     assert result.unfinished == 0
 
 

@@ -16,6 +16,7 @@ from builders import make_args, make_scheduler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from roundgate.actors.control.config import PoolConfig
 from roundgate.actors.control.kv_events import (
     KvEventBatch,
     KvEventLog,
@@ -30,7 +31,7 @@ from roundgate.routing.kv_index import KvIndex
 
 
 def make_pool(num_pages: int = 8) -> tuple[KVPool, KvPublisher]:
-    pool = KVPool(num_pages, page_size=4)
+    pool = KVPool(PoolConfig(num_pages, page_size=4))
     log = pool.events = KvEventLog()
     return pool, KvPublisher("r0", epoch=1, log=log, held=pool.cached_keys)
 

@@ -6,20 +6,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from roundgate.actors.control.config import PoolConfig
 from roundgate.actors.control.kv_pool import KVPool
 
 
 def make_pool(num_pages: int = 8, page_size: int = 4) -> KVPool:
-    return KVPool(num_pages, page_size)
+    return KVPool(PoolConfig(num_pages, page_size))
 
 
 # --- construction and arithmetic --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("num_pages", "page_size"), [(0, 4), (4, 0), (-1, 4), (4, -2)])
-def test_refuses_empty_geometry(num_pages: int, page_size: int) -> None:
-    with pytest.raises(ValueError, match="num_pages >= 1 and page_size >= 1"):
-        KVPool(num_pages, page_size)
+@pytest.mark.parametrize(
+    ("num_pages", "page_size", "flag"),
+    [
+        (0, 4, "--num-kv-pages"),
+        (4, 0, "--page-size"),
+        (-1, 4, "--num-kv-pages"),
+        (4, -2, "--page-size"),
+    ],
+)
+def test_refuses_empty_geometry(num_pages: int, page_size: int, flag: str) -> None:
+    with pytest.raises(ValueError, match=f"{flag} must be >= 1"):
+        PoolConfig(num_pages, page_size)
 
 
 @pytest.mark.parametrize(
@@ -203,7 +212,7 @@ OPS = st.lists(
 @given(ops=OPS, num_pages=st.integers(1, 12), page_size=st.integers(1, 5))
 def test_random_operations_never_over_allocate(ops, num_pages: int, page_size: int) -> None:
     """Whatever the sequence, the pool stays consistent and grants exactly what fits."""
-    pool = KVPool(num_pages, page_size)
+    pool = KVPool(PoolConfig(num_pages, page_size))
     tokens: dict[int, int] = {}  # model: owner -> tokens its pages must cover
     for op, owner, num_tokens in ops:
         free_before = pool.num_free_pages

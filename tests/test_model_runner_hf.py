@@ -23,6 +23,7 @@ from model_driver import (
     save_tiny_hf_model,
 )
 
+from roundgate.actors.control.config import PoolConfig
 from roundgate.actors.control.kv_pool import KVPool
 from roundgate.actors.control.round import RoundPlan, ScheduledChunk
 from roundgate.actors.model.config import PRESETS
@@ -66,7 +67,7 @@ def hf_last_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
 
 def test_batched_ragged_prefill_logits_match(hf_model) -> None:
     model, path = hf_model
-    runner, pool = make_runner(str(path)), KVPool(256, 4)
+    runner, pool = make_runner(str(path)), KVPool(PoolConfig(256, 4))
     requests = make_requests(PROMPTS)
     for r in requests:
         grow_pages(pool, r, r.num_tokens)
@@ -91,7 +92,7 @@ def test_greedy_matches_transformers_generate(
     hf_model, hf_outputs, chunk_size: int, page_size: int
 ) -> None:
     path = hf_model[1]
-    runner, pool = make_runner(str(path), page_size=page_size), KVPool(256, page_size)
+    runner, pool = make_runner(str(path), page_size=page_size), KVPool(PoolConfig(256, page_size))
     outputs = drive(runner, pool, make_requests(PROMPTS, max_tokens=10), chunk_size=chunk_size)
     assert outputs == hf_outputs
 
@@ -99,7 +100,7 @@ def test_greedy_matches_transformers_generate(
 def test_step_decode_logits_match_teacher_forcing(hf_model) -> None:
     """Every decode step's logits equal transformers' full forward over the same tokens."""
     model, path = hf_model
-    runner, pool = make_runner(str(path)), KVPool(256, 4)
+    runner, pool = make_runner(str(path)), KVPool(PoolConfig(256, 4))
     requests = make_requests(PROMPTS, max_tokens=6)
     step_logits = greedy_step_logits(runner, pool, requests)
     for i, r in enumerate(requests):
@@ -111,7 +112,7 @@ def test_step_decode_logits_match_teacher_forcing(hf_model) -> None:
 def test_retract_and_readmit_restores_the_cache(hf_model, hf_outputs) -> None:
     """KV parked off-device and restored into other pages gives the uninterrupted output."""
     path = hf_model[1]
-    runner, pool = make_runner(str(path)), KVPool(64, 4)
+    runner, pool = make_runner(str(path)), KVPool(PoolConfig(64, 4))
     victim, other = make_requests(PROMPTS[1:3], max_tokens=10)
     plan = RoundPlan(chunks=[ScheduledChunk(victim, 0, victim.num_tokens, True)])
     grow_pages(pool, victim, victim.num_tokens)
@@ -153,7 +154,7 @@ def test_llama_variants_match(variant: dict, tmp_path: Path) -> None:
     config = transformers.LlamaConfig(**{**HF_SHAPE, **variant})
     model = transformers.LlamaForCausalLM(config).eval()
     model.save_pretrained(tmp_path)
-    runner, pool = make_runner(str(tmp_path)), KVPool(256, 4)
+    runner, pool = make_runner(str(tmp_path)), KVPool(PoolConfig(256, 4))
     requests = make_requests(PROMPTS)
     for r in requests:
         grow_pages(pool, r, r.num_tokens)
@@ -172,6 +173,6 @@ def test_presets_match_transformers_on_their_export(preset: str, tmp_path: Path)
     config = PRESETS[preset]
     path = save_hf_dir(config, random_hf_state(config, seed=0), tmp_path / preset)
     model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
-    runner, pool = make_runner(preset), KVPool(256, 4)
+    runner, pool = make_runner(preset), KVPool(PoolConfig(256, 4))
     outputs = drive(runner, pool, make_requests(PROMPTS, max_tokens=5), chunk_size=7)
     assert outputs == [hf_greedy(model, p, 5) for p in PROMPTS]

@@ -14,6 +14,7 @@ import torch
 from builders import row
 from model_driver import grow_pages, make_requests, make_runner
 
+from roundgate.actors.control.config import PoolConfig
 from roundgate.actors.control.kv_pool import KVPool
 from roundgate.actors.control.round import RoundPlan, ScheduledChunk
 from roundgate.gate.rows import RankRow, read_rows
@@ -211,7 +212,7 @@ def test_runner_passes_the_rows_decision_to_deepep(
 ) -> None:
     """Through ModelRunner.execute: this rank decodes; the peer's row picks the legs (read from
     the rows, or given as the round's view, as ``RankLoop`` passes it)."""
-    runner, pool = make_runner("tiny-moe"), KVPool(256, 4)
+    runner, pool = make_runner("tiny-moe"), KVPool(PoolConfig(256, 4))
     (request,) = make_requests([[1, 2, 3, 4, 5]])
     grow_pages(pool, request, request.num_tokens)
     runner.execute(RoundPlan(chunks=[ScheduledChunk(request, 0, 5, True)]))

@@ -8,6 +8,7 @@ import pytest
 from builders import make_args
 from test_pd_roles import make_handoff
 
+from roundgate.actors.control.config import SchedulerConfig
 from roundgate.actors.control.decode_role import HandoffIntake
 from roundgate.actors.control.handoff import HandoffReleased, KVArrived
 from roundgate.actors.control.kv_connector import KVConnector, NoKVConnector
@@ -28,7 +29,7 @@ MEMBERS = sorted(
 
 def make_scheduler(role: str, num_kv_pages: int = 32) -> Scheduler:
     args = make_args(1, "none", disaggregation_mode=role, num_kv_pages=num_kv_pages)
-    return Scheduler(args, max_model_len=None)
+    return Scheduler(SchedulerConfig.from_args(args).replace(max_model_len=None))
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from sim_builders import sim_args
 from test_kv_router import FakeReplica, LocalHub
 from test_pd_config import pd_args
 
+from roundgate.actors.control.config import SchedulerConfig
 from roundgate.actors.control.handoff import Handoff
 from roundgate.actors.control.kv_events import KvEventBatch, KvEventLog, KvPublisher
 from roundgate.actors.control.rank_load import rank_load
@@ -60,7 +61,7 @@ class DecodeRank:
 
     def __init__(self, source: str) -> None:
         args = make_args(1, "none", disaggregation_mode="decode", num_kv_pages=64)
-        self.scheduler = Scheduler(args, max_model_len=None)
+        self.scheduler = Scheduler(SchedulerConfig.from_args(args).replace(max_model_len=None))
         log = self.scheduler.pool.events = KvEventLog()
         self.publisher = KvPublisher(source, 1, log, self.scheduler.pool.cached_keys)
 

@@ -1,8 +1,7 @@
-"""A steady rank's decode-only steps (``roundgate.sim.steady_rank``, the simulator's fast path) make
-exactly the state changes of the full rounds they stand for: one round without plan objects
-(``plan_decode_round`` + ``update_decode_round``) and k steady rounds at once
-(``decode_horizon``, ``decode_page_grants``, ``skip_decode_rounds``). Each case runs twin
-schedulers, one through ``plan``/``update``, and compares everything the rounds touch."""
+"""The scheduler's horizon (``decode_horizon``, ``decode_page_grants``, ``skip_decode_rounds``:
+k steady decode rounds at once, the simulator's fast path) is the contract of k held rounds of
+``plan``/``publish_probe``/``update``: each case runs one scheduler through the rounds and one
+through the skip, and compares everything the rounds touch."""
 
 from __future__ import annotations
 
@@ -15,9 +14,8 @@ from scheduler_rounds import add, decoding, fill_pool, pressured_trio, run_round
 from roundgate.actors.control.request import RequestStatus
 from roundgate.actors.control.round import TokenEvent
 from roundgate.actors.control.scheduler import Scheduler
+from roundgate.actors.control.steady_decodes import FAR_ROUNDS
 from roundgate.gate.permission import ALLOW_ALL, HOLD_ALL
-from roundgate.sim import steady_rank as steps
-from roundgate.sim.steady_rank import FAR_ROUNDS
 
 TOKEN = 7  # what every decode samples (no request stops on it)
 
@@ -72,23 +70,6 @@ def fill_the_batch(sched: Scheduler) -> None:
     sched.add_request(make_request("held", 4))
 
 
-@pytest.mark.parametrize("caching", [False, True])
-def test_a_decode_round_without_plan_objects_is_the_full_round(caching: bool) -> None:
-    full, fast = steady_rank(caching), steady_rank(caching)
-    for _ in range(14):  # past every request's end, pages granted on the way
-        plan = full.plan(HOLD_ALL)
-        decodes = steps.plan_decode_round(fast)
-        assert decodes is not None
-        assert [(r.request_id, s) for r, s in decodes] == [
-            (c.request.request_id, c.start) for c in plan.chunks
-        ]
-        full.publish_probe()
-        events = full.update(plan, sampled(plan, TOKEN))
-        assert summary(steps.update_decode_round(fast, decodes, TOKEN)) == summary(events)
-        assert state(fast) == state(full)
-    assert not fast.queues.running and not fast.queues.requests
-
-
 def waiting_prompt(sched: Scheduler) -> None:
     add(sched, 4)
 
@@ -109,47 +90,32 @@ def pending_failure_event(sched: Scheduler) -> None:
 @pytest.mark.parametrize(
     ("make_busy", "is_steady"),
     [
-        (waiting_prompt, True),  # steady, but the plan may admit the prompt
+        (waiting_prompt, True),  # steady: the fast path asks the votes about the prompt
         (resident_chunk, False),
         (pending_abort, False),
         (pending_failure_event, False),
     ],
 )
-def test_a_rank_with_other_work_is_left_to_the_full_plan(
+def test_a_rank_with_other_work_is_not_steady(
     make_busy: Callable[[Scheduler], None], is_steady: bool
 ) -> None:
     sched = steady_rank()
+    assert sched.is_steady
     make_busy(sched)
-    assert steps.is_steady(sched) is is_steady
-    before = state(sched)
-    assert steps.plan_decode_round(sched) is None
-    assert state(sched) == before
+    assert sched.is_steady is is_steady
 
 
-def test_a_retracting_pool_is_left_to_the_full_plan() -> None:
-    sched, a, _, c = pressured_trio(b_max_tokens=16)
-    assert steps.is_steady(sched)
-    before = state(sched)
-    assert steps.plan_decode_round(sched) is None  # a needs a page only retracting c frees
-    assert state(sched) == before
-    run_round(sched, HOLD_ALL)
-    assert list(sched.queues.retracted) == [c] and len(a.page_ids) == 2
-    assert not steps.is_steady(sched) and steps.plan_decode_round(sched) is None
-
-
-def test_a_budget_that_cuts_the_decodes_short_is_left_to_the_full_plan() -> None:
-    sched = make_scheduler(max_scheduled_tokens=2)
-    decoding(sched, 1, 1)
-    add(sched, 1)
-    run_round(sched, ALLOW_ALL)  # the third prompt runs alone (no mixed rounds)
-    assert len(sched.queues.running) == 3 and steps.is_steady(sched)
-    assert steps.plan_decode_round(sched) is None
+def test_a_retracting_rank_is_not_steady() -> None:
+    sched, _, _, c = pressured_trio(b_max_tokens=16)
+    assert sched.is_steady
+    run_round(sched, HOLD_ALL)  # a needs a page only retracting c frees
+    assert list(sched.queues.retracted) == [c] and not sched.is_steady
 
 
 @pytest.mark.parametrize("caching", [False, True])
 def test_the_horizon_is_the_first_finish_and_the_first_page_grant(caching: bool) -> None:
     sched = steady_rank(caching)
-    first_end, first_grant = steps.decode_horizon(sched)
+    first_end, first_grant = sched.decode_horizon()
     end = grant = None
     for j in range(1, 20):
         pages = sched.pool.num_used_pages
@@ -159,7 +125,7 @@ def test_the_horizon_is_the_first_finish_and_the_first_page_grant(caching: bool)
         if end is None and any(e.finished for e in events):
             end = j
     assert (first_end, first_grant) == (end, grant)
-    assert steps.decode_horizon(make_scheduler()) == (FAR_ROUNDS, FAR_ROUNDS)
+    assert make_scheduler().decode_horizon() == (FAR_ROUNDS, FAR_ROUNDS)
 
 
 @pytest.mark.parametrize("caching", [False, True])
@@ -174,15 +140,15 @@ def test_k_skipped_rounds_are_k_full_rounds(
     if prepare is not None:
         prepare(full)
         prepare(fast)
-    assert steps.is_steady(fast)
-    horizon = steps.decode_horizon(fast)[0]
+    assert fast.is_steady
+    horizon = fast.decode_horizon()[0]
     rounds = horizon if k == "horizon" else k
     assert isinstance(rounds, int) and rounds <= horizon
-    grants = steps.decode_page_grants(fast, rounds)
+    grants = fast.decode_page_grants(rounds)
     assert grants is not None
     for _ in range(rounds):
         events = full_round(full)
-    finished = steps.skip_decode_rounds(fast, rounds, grants, TOKEN, horizon)
+    finished = fast.skip_decode_rounds(rounds, grants, TOKEN, horizon)
     assert [r.request_id for r in finished] == [rid for rid, _, done in summary(events) if done]
     assert bool(finished) == (k == "horizon")
     assert state(fast) == state(full)
@@ -190,8 +156,8 @@ def test_k_skipped_rounds_are_k_full_rounds(
 
 def test_page_grants_are_the_full_rounds_grants_in_their_order() -> None:
     full, fast = steady_rank(num_kv_pages=64), steady_rank(num_kv_pages=64)
-    k = steps.decode_horizon(fast)[0]  # up to the first finish
-    grants = steps.decode_page_grants(fast, k)
+    k = fast.decode_horizon()[0]  # up to the first finish
+    grants = fast.decode_page_grants(k)
     assert grants is not None and len({req.request_id for _, _, req in grants}) > 1
     seen = []
     for j in range(k):
@@ -207,8 +173,8 @@ def test_page_grants_are_the_full_rounds_grants_in_their_order() -> None:
 def test_page_grants_refuse_a_pool_that_runs_short() -> None:
     sched = steady_rank(num_kv_pages=8)
     fill_pool(sched, sched.pool.num_free_pages)
-    assert steps.decode_page_grants(sched, 1) == []  # no page needed yet
-    assert steps.decode_page_grants(sched, 9) is None
+    assert sched.decode_page_grants(1) == []  # no page needed yet
+    assert sched.decode_page_grants(9) is None
 
 
 @pytest.mark.parametrize("waiting", [False, True])
@@ -219,5 +185,5 @@ def test_page_grants_refuse_to_carry_the_pool_across_the_watermark(waiting: bool
     fill_pool(sched, 17)  # 18 of 20 pages: at the watermark, not over
     if waiting:
         add(sched, 4)
-    grants = steps.decode_page_grants(sched, 2)  # round 1 takes a page: 19 of 20
+    grants = sched.decode_page_grants(2)  # round 1 takes a page: 19 of 20
     assert grants == (None if waiting else [(1, 0, req)])

@@ -20,6 +20,10 @@ class AdmissionWaits:
         self._unstamped: list[Request] = []
         self._excused_at_want: dict[str, int] = {}
 
+    def excuse(self, num_rounds: int = 1) -> None:
+        """``num_rounds`` rounds held a waiting prompt for pressure or a full batch."""
+        self.excused_rounds += num_rounds
+
     def arrived(self, req: Request) -> None:
         self._unstamped.append(req)
 

@@ -53,7 +53,7 @@ def _backlog_tokens(s: Scheduler) -> int:
 
 def _backlog_rounds(s: Scheduler) -> int:
     # Open rounds the rank's prefill backlog needs at its token budget (ceil).
-    return -(-_backlog_tokens(s) // s.args.max_scheduled_tokens)
+    return -(-_backlog_tokens(s) // s.config.max_scheduled_tokens)
 
 
 def _pending_permille(s: Scheduler) -> int:
@@ -61,7 +61,7 @@ def _pending_permille(s: Scheduler) -> int:
     # its resident chunks), capped at one round's token budget, in thousandths of that budget.
     tokens = sum(r.num_uncomputed_prompt_tokens for r in s.queues.partial)
     tokens += sum(r.num_prompt_tokens for r in s.queues.waiting)
-    return min(1000, tokens * 1000 // s.args.max_scheduled_tokens)
+    return min(1000, tokens * 1000 // s.config.max_scheduled_tokens)
 
 
 READERS: dict[str, ColumnReader] = {

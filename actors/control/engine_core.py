@@ -15,6 +15,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from roundgate.actors.control.config import SchedulerConfig
 from roundgate.actors.control.executor import Executor
 from roundgate.actors.control.gather import Gather, SingleRankGather
 from roundgate.actors.control.handoff import (
@@ -51,7 +52,7 @@ class EngineCore:
     ) -> None:
         self.args = args
         self.rank = rank
-        self.scheduler = Scheduler(args)
+        self.scheduler = Scheduler(SchedulerConfig.from_args(args))
         self.role = args.disaggregation_mode
         # Where the rank's KV crosses to or from other ranks (a no-op on a fused rank).
         self.connector = self.scheduler.connector

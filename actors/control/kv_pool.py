@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, KeysView, Sequence
 
+from roundgate.actors.control.config import PoolConfig
 from roundgate.actors.control.kv_events import KvEventLog
 from roundgate.actors.control.page_keys import PageKey, num_leading
 
@@ -29,13 +30,10 @@ class KVPool:
     Requests that do not fit get ``None``; the pool never hands out more pages than it has.
     """
 
-    def __init__(self, num_pages: int, page_size: int) -> None:
-        if num_pages < 1 or page_size < 1:
-            raise ValueError(
-                f"KVPool needs num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}"
-            )
-        self.num_pages = num_pages
-        self.page_size = page_size
+    def __init__(self, config: PoolConfig) -> None:
+        self.config = config
+        self.num_pages = num_pages = config.num_pages
+        self.page_size = config.page_size
         # Low page ids are handed out first (pop from the end of a reversed list).
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
         self._owned: dict[Hashable, list[int]] = {}

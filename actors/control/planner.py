@@ -11,6 +11,7 @@ import logging
 from collections import deque
 
 from roundgate.actors.control.admission import AdmissionWaits
+from roundgate.actors.control.config import SchedulerConfig
 from roundgate.actors.control.endings import RequestEnds
 from roundgate.actors.control.kv_connector import KVConnector
 from roundgate.actors.control.kv_pool import KVPool
@@ -18,7 +19,7 @@ from roundgate.actors.control.prefix_cache import PrefixCache
 from roundgate.actors.control.queues import RequestQueues
 from roundgate.actors.control.request import Request, RequestStatus
 from roundgate.actors.control.round import RoundPlan, ScheduledChunk
-from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.actors.server_args import DisaggregationRole
 from roundgate.gate.permission import ALLOW_ALL, Permission
 
 logger = logging.getLogger("roundgate.scheduler")
@@ -36,7 +37,7 @@ class RoundPlanner:
 
     def __init__(
         self,
-        args: ServerArgs,
+        config: SchedulerConfig,
         queues: RequestQueues,
         pool: KVPool,
         prefix: PrefixCache,
@@ -44,9 +45,9 @@ class RoundPlanner:
         ends: RequestEnds,
         connector: KVConnector,
     ) -> None:
-        self.max_batch_size = args.max_batch_size
-        self.max_scheduled_tokens = args.max_scheduled_tokens
-        self.is_mixed = args.enable_mixed_prefill_decode
+        self.max_batch_size = config.max_batch_size
+        self.max_scheduled_tokens = config.max_scheduled_tokens
+        self.is_mixed = config.enable_mixed_prefill_decode
         self.queues = queues
         self.pool = pool
         self.prefix = prefix
@@ -54,7 +55,7 @@ class RoundPlanner:
         self.ends = ends
         # The rank's KV connector; on a decode rank its reservations replace prefill.
         self.connector = connector
-        self.is_decode_rank = args.disaggregation_mode is DisaggregationRole.DECODE
+        self.is_decode_rank = config.disaggregation_mode is DisaggregationRole.DECODE
         self.num_retractions = 0
         # New-prompt and chunk counts of recent prefill rounds (SGLang's max_prefill_bs).
         self.prefill_sizes: deque[int] = deque(maxlen=PREFILL_SIZE_WINDOW)
@@ -104,7 +105,7 @@ class RoundPlanner:
         if allow and plan.num_extends:
             self.prefill_sizes.append(plan.num_extends)
         if queues.waiting and self.is_excused:
-            self.waits.excused_rounds += 1
+            self.waits.excuse()
         return plan
 
     def _readmit(self, plan: RoundPlan) -> None:

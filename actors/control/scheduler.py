@@ -18,17 +18,19 @@ The scheduler is composed of parts it owns, each given what it works on when it 
     KVConnector     where KV crosses ranks, by the rank's role (``kv_connector.py``): none
                     (fused), PrefillHandoffs (requests leave at their first token, pages
                     pinned) or HandoffIntake (handoffs reserve pages, wait for KV, then decode)
+    SteadyDecodes   a steady rank's decode rounds k at once, for a driver that knows the
+                    token every decode samples (the simulator's fast path)
 
-It keeps intake, the probe, the plan and the update after the forward. (The simulator's fast
-path, ``roundgate.sim.steady_rank``, makes a steady rank's decode rounds through the same parts.)
+It keeps intake, the probe, the plan and the update after the forward, and the rounds' own
+bookkeeping (the round counter, the admission waits) whichever way the rounds are run.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from types import EllipsisType
 
 from roundgate.actors.control.admission import AdmissionWaits
+from roundgate.actors.control.config import SchedulerConfig
 from roundgate.actors.control.decode_role import HandoffIntake
 from roundgate.actors.control.endings import RequestEnds
 from roundgate.actors.control.fork import fork_sequences
@@ -46,6 +48,7 @@ from roundgate.actors.control.round import (
     RoundResult,
     TokenEvent,
 )
+from roundgate.actors.control.steady_decodes import Grant, SteadyDecodes
 from roundgate.actors.server_args import DisaggregationRole, ServerArgs
 from roundgate.gate.permission import Permission
 
@@ -60,15 +63,17 @@ class Scheduler:
     round runs), the endings part (aborts, failures) and the admission-wait metric.
     """
 
-    def __init__(self, args: ServerArgs, max_model_len: int | EllipsisType | None = ...) -> None:
-        self.args = args
-        self.pool = KVPool(args.num_kv_pages, args.page_size)
-        self.prefix = PrefixCache(self.pool, args.enable_prefix_caching)
-        self.max_batch_size = args.max_batch_size
-        # The context length is ``args.max_model_len`` (resolved once against the model). The
-        # simulator runs no model and passes None: then only the pool bounds a sequence.
-        self.max_model_len = args.max_model_len if max_model_len is ... else max_model_len
-        self.vocab_size = args.model_config.vocab_size
+    def __init__(self, config: SchedulerConfig | ServerArgs) -> None:
+        if not isinstance(config, SchedulerConfig):
+            config = SchedulerConfig.from_args(config)
+        self.config = config
+        self.pool = KVPool(config.pool)
+        self.prefix = PrefixCache(self.pool, config.enable_prefix_caching)
+        self.max_batch_size = config.max_batch_size
+        # The context length (resolved once against the model). The simulator runs no model
+        # and sets None: then only the pool bounds a sequence.
+        self.max_model_len = config.max_model_len
+        self.vocab_size = config.vocab_size
         # No sequence may outgrow the rank's whole pool: past that length a lone request is
         # retracted and can never be readmitted (it would wait forever), so it finishes with
         # "length" there, as it would at the context length.
@@ -92,7 +97,7 @@ class Scheduler:
         )
         # The rank's P/D role, and the part its KV crosses ranks through: out (prefill),
         # in (decode) or not at all (fused).
-        self.role = role = args.disaggregation_mode
+        self.role = role = config.disaggregation_mode
         self.connector: KVConnector
         if role is DisaggregationRole.PREFILL:
             self.connector = PrefillHandoffs(queues, self.pool)
@@ -110,8 +115,10 @@ class Scheduler:
         else:
             self.connector = NoKVConnector(self.pool)
         self.planner = RoundPlanner(
-            args, queues, self.pool, self.prefix, self.waits, ends, self.connector
+            config, queues, self.pool, self.prefix, self.waits, ends, self.connector
         )
+        # A steady rank's decode rounds, k at once (``skip_decode_rounds``).
+        self.steady = SteadyDecodes(queues, self.pool, self.prefix, self.max_sequence_len)
 
     # ---- intake --------------------------------------------------------------------------
 
@@ -303,6 +310,61 @@ class Scheduler:
         if result.forks and not hands_off:
             self._fork(plan, result, events)
         return events
+
+    # ---- steady decode rounds, k at once (the simulator's fast path) ---------------------
+
+    @property
+    def is_steady(self) -> bool:
+        """Whether every running request decodes and no resident chunk, retracted request,
+        pending abort or final event could change the next plans (prompts may wait)."""
+        queues = self.queues
+        return not (queues.partial or queues.retracted or self.ends.has_pending)
+
+    def decode_horizon(self) -> tuple[int, int]:
+        """For a steady rank: decode rounds until its first request finishes at its length
+        (the finishing round counted), and until its first page grant (``FAR_ROUNDS``: never)."""
+        return self.steady.horizon()
+
+    def decode_page_grants(self, k: int) -> list[Grant] | None:
+        """For a steady rank: the page grants of its next k decode rounds, or None when they
+        cannot be made or would flip a held prompt's probe (``SteadyDecodes.page_grants``)."""
+        return self.steady.page_grants(k)
+
+    def skip_decode_rounds(
+        self, k: int, grants: list[Grant], token: int, horizon: int
+    ) -> list[Request]:
+        """Apply k steady decode rounds at once, as k held plans, probes and updates would;
+        returns the requests the last round finished, in running order.
+
+        Every decode samples ``token`` (one that stops none of them); ``grants`` are
+        ``decode_page_grants(k)`` and ``horizon`` is ``decode_horizon()[0]``: the caller skips
+        no further (k <= horizon), and checked that no vote admits a held prompt meanwhile.
+        """
+        finishing = k == horizon
+        self.steady.decode(k, grants, token, finishing)
+        if self.queues.waiting:
+            # Round 0's plan counts an excused round before its published probe stamps a held
+            # prompt's first want, the later plans after it. The grants keep the pool on its
+            # side of the watermark, so every round's probe and excuse agree.
+            excused = self.planner.is_excused
+            self.round += 1
+            if excused:
+                self.waits.excuse()
+            self.publish_probe()
+            self.round += k - 1
+            if excused:
+                self.waits.excuse(k - 1)
+        else:
+            self.round += k
+        if not finishing:
+            return []
+        # The last round's token, appended as ``update`` appends it.
+        max_len = self.max_sequence_len
+        append_token = Request.append_token
+        finished = [req for req in self.queues.running if append_token(req, token, max_len)]
+        for req in finished:
+            self.retire(req)
+        return finished
 
     def retire(self, req: Request) -> None:
         """A running request finished: its last full page keyed (a finished answer stays

@@ -123,7 +123,7 @@ class RankMetrics:
                     self._windows[vote.point].inc()
             if rounds_since_prefill is not None:
                 self._since.set(rounds_since_prefill)
-            self._regime.observe(outcome, parts.gathered_at, scheduler.args.max_scheduled_tokens)
+            self._regime.observe(outcome, parts.gathered_at, scheduler.config.max_scheduled_tokens)
         mine = rows[self.row_rank]
         self._wants.set(int(mine.wants_prefill))
         self._decodes.set(int(mine.has_decode_work))
