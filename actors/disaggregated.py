@@ -17,23 +17,8 @@ from roundgate.actors.control.engine_core import EngineCore
 from roundgate.actors.control.handoff import KVReservation
 from roundgate.actors.control.request import Request
 from roundgate.actors.control.round import RoundPlan, TokenEvent
-from roundgate.actors.server_args import DisaggregationRole, ServerArgs
-
-
-def check_roles(prefill: ServerArgs, decode: ServerArgs) -> None:
-    """Refuse a pair of roles that cannot hand requests to each other, naming the field."""
-    for side, args in ((DisaggregationRole.PREFILL, prefill), (DisaggregationRole.DECODE, decode)):
-        if args.disaggregation_mode is not side:
-            raise ValueError(
-                f"the {side} side needs --disaggregation-mode {side}, got "
-                f"{args.disaggregation_mode.value!r}"
-            )
-    for name in ("model", "page_size"):
-        if getattr(prefill, name) != getattr(decode, name):
-            raise ValueError(
-                f"prefill and decode roles must agree on --{name.replace('_', '-')}: "
-                f"{getattr(prefill, name)!r} vs {getattr(decode, name)!r}"
-            )
+from roundgate.actors.pd_roles import check_pair
+from roundgate.actors.server_args import ServerArgs
 
 
 @dataclass
@@ -72,7 +57,7 @@ class DisaggregatedEngine:
     ) -> None:
         from roundgate.actors.model.runner import ModelRunner
 
-        check_roles(prefill_args, decode_args)
+        check_pair(prefill_args, decode_args)
         self.prefill_runner = ModelRunner(prefill_args)
         self.decode_runner = ModelRunner(decode_args)
         self.prefill = EngineCore(self.prefill_runner.args, self.prefill_runner)

@@ -3,7 +3,8 @@ and back (issue 22: "the request path, shorter").
 
 One chat completion, non-streamed and then streamed, is driven in-process through the real
 route (``roundgate.deployment.app.OpenAIServer.chat``), the real ``Ingress`` and the real rank side:
-``RankReplica.generate`` (its Serve shell is skipped: no Ray actor, no process group) over an
+a fused rank's ``generate`` (``FusedRole``; the Serve shell is skipped: no Ray actor, no
+process group) over an
 ``EngineCore`` whose executor is the simulator's ``CostExecutor`` (no model weights). While it
 runs, ``sys.setprofile`` records
 
@@ -125,28 +126,37 @@ def _cost_executor() -> Any:
     return CostExecutor(TOY)
 
 
-class _NoMetrics:
-    def note_arrival(self, request_id: str) -> None:
+class _NoGroup:
+    """A group of one that never pauses: the membership of the rank run here."""
+
+    rank = 0
+    row_rank = 0
+
+    def wake(self) -> None:
         pass
 
 
 class LocalRanks:
-    """A rank deployment handle that runs ``RankReplica.generate`` on a local ``EngineCore``."""
+    """A rank deployment handle that runs a fused rank's ``generate`` (``FusedRole`` over a
+    ``RankEngine``) on a local ``EngineCore``; the rounds run in a task, not a thread."""
 
     def __init__(self) -> None:
         from roundgate.actors.control.engine_core import EngineCore
-        from roundgate.actors.replica.rank_replica import RankReplica
+        from roundgate.actors.replica.fused_role import FusedRole
+        from roundgate.actors.replica.intake import PromptIntake
+        from roundgate.actors.replica.rank_engine import RankEngine
         from roundgate.actors.server_args import ServerArgs
 
-        replica = object.__new__(RankReplica)  # the Serve shell (gang, rendezvous) is skipped
-        replica.args = ServerArgs(**APP_ARGS)
-        replica._streams = {}
-        replica._error = None
-        replica._paused_at = None  # the group is never paused here: no wake to send
-        replica._woken = -1
-        replica.metrics = _NoMetrics()
-        replica.core = EngineCore(replica.args, _cost_executor(), on_event=replica._on_event)
-        self.replica = replica
+        args = ServerArgs(**APP_ARGS)
+        group = _NoGroup()
+
+        async def engine() -> RankEngine:  # its loop and outbox are set per run (``remote``)
+            return RankEngine(args, group)
+
+        self.engine = asyncio.run(engine())
+        self.engine.core = EngineCore(args, _cost_executor(), on_event=self.engine.on_event)
+        intake = PromptIntake(self.engine, None, group.wake, lambda request_id: None)
+        self.role = FusedRole(intake)
 
     def options(self, **_: Any) -> LocalRanks:
         return self
@@ -158,38 +168,39 @@ class LocalRanks:
     def remote(self, message: Any) -> _Call:
         from roundgate.actors.replica.outbox import RoundOutbox
 
-        loop = self.replica._loop = asyncio.get_running_loop()
+        loop = self.engine.loop = asyncio.get_running_loop()
         # A real rank builds its outbox at start, before any request: built here by hand, so
         # the per-run event loop it needs is not counted as one of the request's shapes.
-        box = self.replica._outbox = object.__new__(RoundOutbox)
+        box = self.engine.outbox = object.__new__(RoundOutbox)
         box._loop, box._items = loop, []
-        return _Call(self.replica, message)
+        return _Call(self.engine, self.role, message)
 
 
 class _Call:
-    """One streaming call: the replica's ``generate`` while a task steps its engine."""
+    """One streaming call: the role's ``generate`` while a task steps its engine."""
 
-    def __init__(self, replica: Any, message: Any) -> None:
-        self.replica = replica
+    def __init__(self, engine: Any, role: Any, message: Any) -> None:
+        self.engine = engine
+        self.role = role
         self.message = message
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._run()
 
     async def _run(self) -> AsyncIterator[Any]:
-        core = self.replica.core
+        core = self.engine.core
         stop = asyncio.Event()
 
         async def step() -> None:
             while not stop.is_set():
                 if core.has_local_work:
                     core.step()
-                    self.replica._outbox.send()
+                    self.engine.outbox.send()
                 await asyncio.sleep(0)
 
         stepper = asyncio.create_task(step())
         try:
-            async for chunk in self.replica.generate(self.message):
+            async for chunk in self.role.generate(self.message):
                 yield chunk
         finally:
             stop.set()
@@ -233,12 +244,13 @@ _SERVERS: list[Any] = []
 
 def measure(stream: bool) -> tuple[Tracer, str]:
     """The tracer's record (files, shapes) of one chat completion, and the response text."""
+    from roundgate.actors.server_args import DisaggregationRole
     from roundgate.deployment.app import OpenAIServer
     from roundgate.deployment.ingress import Ingress
 
     server = object.__new__(OpenAIServer)  # the route's class without Serve's wrapper
     _SERVERS.append(server)  # Serve's wrapper has an async ``__del__``: never collect it
-    server.core = Ingress(LocalRanks(), dict(APP_ARGS))
+    server.core = Ingress(dict(APP_ARGS), {DisaggregationRole.FUSED: LocalRanks()})
     asyncio.run(_one_chat(server, stream))  # warm-up: lazy imports and caches
     gc.collect()
     tracer = Tracer(gc.get_objects())

@@ -17,6 +17,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from roundgate.actors.replica.rank_replica import RankReplica
+from roundgate.actors.server_args import DisaggregationRole
 from roundgate.deployment.config import AppArgs
 from roundgate.deployment.ingress import Ingress
 from roundgate.deployment.openai.api import api, json_body
@@ -43,20 +44,28 @@ from roundgate.deployment.openai.tokenization import (
 from roundgate.deployment.pd_app import build_roles
 from roundgate.deployment.request_metrics import exposition
 from roundgate.deployment.routing.routers import ROUTER_CLASSES
+from roundgate.deployment.serve_context import RANK_DEPLOYMENT_OF
 
 
 @serve.ingress(api)
 class OpenAIServer:
-    """HTTP front door; holds a handle to the rank deployment. Each route's body lives in
-    its endpoint family's module of ``roundgate.deployment.openai``."""
+    """HTTP front door; holds a handle to each rank deployment, by the role it serves
+    (``fused``; P/D: ``prefill`` and ``decode``). Each route's body lives in its endpoint
+    family's module of ``roundgate.deployment.openai``."""
 
     def __init__(
         self,
-        ranks: DeploymentHandle,
         app_args: dict[str, Any],
+        fused: DeploymentHandle | None = None,
+        prefill: DeploymentHandle | None = None,
         decode: DeploymentHandle | None = None,
     ) -> None:
-        self.core = Ingress(ranks, app_args, decode)
+        handles = {
+            DisaggregationRole.FUSED: fused,
+            DisaggregationRole.PREFILL: prefill,
+            DisaggregationRole.DECODE: decode,
+        }
+        self.core = Ingress(app_args, {r: h for r, h in handles.items() if h is not None})
 
     def __del__(self) -> None:
         """Serve's shutdown hook (a replaced or scaled-down replica)."""
@@ -172,7 +181,7 @@ def build_app(args: dict[str, Any]) -> Application:
     )
     if cfg.is_pd:
         prefill, decode = build_roles(cfg)
-        return ingress.bind(prefill, cfg.ingress_args(), decode)
+        return ingress.bind(cfg.ingress_args(), prefill=prefill, decode=decode)
     engine = cfg.server_args()
     router_kwargs = cfg.router_kwargs()
     # Elastic DP: plain replicas (Serve replaces a dead one alone), seats and epochs from the
@@ -189,7 +198,7 @@ def build_app(args: dict[str, Any]) -> Application:
     )
     ranks = serve.deployment(
         RankReplica,
-        name="RankReplica",
+        name=RANK_DEPLOYMENT_OF[DisaggregationRole.FUSED],
         **cfg.replica_options(engine.dp_size),
         max_ongoing_requests=cfg.max_ongoing_requests,
         ray_actor_options=cfg.rank_actor_options(
@@ -204,5 +213,5 @@ def build_app(args: dict[str, Any]) -> Application:
         health_check_period_s=2.0,
         health_check_timeout_s=max(10.0, engine.collective_timeout_s),
         graceful_shutdown_timeout_s=5.0,
-    ).bind(cfg.rank_flags(), elastic)
-    return ingress.bind(ranks, cfg.ingress_args())
+    ).bind(cfg.rank_args(), elastic)
+    return ingress.bind(cfg.ingress_args(), fused=ranks)

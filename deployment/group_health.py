@@ -12,6 +12,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from roundgate.actors.server_args import DisaggregationRole
+from roundgate.deployment.serve_context import RANK_DEPLOYMENT_OF
+
 SIZE_SERIES = "roundgate_group_size"
 
 
@@ -46,7 +49,7 @@ def running_rank_replicas() -> int:
     from ray import serve
 
     for app in serve.status().applications.values():
-        ranks = app.deployments.get("RankReplica")
+        ranks = app.deployments.get(RANK_DEPLOYMENT_OF[DisaggregationRole.FUSED])
         if ranks is not None:
             states = {
                 str(getattr(state, "value", state)): n for state, n in ranks.replica_states.items()

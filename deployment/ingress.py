@@ -15,7 +15,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,6 +24,8 @@ from pydantic import BaseModel
 
 from roundgate.actors.control.messages import GenerateRequest
 from roundgate.actors.control.request import SamplingParams
+from roundgate.actors.pd_roles import PD_ROLES
+from roundgate.actors.server_args import DisaggregationRole
 from roundgate.deployment.openai.api import read_json
 from roundgate.deployment.openai.choices import Choice, Delta, RequestFailed, merge
 from roundgate.deployment.openai.errors import APIError
@@ -57,27 +59,43 @@ logger = logging.getLogger("roundgate.ingress")
 Body = TypeVar("Body", bound=BaseModel)
 
 
+class FusedRoute:
+    """The fused ranks' deployment: one ``generate`` stream per rank request (P/D's route
+    over both roles: ``roundgate.deployment.pd_route``)."""
+
+    def __init__(self, ranks: DeploymentHandle) -> None:
+        self.ranks = ranks.options(stream=True)
+
+    def stream(self, message: GenerateRequest) -> RankStream:
+        return self.ranks.generate.remote(message)
+
+
 class Ingress:
     """State and logic behind the routes; ``roundgate.deployment.app`` wraps it in a Serve
     deployment."""
 
     def __init__(
         self,
-        ranks: DeploymentHandle,
         app_args: dict[str, Any],
-        decode: DeploymentHandle | None = None,
+        handles: Mapping[DisaggregationRole, DeploymentHandle],
     ) -> None:
-        """``ranks``: the rank deployment's handle (P/D: the prefill role's, and ``decode``
-        the decode role's); ``app_args``: the bound ``AppArgs``."""
+        """``app_args``: the bound ``AppArgs``; ``handles``: each rank deployment's handle, by
+        the role it serves (``FUSED``; P/D: ``PREFILL`` and ``DECODE``)."""
         from roundgate.actors.model.generation_config import read_generation_config
         from roundgate.actors.model.tokenizer import load_tokenizer, stop_token_ids
         from roundgate.deployment.config import AppArgs
 
         self.app_args = AppArgs.model_validate(app_args)  # this process's one validation
+        # The roles the rank deployments serve: one fused group, or P/D's two.
+        self.roles = PD_ROLES if self.app_args.is_pd else (DisaggregationRole.FUSED,)
+        missing = [role for role in self.roles if role not in handles]
+        if missing:
+            raise ValueError(f"the ingress needs the {missing[0]} role's rank deployment handle")
         # P/D: the decode role's args (both roles share the model, template and context).
-        pd = self.app_args.is_pd
         args = self.engine_args = (
-            self.app_args.role_args("decode") if pd else self.app_args.server_args()
+            self.app_args.role_args(DisaggregationRole.DECODE)
+            if DisaggregationRole.DECODE in self.roles
+            else self.app_args.server_args()
         )
         self.model_name = self.app_args.served_model_name
         self.api_keys = self.app_args.resolved_api_keys
@@ -87,17 +105,21 @@ class Ingress:
         self.vocab_size = args.model_config.vocab_size
         self.defaults = read_generation_config(args.model)  # read once: stops and defaults
         self.eos_token_ids = stop_token_ids(args.model_config, self.tokenizer, self.defaults)
-        self.ranks = ranks.options(stream=True)
         self._degraded_until = 0.0
         self._health: str | None = None  # why the ranks are not healthy, or None
         self._health_at = -HEALTH_CACHE_S
         self.metrics = RequestRecorder(self.model_name)
         self.load = ServerLoad()  # GET /load: generation requests in flight here
-        self.pd: PDRoute | None = None
-        if pd:
-            if decode is None:
-                raise ValueError("a P/D ingress needs the decode role's handle")
-            self.pd = PDRoute(ranks, decode, self.metrics)
+        # Where a rank request goes: the fused ranks' ``generate``, or P/D's two roles.
+        self.route: FusedRoute | PDRoute = (
+            PDRoute(
+                handles[DisaggregationRole.PREFILL],
+                handles[DisaggregationRole.DECODE],
+                self.metrics,
+            )
+            if DisaggregationRole.PREFILL in self.roles
+            else FusedRoute(handles[DisaggregationRole.FUSED])
+        )
         # Fused and P/D alike: a P/D continuation is prefilled again and its handoff carries
         # the resumed tokens to the decode rank (docs/fault-tolerance.md).
         self.resume_policy = ResumePolicy()
@@ -252,7 +274,7 @@ class Ingress:
     def _submit(self, message: GenerateRequest) -> RankStream:
         """Start one rank request's stream (fused: the rank deployment; P/D: both roles)."""
         set_serve_request_id(message.request_id)
-        return self.pd.stream(message) if self.pd else self.ranks.generate.remote(message)
+        return self.route.stream(message)
 
     def _group_failed(self, exc: BaseException, message: GenerateRequest) -> None:
         """A rank under ``message`` was lost (or its call failed): logged, and new requests
@@ -312,7 +334,7 @@ class Ingress:
 
     def check_choices(self, num_prompts: int, req: GenerateBody) -> None:
         """``dp_rank`` within the group, and ``num_prompts`` x ``n`` choices within the cap."""
-        if req.dp_rank is not None and self.pd is not None:
+        if req.dp_rank is not None and DisaggregationRole.FUSED not in self.roles:
             raise APIError(
                 400,
                 "dp_rank is not supported by a P/D deployment yet: it routes each request "

@@ -1,12 +1,13 @@
 """The two rank deployments of a P/D app: a prefill group and a decode group, one link.
 
-Each role is a Serve gang of its ``dp_size`` ranks (its own DP group, restarted together);
-both join one P/D link (``actors/replica/kv_link.py``) under an id drawn here, so a redeployed
-app never meets the old one's ranks. The prefill role routes a prompt to the rank with the
-fewest uncached tokens, the decode role to the least-loaded rank: by default on the ingress's
-guess (the cache-aware index of what it sent) and Serve's request counts; under ``router:
-kv-aware`` on what both roles' ranks publish to the KV-event hub
-(``roundgate.deployment.pd_config``).
+Both are ``RankReplica`` (its role read from each group's ``--disaggregation-mode``), named
+``PrefillRank`` and ``DecodeRank`` for health checks and metrics. Each role is a Serve gang of
+its ``dp_size`` ranks (its own DP group, restarted together); both join one P/D link
+(``actors/replica/kv_link.py``) under an id drawn here, so a redeployed app never meets the old
+one's ranks. The prefill role routes a prompt to the rank with the fewest uncached tokens, the
+decode role to the least-loaded rank: by default on the ingress's guess (the cache-aware index
+of what it sent) and Serve's request counts; under ``router: kv-aware`` on what both roles'
+ranks publish to the KV-event hub (``roundgate.deployment.pd_config``).
 """
 
 from __future__ import annotations
@@ -17,16 +18,16 @@ from typing import Any
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from roundgate.actors.replica.decode_replica import DecodeRankReplica
 from roundgate.actors.replica.pd_messages import LinkSpec
-from roundgate.actors.replica.prefill_replica import PrefillRankReplica
+from roundgate.actors.replica.rank_replica import RankReplica
 from roundgate.actors.server_args import DisaggregationRole
 from roundgate.deployment.config import AppArgs
 from roundgate.deployment.routing.routers import ROUTER_CLASSES
+from roundgate.deployment.serve_context import RANK_DEPLOYMENT_OF
 
 
 def build_roles(cfg: AppArgs) -> tuple[Any, Any]:
-    """The bound prefill and decode deployments of a validated P/D ``cfg``."""
+    """The bound (prefill, decode) deployments of a validated P/D ``cfg``."""
     prefill = cfg.role_args(DisaggregationRole.PREFILL)
     decode = cfg.role_args(DisaggregationRole.DECODE)
     link = LinkSpec(
@@ -35,7 +36,7 @@ def build_roles(cfg: AppArgs) -> tuple[Any, Any]:
 
     def options(role: DisaggregationRole, dp_size: int, timeout_s: float) -> dict[str, Any]:
         return {
-            "name": f"{role.capitalize()}Rank",
+            "name": RANK_DEPLOYMENT_OF[role],
             "num_replicas": dp_size,
             "max_ongoing_requests": cfg.max_ongoing_requests,
             "ray_actor_options": cfg.rank_actor_options(*cfg.role_resources(role)),
@@ -51,11 +52,11 @@ def build_roles(cfg: AppArgs) -> tuple[Any, Any]:
         }
 
     prefill_app = serve.deployment(
-        PrefillRankReplica,
+        RankReplica,
         **options(DisaggregationRole.PREFILL, prefill.dp_size, prefill.collective_timeout_s),
-    ).bind(cfg.rank_flags(DisaggregationRole.PREFILL), link)
+    ).bind(cfg.rank_args(DisaggregationRole.PREFILL), link=link)
     decode_app = serve.deployment(
-        DecodeRankReplica,
+        RankReplica,
         **options(DisaggregationRole.DECODE, decode.dp_size, decode.collective_timeout_s),
-    ).bind(cfg.rank_flags(DisaggregationRole.DECODE), link, prefill_app)
+    ).bind(cfg.rank_args(DisaggregationRole.DECODE), link=link, prefill=prefill_app)
     return prefill_app, decode_app

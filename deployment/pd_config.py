@@ -10,8 +10,9 @@ differs (ranks, CPUs, max scheduled tokens; dp size, max sequences, KV pages)::
     decode: {dp_size: 1, max_num_seqs: 64, num_kv_pages: 512, num_cpus_per_rank: 0.5}
 
 Each role's ``ServerArgs`` is the shared flags, the section's on top, and its
-``disaggregation_mode``; the roles are then checked against each other (one model, one page
-layout, one context length) and against one request (each pool holds a full-length one).
+``disaggregation_mode``; the roles are then paired (one model, one page layout, one context
+length: ``roundgate.actors.pd_roles``, the rule's one home) and each is checked against one
+request (its pool holds a full-length one).
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from roundgate.actors.server_args import DisaggregationRole, ServerArgs, engine_arg_names
+from roundgate.actors import pd_roles
+from roundgate.actors.server_args import ServerArgs, engine_arg_names
 from roundgate.gate import registry
 
 # A P/D deployment's sections, one per disaggregated role (each also its role's value).
-ROLES = (DisaggregationRole.PREFILL, DisaggregationRole.DECODE)
-# What the KV pages and the ingress's one tokenizer need both roles to agree on.
-MUST_MATCH = ("model", "page_size", "chat_template", "max_model_len", "device", "seed")
+ROLES = pd_roles.PD_ROLES
 
 
 class RoleArgs(BaseModel):
@@ -60,13 +60,13 @@ def split_role(role: str, data: Any) -> Any:
 
 
 def role_server_args(shared: dict[str, Any], roles: dict[str, RoleArgs]) -> dict[str, ServerArgs]:
-    """Each role's validated ``ServerArgs``; every refusal names the role (and the flag)."""
+    """Each role's validated ``ServerArgs`` (built and paired by ``roundgate.actors.pd_roles``);
+    every refusal names the role (and the flag)."""
     if "disaggregation_mode" in shared:
         raise ValueError(
             "disaggregation_mode: a P/D deployment sets each role's mode from its section"
         )
     gate_flags = {"prefill_policy", *registry.all_flags()}
-    built: dict[str, ServerArgs] = {}
     for role in ROLES:
         section = roles[role].engine
         for where, values in (("", shared), (f"{role}.", section)):
@@ -78,17 +78,8 @@ def role_server_args(shared: dict[str, Any], roles: dict[str, RoleArgs]) -> dict
                 )
         if "disaggregation_mode" in section:
             raise ValueError(f"{role}.disaggregation_mode: the section's role sets it")
-        try:
-            built[role] = ServerArgs(**{**shared, **section, "disaggregation_mode": role})
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{role} role: {exc}") from None
-    for name in MUST_MATCH:
-        values = {role: getattr(args, name) for role, args in built.items()}
-        if len(set(values.values())) > 1:
-            raise ValueError(
-                f"prefill.{name} {values['prefill']!r} and decode.{name} {values['decode']!r} "
-                f"differ: both roles must have the same {name} (KV pages move between them)"
-            )
+    sections = {role: roles[role].engine for role in ROLES}
+    built = dict(zip(ROLES, pd_roles.role_server_args(shared, sections), strict=True))
     for role, args in built.items():
         check_fits_one_request(role, args)
     return built

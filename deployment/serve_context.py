@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+from roundgate.actors.server_args import DisaggregationRole
+
 
 def set_serve_request_id(request_id: str) -> None:
     """Make ``request_id`` (the server's own, unique) the Serve-internal id of this task's
@@ -21,7 +23,14 @@ def set_serve_request_id(request_id: str) -> None:
     _set_request_context(_internal_request_id=request_id)
 
 
-RANK_DEPLOYMENTS = ("RankReplica", "PrefillRank", "DecodeRank")  # fused; P/D's two roles
+# Each role's rank deployment, by name (health checks, metrics and tests find them so); every
+# one serves ``RankReplica``, its role read from its ``--disaggregation-mode``.
+RANK_DEPLOYMENT_OF = {
+    DisaggregationRole.FUSED: "RankReplica",
+    DisaggregationRole.PREFILL: "PrefillRank",
+    DisaggregationRole.DECODE: "DecodeRank",
+}
+RANK_DEPLOYMENTS = tuple(RANK_DEPLOYMENT_OF.values())
 
 
 def rank_health() -> str | None:
@@ -46,7 +55,8 @@ def rank_health() -> str | None:
             others = {k: v for k, v in states.items() if k != "RUNNING" and v}
             if str(getattr(ranks.status, "value", ranks.status)) != "HEALTHY" or others:
                 detail = ", ".join(f"{n} {k.lower()}" for k, n in others.items())
-                what = "rank replicas" if name == "RankReplica" else f"{name} replicas"
+                fused = name == RANK_DEPLOYMENT_OF[DisaggregationRole.FUSED]
+                what = "rank replicas" if fused else f"{name} replicas"
                 return (
                     f"{what} not all healthy ({running} running"
                     + (f", {detail}" if detail else "")

@@ -32,10 +32,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from roundgate.actors import pd_roles
 from roundgate.actors.control.handoff import Handoff, HandoffReleased, KVArrived, TransferEnd
 from roundgate.actors.control.rank_loop import RoundOutcome
 from roundgate.actors.control.request import Request
-from roundgate.actors.disaggregated import check_roles
 from roundgate.actors.server_args import ServerArgs
 from roundgate.gate.rows import read_rows
 from roundgate.routing import registry
@@ -262,7 +262,7 @@ class PDSimulator:
         router: Router,
         label: str = "pd",
     ) -> None:
-        check_roles(prefill_args, decode_args)
+        pd_roles.check_pair(prefill_args, decode_args)
         registry.check_pd(router.policy, flag)
         self.costs = costs
         self.router = router
@@ -349,18 +349,16 @@ def parse_split(text: str) -> tuple[int, int]:
 def role_args(
     fused: ServerArgs, num_prefill: int, num_decode: int
 ) -> tuple[ServerArgs, ServerArgs]:
-    """The two roles' args from a fused group's: the same model, pages and per-rank limits
-    (``max_num_seqs`` per rank kept), no prefill policy (the roles run none)."""
+    """The two roles' args from a fused group's (``roundgate.actors.pd_roles`` builds them):
+    the same model, pages and per-rank limits (``max_num_seqs`` per rank kept), no prefill
+    policy (the roles run none)."""
     per_rank = fused.max_batch_size
-    base = fused.replace(prefill_policy="none", **dict.fromkeys(fused.policy_flags))
-    return (
-        base.replace(
-            disaggregation_mode="prefill", dp_size=num_prefill, max_num_seqs=per_rank * num_prefill
-        ),
-        base.replace(
-            disaggregation_mode="decode", dp_size=num_decode, max_num_seqs=per_rank * num_decode
-        ),
-    )
+    shared = fused.replace(prefill_policy="none", **dict.fromkeys(fused.policy_flags)).to_dict()
+    sections = {
+        role: {"dp_size": size, "max_num_seqs": per_rank * size}
+        for role, size in zip(pd_roles.PD_ROLES, (num_prefill, num_decode), strict=True)
+    }
+    return pd_roles.role_server_args(shared, sections)
 
 
 def simulate_pd(spec, num_prefill: int, num_decode: int) -> tuple[SimResult, PDSimulator]:

@@ -11,11 +11,14 @@ from starlette.requests import Request
 
 from roundgate.actors.control.messages import GenerateChunk, GenerateRequest, Usage
 from roundgate.actors.control.request import TokenLogprobs
+from roundgate.actors.server_args import DisaggregationRole
 from roundgate.deployment.ingress import Ingress
 from roundgate.deployment.openai.completions import prompt_ids
 from roundgate.deployment.openai.errors import APIError
 from roundgate.deployment.openai.protocol import CompletionRequest, parse
 from roundgate.deployment.resume import ResumePolicy
+
+FUSED = DisaggregationRole.FUSED
 
 APP_ARGS = {"model": "tiny-moe", "dp_size": 2, "max_num_seqs": 4, "device": "cpu"}
 CONTEXT = 4096  # tiny-moe's max_position
@@ -86,7 +89,7 @@ def echo_reply(message: GenerateRequest) -> list[Any]:
 
 def make_ingress(reply: Callable = echo_reply, **args: Any) -> tuple[Ingress, FakeRanks]:
     ranks = FakeRanks(reply)
-    return Ingress(ranks, {**APP_ARGS, **args}), ranks
+    return Ingress({**APP_ARGS, **args}, {FUSED: ranks}), ranks
 
 
 def make_request(body: bytes, headers: dict[str, str] | None = None) -> Request:
@@ -227,6 +230,6 @@ def dying_ingress(
 ) -> tuple[Ingress, DyingRanks]:
     """An ingress over ``DyingRanks(*deaths)`` that resubmits without waiting."""
     ranks = DyingRanks(*deaths)
-    core = Ingress(ranks, {**APP_ARGS, **args})
+    core = Ingress({**APP_ARGS, **args}, {FUSED: ranks})
     core.resume_policy = ResumePolicy(first_backoff_s=0, max_backoff_s=0)
     return core, ranks

@@ -13,8 +13,11 @@ import pytest
 from ingress_fakes import APP_ARGS, FakeRanks, echo_reply
 from vllm_http import App
 
+from roundgate.actors.server_args import DisaggregationRole
 from roundgate.deployment.config import AppArgs
 from roundgate.deployment.ingress import Ingress
+
+FUSED = DisaggregationRole.FUSED
 
 KEYS = ["alpha-key", "beta-key"]
 # Routes anyone may call: probes, the version, the load (vLLM protects only /v1 paths; these
@@ -133,5 +136,5 @@ def test_keys_resolve_from_the_config_or_the_environment(monkeypatch, api_key, e
 
 def test_the_ingress_takes_its_keys_from_the_config(monkeypatch) -> None:
     monkeypatch.delenv("ROUNDGATE_API_KEY", raising=False)
-    core = Ingress(FakeRanks(echo_reply), {**APP_ARGS, "api_key": KEYS})
+    core = Ingress({**APP_ARGS, "api_key": KEYS}, {FUSED: FakeRanks(echo_reply)})
     assert core.api_keys == tuple(KEYS)

@@ -35,7 +35,7 @@ def test_serve_takes_it_as_a_gang_deployment_that_scales() -> None:
     from roundgate.deployment.app import build_app
 
     app = build_app({**FUSED, "num_groups": 1, "autoscaling": SCALE})
-    ranks = next(a for a in app._bound_deployment.init_args if hasattr(a, "_bound_deployment"))
+    ranks = app._bound_deployment.init_kwargs["fused"]  # the ingress names the role it binds
     config = ranks._bound_deployment._deployment_config
     assert config.gang_scheduling_config.gang_size == 2
     assert config.autoscaling_config.max_replicas == 6

@@ -19,7 +19,11 @@ from roundgate.actors.replica.pd_messages import (
     ReleaseHandoff,
     TransferReport,
 )
+from roundgate.actors.server_args import DisaggregationRole
 from roundgate.deployment.ingress import Ingress
+
+DECODE = DisaggregationRole.DECODE
+PREFILL = DisaggregationRole.PREFILL
 
 PD_ARGS = {
     "model": "tiny-moe",
@@ -75,7 +79,7 @@ def handoff_of(message: GenerateRequest) -> Handoff:
 def make_pd(prefill_reply: Any, decode_items: list[Any]) -> tuple[Ingress, FakeRole, FakeRole]:
     prefill = FakeRole(prefill=prefill_reply, release_handoff=lambda m: None)
     decode = FakeRole(decode=lambda m: FakeStream(list(decode_items)))
-    return Ingress(prefill, PD_ARGS, decode), prefill, decode
+    return Ingress(PD_ARGS, {PREFILL: prefill, DECODE: decode}), prefill, decode
 
 
 def test_the_decode_ranks_chunks_follow_the_handoff_and_its_report_is_recorded() -> None:
@@ -123,4 +127,4 @@ def test_dp_rank_is_refused_naming_it() -> None:
 
 def test_a_pd_ingress_reads_the_decode_roles_args() -> None:
     core, _, _ = make_pd(lambda m: PrefillResult(handoff=handoff_of(m)), [])
-    assert core.pd is not None and core.engine_args.disaggregation_mode == "decode"
+    assert core.roles == (PREFILL, DECODE) and core.engine_args.disaggregation_mode == DECODE

@@ -16,8 +16,9 @@ import torch
 from family_models import build_family
 
 from roundgate.actors.control.request import Request, SamplingParams
-from roundgate.actors.disaggregated import DisaggregatedEngine, check_roles
+from roundgate.actors.disaggregated import DisaggregatedEngine
 from roundgate.actors.engine import Engine
+from roundgate.actors.pd_roles import check_pair
 from roundgate.actors.server_args import ServerArgs
 
 # Lengths around the 4-token page: partial last pages, page-aligned prompts, a one-token one.
@@ -188,7 +189,7 @@ def test_mismatched_roles_are_refused_naming_the_field(
 ) -> None:
     base = {"model": "tiny-llama", "page_size": 4, "num_kv_pages": 16, "device": "cpu"}
     with pytest.raises(ValueError, match=culprit):
-        check_roles(
+        check_pair(
             ServerArgs(**({"disaggregation_mode": "prefill"} | base | prefill)),
             ServerArgs(**({"disaggregation_mode": "decode"} | base | decode)),
         )

@@ -19,11 +19,15 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
 from roundgate.actors.control.messages import GenerateChunk, GenerateRequest, Usage
 from roundgate.actors.control.request import SamplingParams
-from roundgate.actors.replica.rank_replica import GroupFailure, GroupUnavailable
+from roundgate.actors.replica.rank_engine import GroupFailure, GroupUnavailable
+from roundgate.actors.server_args import DisaggregationRole
 from roundgate.deployment.ingress import Ingress
 from roundgate.deployment.openai.choices import usage
 from roundgate.deployment.openai.protocol import CompletionRequest, parse
 from roundgate.deployment.resume import Continuation, ResumePolicy, attempt_id, shift_usage
+
+DECODE = DisaggregationRole.DECODE
+PREFILL = DisaggregationRole.PREFILL
 
 PROMPT = [104, 105, 33]  # "hi!"
 PD_INGRESS_ARGS = {
@@ -261,7 +265,7 @@ def pd_roles(lose: list[Any]) -> tuple[Ingress, Any, Any]:
 
     prefill_role = FakeRole(prefill=prefill, release_handoff=lambda m: None)
     decode_role = FakeRole(decode=decode)
-    core = Ingress(prefill_role, PD_INGRESS_ARGS, decode_role)
+    core = Ingress(PD_INGRESS_ARGS, {PREFILL: prefill_role, DECODE: decode_role})
     return core, prefill_role, decode_role
 
 

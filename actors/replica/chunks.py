@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
 from roundgate.actors.control.messages import GenerateChunk, Usage
 from roundgate.actors.control.request import Request, sequence_id
 from roundgate.actors.control.round import TokenEvent
@@ -91,3 +95,28 @@ class ChunkBuilder:
         return [
             rid if j == 0 else sequence_id(rid, j) for j in range(self.n) if j not in self.finished
         ]
+
+
+async def relay(
+    builder: ChunkBuilder, queue: asyncio.Queue, until: type | None = None
+) -> AsyncIterator[Any]:
+    """The request's events from ``queue`` as chunks, until every sequence ended (or an item
+    of type ``until`` arrives: yielded as it is, and the relay stops). An exception in the
+    queue (the group failed) is raised."""
+    while not builder.done:
+        # Whatever queued up while we were away goes out in one chunk: under load that
+        # batches tokens; ``stream_interval`` sets the minimum chunk size.
+        items = [await queue.get()]
+        while not queue.empty():
+            items.append(queue.get_nowait())
+        for item in items:
+            if isinstance(item, BaseException):
+                raise item
+            if until is not None and isinstance(item, until):
+                for chunk in builder.take():
+                    yield chunk
+                yield item
+                return
+            builder.add(item)
+        for chunk in builder.take():
+            yield chunk

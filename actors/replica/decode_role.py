@@ -1,4 +1,4 @@
-"""A decode-role rank: takes a prefill rank's handoff, receives its KV, and only decodes.
+"""The decode role: a rank that takes a prefill rank's handoff, receives its KV, and only decodes.
 
 ``decode`` queues the handoff; a round reserves its pages (under the 0.9 watermark and the
 batch's slots, like a new prompt on a fused rank: until then it waits for decode capacity);
@@ -16,14 +16,14 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from roundgate.actors.control.handoff import KVReservation
 from roundgate.actors.control.messages import GenerateChunk, Usage
 from roundgate.actors.control.rank_loop import RoundOutcome
 from roundgate.actors.replica import pd_pairs
-from roundgate.actors.replica.chunks import ChunkBuilder
+from roundgate.actors.replica.chunks import ChunkBuilder, relay
 from roundgate.actors.replica.kv_link import TransferFailed
 from roundgate.actors.replica.pd_messages import (
     DecodeRequest,
@@ -32,7 +32,7 @@ from roundgate.actors.replica.pd_messages import (
     SendKV,
     TransferReport,
 )
-from roundgate.actors.replica.rank_replica import RankReplica
+from roundgate.actors.replica.rank_engine import RankEngine
 from roundgate.actors.server_args import DisaggregationRole
 from roundgate.actors.telemetry.transfer_metrics import TransferMetrics
 
@@ -43,74 +43,84 @@ logger = logging.getLogger("roundgate.decode")
 MAX_TAG = 2**31 - 1
 
 
-class DecodeRankReplica(RankReplica):
-    """One rank of the decode group: an attention-DP rank whose requests arrive with KV."""
+class DecodeRole:
+    """``RankRole`` of a decode rank: an attention-DP rank whose requests arrive with KV."""
 
-    async def __init__(
-        self, args: dict[str, Any], link: LinkSpec, prefill: DeploymentHandle
+    name = DisaggregationRole.DECODE
+
+    def __init__(
+        self,
+        engine: RankEngine,
+        wake: Callable[[], None],
+        transfers: TransferMetrics,
+        link: LinkSpec,
+        prefill: DeploymentHandle,
     ) -> None:
-        await super().__init__(args)
-        if self.args.disaggregation_mode is not DisaggregationRole.DECODE:
-            raise ValueError("DecodeRankReplica needs --disaggregation-mode decode")
-        self.prefill_ranks = prefill
-        self.transfers = TransferMetrics(
-            self.metrics.set, self.gang_id, self.metrics_model, self.rank, DisaggregationRole.DECODE
-        )
+        self.engine = engine
+        self.wake = wake  # the membership's: a handoff or a transfer's end lets it run
+        self.transfers = transfers
+        self.link_spec = link
+        self.link: pd_pairs.LinkPairs | None = None  # joined at ``start``
+        self.prefill_ranks = prefill  # the prefill role's deployment: send_kv, release
         # Tags of this rank's transfers: unique per (sender, this receiver) pair in flight.
-        self._tags = itertools.count(1)
-        self._pending_sends: set[asyncio.Future] = set()
+        self.tags = itertools.count(1)
+        self.pending_calls: set[asyncio.Future] = set()
+
+    async def start(self) -> None:
+        """Join the P/D link (its prefill ranks are awaited once)."""
+        args, rank = self.engine.args, self.engine.membership.rank
         self.link = await asyncio.to_thread(
             pd_pairs.join,
-            link,
+            self.link_spec,
             DisaggregationRole.DECODE,
-            self.rank,
-            self.args.device,
-            self.args.collective_timeout_s,
+            rank,
+            args.device,
+            args.collective_timeout_s,
         )
         logger.info(
             "decode rank %d (process %s) joined P/D link %s",
-            self.rank,
+            rank,
             self.link.incarnation,
-            link.link_id,
+            self.link_spec.link_id,
         )
 
-    def _after_round(self, outcome: RoundOutcome) -> None:
+    def after_round(self, outcome: RoundOutcome) -> None:
+        core = self.engine.core
         for reservation in outcome.plan.reservations:
-            queue = self._streams.get(reservation.request_id)
-            if queue is None:  # its caller went away: free the pages nobody will fill
-                self.core.kv_failed(reservation.request_id, "the request's caller went away")
-            else:
-                self._outbox.put(queue, reservation)
-        self.transfers.set_waiting(self.core.connector.num_waiting_for_decode)
+            if not self.engine.deliver(reservation.request_id, reservation):
+                # Its caller went away: free the pages nobody will fill.
+                core.kv_failed(reservation.request_id, "the request's caller went away")
+        self.transfers.set_waiting(core.connector.num_waiting_for_decode)
 
     async def decode(self, message: DecodeRequest) -> AsyncIterator[GenerateChunk | TransferReport]:
         """Take the handoff, receive its KV, stream its tokens (first item: the report)."""
-        if self._error is not None:
-            raise self._error
+        engine = self.engine
+        if engine.error is not None:
+            raise engine.error
+        core = engine.core
         handoff = message.handoff
         request_id = handoff.request_id
         usage = Usage(prompt_tokens=len(handoff.prompt_token_ids), completion_tokens=0)
-        if request_id in self._streams:
+        queue = engine.open_stream(request_id)
+        if queue is None:
             error = f"request id {request_id!r} is already streaming on this rank"
             yield GenerateChunk(token_ids=(), finish_reason="error", usage=usage, error=error)
             return
-        queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = queue
         finished = False
-        builder = ChunkBuilder(handoff.to_request(), self.args.stream_interval)
+        builder = ChunkBuilder(handoff.to_request(), engine.args.stream_interval)
         try:
             try:  # off the event loop: a grammar compiles here on first use
-                await asyncio.to_thread(self.core.submit_handoff, handoff)
+                await asyncio.to_thread(core.submit_handoff, handoff)
             except ValueError as exc:  # this request cannot run here; the group is fine
                 finished = True
                 yield GenerateChunk(
                     token_ids=(), finish_reason="error", usage=usage, error=str(exc)
                 )
                 return
-            self._wake_group()
+            self.wake()
             arrived = time.monotonic()
             reservation = None
-            async for item in self._relay(builder, queue, until=KVReservation):
+            async for item in relay(builder, queue, until=KVReservation):
                 if isinstance(item, KVReservation):
                     reservation = item
                 else:
@@ -121,14 +131,14 @@ class DecodeRankReplica(RankReplica):
             yield await self._receive(
                 reservation, time.monotonic() - arrived, message.source_incarnation
             )
-            async for chunk in self._relay(builder, queue):
+            async for chunk in relay(builder, queue):
                 yield chunk
             finished = True
         finally:
-            self._streams.pop(request_id, None)
+            engine.close_stream(request_id)
             if not finished:
                 for sequence in builder.unfinished_ids():
-                    self.core.abort(sequence)
+                    core.abort(sequence)
 
     async def _receive(
         self, reservation: KVReservation, waited: float, incarnation: str
@@ -142,14 +152,14 @@ class DecodeRankReplica(RankReplica):
         if not sources:  # every page was prefix-cached here: nothing moves
             release = ReleaseHandoff(request_id=request_id, dp_rank=source)
             self._track(self.prefill_ranks.release_handoff.remote(release))
-            self.core.kv_arrived(request_id)
-            self._wake_group()
+            self.engine.core.kv_arrived(request_id)
+            self.wake()
             return TransferReport(decode_wait_s=waited, transfer_s=0.0, num_pages=0, num_bytes=0)
-        tag = next(self._tags) % MAX_TAG + 1
+        tag = next(self.tags) % MAX_TAG + 1
         order = SendKV(
             request_id=request_id,
             page_ids=sources,
-            dst_rank=self.rank,
+            dst_rank=self.engine.membership.rank,
             dst_incarnation=self.link.incarnation,
             tag=tag,
             dp_rank=source,
@@ -167,8 +177,8 @@ class DecodeRankReplica(RankReplica):
                 source, incarnation
             )
             error = f"KV transfer from prefill rank {source} failed: {exc}"
-            self.core.kv_failed(request_id, error)
-            self._wake_group()
+            self.engine.core.kv_failed(request_id, error)
+            self.wake()
             return TransferReport(
                 decode_wait_s=waited,
                 transfer_s=time.monotonic() - start,
@@ -177,8 +187,8 @@ class DecodeRankReplica(RankReplica):
                 error=error,
                 source_lost=lost,
             )
-        self.core.kv_arrived(request_id)
-        self._wake_group()
+        self.engine.core.kv_arrived(request_id)
+        self.wake()
         seconds = time.monotonic() - start
         self.transfers.transferred(len(sources), size, seconds)
         return TransferReport(
@@ -188,7 +198,7 @@ class DecodeRankReplica(RankReplica):
     def _take(self, source: int, incarnation: str, pages: tuple[int, ...], tag: int) -> int:
         """Form (or reuse) the pair with the prefill process, then receive (a worker thread)."""
         pair = self.link.pair_with(source, incarnation)
-        return pair.receive(self._runner.cache, pages, pd_pairs.PREFILL_END, tag)
+        return pair.receive(self.engine.runner.cache, pages, pd_pairs.PREFILL_END, tag)
 
     def _still_there(self, source: int, incarnation: str) -> bool:
         """Whether prefill ``source``'s process ``incarnation`` is still the published one (a
@@ -207,5 +217,5 @@ class DecodeRankReplica(RankReplica):
                 logger.warning("call to the prefill role failed: %r", exc)
 
         task = asyncio.ensure_future(wait())
-        self._pending_sends.add(task)
-        task.add_done_callback(self._pending_sends.discard)
+        self.pending_calls.add(task)
+        task.add_done_callback(self.pending_calls.discard)

@@ -26,6 +26,7 @@ import os
 import select
 import tempfile
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
 
@@ -36,7 +37,7 @@ STOP_CHECK_S = 1.0
 class GroupWake(Protocol):
     """Pause and wake for one rank of a DP group."""
 
-    def wait(self, epoch: int, stop: threading.Event) -> bool:
+    def wait(self, epoch: int, stop: StopFlag) -> bool:
         """Block until a wake for ``epoch`` (True) or ``stop`` is set (False)."""
         ...
 
@@ -154,3 +155,61 @@ def open_group_wake(init_method: str, gang_id: str, rank: int, world_size: int) 
         return FifoWake(gang_id, rank, world_size)
     host, _, port = init_method.removeprefix("tcp://").rpartition(":")
     return StoreWake(host, int(port), f"roundgate/wake/{gang_id}")
+
+
+class StopFlag(Protocol):
+    """What a paused rank looks at each ``STOP_CHECK_S``: a ``threading.Event`` or the like."""
+
+    def is_set(self) -> bool: ...
+
+
+class GroupPause:
+    """One rank's pauses over a ``GroupWake``: their epochs, counted alike on every rank.
+
+    Read and written by the engine thread (``pause``) and the event loop (``wake``). A
+    membership owns one; an elastic group's re-form gives it the new group's channel.
+    """
+
+    def __init__(self, channel: GroupWake) -> None:
+        self.channel = channel
+        self.epoch = 0  # the newest pause's epoch
+        self.paused_at: int | None = None  # the pause this rank is in (None: running rounds)
+        self.woken = -1  # the last pause a request woke
+
+    def pause(self, wake_now: bool, stop: Callable[[int], StopFlag]) -> None:
+        """Sleep with the whole group until a request arrives on any rank.
+
+        Every rank sees the same idle rows and pauses on the same round, so the epochs agree.
+        ``paused_at`` is set before the engine looks at the intake again: a request submitted
+        after that finds the epoch and wakes it (``wake``); one submitted before is seen here
+        (``wake_now``: this rank has work, so it wakes the group itself). ``stop(epoch)``: what
+        the wait checks each ``STOP_CHECK_S``.
+        """
+        self.epoch += 1
+        epoch = self.paused_at = self.epoch
+        try:
+            if wake_now:
+                self.channel.wake(epoch)
+            self.channel.wait(epoch, stop(epoch))
+        finally:
+            self.paused_at = None
+
+    def wake(self) -> None:
+        """A request was queued on this rank: end the group's pause, if it is in one."""
+        epoch = self.paused_at
+        if epoch is not None and epoch != self.woken:
+            self.woken = epoch
+            self.channel.wake(epoch)
+
+    def wake_epoch(self, epoch: int) -> None:
+        """End pause ``epoch`` on every rank, whoever woke it before (a joiner is waiting)."""
+        self.channel.wake(epoch)
+
+    def replace(self, channel: GroupWake) -> None:
+        """A new group's channel (an elastic re-form): its pauses are counted afresh."""
+        old, self.channel = self.channel, channel
+        self.epoch, self.woken = 0, -1
+        old.close()
+
+    def close(self) -> None:
+        self.channel.close()

@@ -1,4 +1,4 @@
-"""A prefill-role rank: computes a prompt's KV and first token, then hands the request off.
+"""The prefill role: a rank that computes a prompt's KV and first token, then hands the request off.
 
 ``prefill`` runs the request like ``generate`` until the round that samples its first token
 turns it into a ``Handoff`` (its pages pinned here); ``send_kv``, called by the decode rank
@@ -12,72 +12,76 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 
 from roundgate.actors.control.handoff import Handoff
 from roundgate.actors.control.messages import GenerateChunk, GenerateRequest, RankTarget
 from roundgate.actors.control.rank_loop import RoundOutcome
 from roundgate.actors.replica import pd_pairs
+from roundgate.actors.replica.intake import PromptIntake
 from roundgate.actors.replica.kv_link import TransferFailed
 from roundgate.actors.replica.pd_messages import LinkSpec, PrefillResult, ReleaseHandoff, SendKV
-from roundgate.actors.replica.rank_replica import RankReplica
+from roundgate.actors.replica.rank_engine import RankEngine
 from roundgate.actors.server_args import DisaggregationRole
 from roundgate.actors.telemetry.transfer_metrics import TransferMetrics
 
 logger = logging.getLogger("roundgate.prefill")
 
 
-class PrefillRankReplica(RankReplica):
-    """One rank of the prefill group: prefill only, then the KV goes to a decode rank."""
+class PrefillRole:
+    """``RankRole`` of a prefill rank: prefill only, then the KV goes to a decode rank."""
 
-    async def __init__(self, args: dict[str, Any], link: LinkSpec) -> None:
-        await super().__init__(args)
-        if self.args.disaggregation_mode is not DisaggregationRole.PREFILL:
-            raise ValueError("PrefillRankReplica needs --disaggregation-mode prefill")
-        self.transfers = TransferMetrics(
-            self.metrics.set,
-            self.gang_id,
-            self.metrics_model,
-            self.rank,
-            DisaggregationRole.PREFILL,
-        )
+    name = DisaggregationRole.PREFILL
+
+    def __init__(
+        self,
+        engine: RankEngine,
+        intake: PromptIntake,
+        wake: Callable[[], None],
+        transfers: TransferMetrics,
+        link: LinkSpec,
+    ) -> None:
+        self.engine = engine
+        self.intake = intake
+        self.wake = wake  # the membership's: a released handoff may let the group run
+        self.transfers = transfers
+        self.link_spec = link
+        self.link: pd_pairs.LinkPairs | None = None  # joined at ``start``
         # Fault injection for tests and drills: the next sends report a failure instead.
-        self._faults = 0
+        self.num_faults = 0
+
+    async def start(self) -> None:
+        """Join the P/D link (its decode ranks are awaited once)."""
+        args, rank = self.engine.args, self.engine.membership.rank
         self.link = await asyncio.to_thread(
             pd_pairs.join,
-            link,
+            self.link_spec,
             DisaggregationRole.PREFILL,
-            self.rank,
-            self.args.device,
-            self.args.collective_timeout_s,
+            rank,
+            args.device,
+            args.collective_timeout_s,
         )
         logger.info(
             "prefill rank %d (process %s) joined P/D link %s",
-            self.rank,
+            rank,
             self.link.incarnation,
-            link.link_id,
+            self.link_spec.link_id,
         )
 
-    def _after_round(self, outcome: RoundOutcome) -> None:
+    def after_round(self, outcome: RoundOutcome) -> None:
+        core = self.engine.core
         for handoff in outcome.handoffs:
-            queue = self._streams.get(handoff.request_id)
-            if queue is None:  # its caller went away: nobody will send these pages
-                self.core.release_handoff(handoff.request_id)
-            else:
-                self._outbox.put(queue, handoff)
-        self.transfers.set_waiting(self.core.connector.num_waiting_for_decode)
-
-    async def generate(self, message: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        """A prefill rank never decodes: its requests come through ``prefill``."""
-        raise ValueError("a prefill rank takes requests through prefill(), not generate()")
-        yield  # an async generator, as Serve's streaming call expects
+            if not self.engine.deliver(handoff.request_id, handoff):
+                # Its caller went away: nobody will send these pages.
+                core.release_handoff(handoff.request_id)
+        self.transfers.set_waiting(core.connector.num_waiting_for_decode)
 
     async def prefill(self, message: GenerateRequest) -> PrefillResult:
         """Prefill ``message``; its ``Handoff``, or its whole answer when it needs no decode."""
         start = time.monotonic()
         chunks: list[GenerateChunk] = []
-        async for item in self._generate(message.to_request(), until=Handoff):
+        async for item in self.intake.stream(message.to_request(), until=Handoff):
             if isinstance(item, Handoff):
                 return PrefillResult(
                     handoff=item,
@@ -98,12 +102,13 @@ class PrefillRankReplica(RankReplica):
         if order.source_incarnation != self.link.incarnation:
             logger.info("send_kv for %s: made by an earlier process of this rank", order.request_id)
             return 0
-        ok = self.core.connector.is_pinned(order.request_id)
-        if ok and self._faults > 0:
-            self._faults -= 1
+        core = self.engine.core
+        ok = core.connector.is_pinned(order.request_id)
+        if ok and self.num_faults > 0:
+            self.num_faults -= 1
             ok = False
             logger.warning("injected KV transfer fault for request %s", order.request_id)
-        cache = self._runner.cache if ok else None
+        cache = self.engine.runner.cache if ok else None
         start = time.monotonic()
         try:
             size = await asyncio.to_thread(self._send, order, cache)
@@ -111,8 +116,8 @@ class PrefillRankReplica(RankReplica):
             self.transfers.failed()
             raise
         finally:
-            self.core.release_handoff(order.request_id)
-            self._wake_group()
+            core.release_handoff(order.request_id)
+            self.wake()
         if not ok:
             self.transfers.failed()
             return 0
@@ -126,9 +131,9 @@ class PrefillRankReplica(RankReplica):
 
     async def release_handoff(self, order: ReleaseHandoff) -> None:
         """Unpin a handoff no decode rank will take (idempotent)."""
-        self.core.release_handoff(order.request_id)
-        self._wake_group()
+        self.engine.core.release_handoff(order.request_id)
+        self.wake()
 
     async def inject_transfer_faults(self, target: RankTarget, count: int) -> None:
         """Make the next ``count`` sends report a failure (tests and failure drills)."""
-        self._faults = count
+        self.num_faults = count
