@@ -31,6 +31,8 @@ from roundgate.gate import registry
 from roundgate.gate.delay import PrefillDelay
 from roundgate.gate.policy import PrefillPolicy
 from roundgate.gate.spec import PolicyContext
+from roundgate.kernels.attention import registry as attention_kernels
+from roundgate.kernels.moe import registry as moe_kernels
 from roundgate.kernels.triton_env import check_triton_device
 
 
@@ -68,11 +70,10 @@ _NULL = "null"
 # The role's: its values, and ``null`` for the fused role (command lines and serve configs).
 DISAGGREGATION_MODES = (*(role.value for role in DisaggregationRole), _NULL)
 DEVICES = ("auto", "cpu", "cuda")
-# (To be read from the kernels' registries, ``roundgate.kernels.attention.registry`` and
-# ``roundgate.kernels.moe.registry``, once they exist: adding a backend is then one file.)
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
-MOE_BACKENDS = ("auto", "local", "torch", "deepep")
-MOE_KERNELS = ("torch", "triton")
+# The kernels' registries list their backends: adding one is a file and a registry line.
+ATTENTION_BACKENDS = attention_kernels.names()
+MOE_BACKENDS = moe_kernels.backend_names()
+MOE_KERNELS = moe_kernels.kernel_names()
 GGUF_WEIGHTS = ("packed", "int8-dot", "float")
 
 C = TypeVar("C")
