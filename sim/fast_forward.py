@@ -23,9 +23,9 @@ It only engages where that equivalence is easy to see:
   timeline.
 
 Each rank's scheduler makes the k rounds' state changes itself, through its public interface
-(``decode_horizon``, ``decode_page_grants`` and ``skip_decode_rounds``: its round counter and
-admission waits move as k held rounds would move them); this module decides how many rounds to
-skip, prices them and keeps the records.
+(``scheduler.steady``'s ``horizon`` and ``page_grants`` ask, ``skip_decode_rounds`` applies:
+its round counter and admission waits move as k held rounds would move them); this module
+decides how many rounds to skip, prices them and keeps the records.
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ from typing import TYPE_CHECKING
 
 from roundgate.actors.control.rank_loop import RankLoop
 from roundgate.actors.control.request import Request
+from roundgate.actors.control.round import RoundPlan, RoundResult, TokenEvent
 from roundgate.actors.control.steady_decodes import Grant
-from roundgate.gate.rows import RankRow
+from roundgate.gate.permission import HOLD_ALL
+from roundgate.gate.rows import RankRow, RoundView, read_rows
 from roundgate.sim.cost_executor import SIM_TOKEN
 from roundgate.sim.round_costs import RoundCosts
 
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
 # A decoding rank's row, by (batch size, wants_prefill, has_decode_work): rows are immutable
 # and repeat call after call, and building one costs more than the lookup.
 _ROWS: dict[tuple[int, bool, bool], RankRow] = {}
+# A held rank's row in a full round, by (tokens, batch size, extends, has_decode_work).
+_HELD_ROWS: dict[tuple[int, int, int, bool], RankRow] = {}
 
 
 def supported(loops: Sequence[RankLoop]) -> bool:
@@ -59,7 +63,7 @@ def supported(loops: Sequence[RankLoop]) -> bool:
 def _scan(loops: Sequence[RankLoop]) -> tuple[list[RankRow], list[int], list[int]] | None:
     """The rows every rank publishes while it decodes steadily, and for each rank the
     rounds until its first finish (the round that finishes counted) and until its first
-    page grant (``Scheduler.decode_horizon``); None when some rank is not steady."""
+    page grant (``SteadyDecodes.horizon``); None when some rank is not steady."""
     rows = []
     lefts = []
     grants = []
@@ -72,7 +76,7 @@ def _scan(loops: Sequence[RankLoop]) -> tuple[list[RankRow], list[int], list[int
         # for prefill while a vote may be open).
         if n > s.config.max_scheduled_tokens // 2:
             return None
-        first_end, first_grant = s.decode_horizon()
+        first_end, first_grant = s.steady.horizon()
         probe = s.probe()
         key = (n, probe.wants_prefill, probe.has_decode_work)
         row = _ROWS.get(key)
@@ -118,11 +122,11 @@ def _round_ends(
 def _page_needs(
     loops: Sequence[RankLoop], k: int, first_grants: list[int]
 ) -> list[list[Grant]] | None:
-    """Each rank's page grants over k rounds (``Scheduler.decode_page_grants``); None if a
+    """Each rank's page grants over k rounds (``SteadyDecodes.page_grants``); None if a
     pool runs short or a held prompt's probe flips."""
     needs = []
     for loop, first_grant in zip(loops, first_grants, strict=True):
-        grants = [] if first_grant >= k else loop.scheduler.decode_page_grants(k)
+        grants = [] if first_grant >= k else loop.scheduler.steady.page_grants(k)
         if grants is None:
             return None
         needs.append(grants)
@@ -219,3 +223,45 @@ def advance(
         itl.extend(array("d", [gap]) * len(samples))
     starts.extend(ends)
     return k, end_s, finished
+
+
+def held_round(
+    loops: Sequence[RankLoop],
+) -> tuple[RoundView, list[float], list[list[TokenEvent]]]:
+    """One full group round in which the ranks with no prefill work (nothing waiting, no
+    resident chunk, nothing retracted or ending) skip their vote: it can only hold, and a
+    steady policy's vote changes no state. They plan held, publish the row ``RankLoop.begin``
+    would, and run the executor and ``update`` as ``RankLoop.finish`` would; the other ranks
+    run ``begin``/``finish``. Returns the round's reading, each rank's forward seconds and its
+    token events."""
+    plans: list[RoundPlan | None] = []
+    rows = []
+    for loop in loops:
+        s = loop.scheduler
+        if s.queues.waiting or not s.is_steady:
+            plans.append(None)
+            rows.append(loop.begin())
+            continue
+        plan = s.plan(HOLD_ALL)
+        plans.append(plan)
+        batch_size, num_extends, _, num_tokens = plan.counts()
+        key = (num_tokens, batch_size, num_extends, bool(s.queues.running))
+        row = _HELD_ROWS.get(key)
+        if row is None:
+            row = _HELD_ROWS[key] = RankRow(num_tokens, batch_size, num_extends, False, key[3])
+        rows.append(row)
+    view = read_rows(rows)
+    costs_s = []
+    events = []
+    for loop, plan in zip(loops, plans, strict=True):
+        if plan is None:
+            outcome = loop.finish(rows, view)
+            costs_s.append(outcome.result.cost_s)
+            events.append(outcome.events)
+            continue
+        loop.policy.observe(rows, view)
+        loop.last_rows = rows
+        result = RoundResult() if view.all_idle else loop.executor.execute(plan, rows, view)
+        costs_s.append(result.cost_s)
+        events.append(loop.scheduler.update(plan, result))
+    return view, costs_s, events

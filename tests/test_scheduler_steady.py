@@ -1,4 +1,4 @@
-"""The scheduler's horizon (``decode_horizon``, ``decode_page_grants``, ``skip_decode_rounds``:
+"""The scheduler's horizon (``steady.horizon``, ``steady.page_grants``, ``skip_decode_rounds``:
 k steady decode rounds at once, the simulator's fast path) is the contract of k held rounds of
 ``plan``/``publish_probe``/``update``: each case runs one scheduler through the rounds and one
 through the skip, and compares everything the rounds touch."""
@@ -115,7 +115,7 @@ def test_a_retracting_rank_is_not_steady() -> None:
 @pytest.mark.parametrize("caching", [False, True])
 def test_the_horizon_is_the_first_finish_and_the_first_page_grant(caching: bool) -> None:
     sched = steady_rank(caching)
-    first_end, first_grant = sched.decode_horizon()
+    first_end, first_grant = sched.steady.horizon()
     end = grant = None
     for j in range(1, 20):
         pages = sched.pool.num_used_pages
@@ -125,7 +125,7 @@ def test_the_horizon_is_the_first_finish_and_the_first_page_grant(caching: bool)
         if end is None and any(e.finished for e in events):
             end = j
     assert (first_end, first_grant) == (end, grant)
-    assert make_scheduler().decode_horizon() == (FAR_ROUNDS, FAR_ROUNDS)
+    assert make_scheduler().steady.horizon() == (FAR_ROUNDS, FAR_ROUNDS)
 
 
 @pytest.mark.parametrize("caching", [False, True])
@@ -141,10 +141,10 @@ def test_k_skipped_rounds_are_k_full_rounds(
         prepare(full)
         prepare(fast)
     assert fast.is_steady
-    horizon = fast.decode_horizon()[0]
+    horizon = fast.steady.horizon()[0]
     rounds = horizon if k == "horizon" else k
     assert isinstance(rounds, int) and rounds <= horizon
-    grants = fast.decode_page_grants(rounds)
+    grants = fast.steady.page_grants(rounds)
     assert grants is not None
     for _ in range(rounds):
         events = full_round(full)
@@ -156,8 +156,8 @@ def test_k_skipped_rounds_are_k_full_rounds(
 
 def test_page_grants_are_the_full_rounds_grants_in_their_order() -> None:
     full, fast = steady_rank(num_kv_pages=64), steady_rank(num_kv_pages=64)
-    k = fast.decode_horizon()[0]  # up to the first finish
-    grants = fast.decode_page_grants(k)
+    k = fast.steady.horizon()[0]  # up to the first finish
+    grants = fast.steady.page_grants(k)
     assert grants is not None and len({req.request_id for _, _, req in grants}) > 1
     seen = []
     for j in range(k):
@@ -173,8 +173,8 @@ def test_page_grants_are_the_full_rounds_grants_in_their_order() -> None:
 def test_page_grants_refuse_a_pool_that_runs_short() -> None:
     sched = steady_rank(num_kv_pages=8)
     fill_pool(sched, sched.pool.num_free_pages)
-    assert sched.decode_page_grants(1) == []  # no page needed yet
-    assert sched.decode_page_grants(9) is None
+    assert sched.steady.page_grants(1) == []  # no page needed yet
+    assert sched.steady.page_grants(9) is None
 
 
 @pytest.mark.parametrize("waiting", [False, True])
@@ -185,5 +185,5 @@ def test_page_grants_refuse_to_carry_the_pool_across_the_watermark(waiting: bool
     fill_pool(sched, 17)  # 18 of 20 pages: at the watermark, not over
     if waiting:
         add(sched, 4)
-    grants = sched.decode_page_grants(2)  # round 1 takes a page: 19 of 20
+    grants = sched.steady.page_grants(2)  # round 1 takes a page: 19 of 20
     assert grants == (None if waiting else [(1, 0, req)])

@@ -24,6 +24,11 @@ class AdmissionWaits:
         """``num_rounds`` rounds held a waiting prompt for pressure or a full batch."""
         self.excused_rounds += num_rounds
 
+    @property
+    def has_unstamped(self) -> bool:
+        """Whether some prompt waits for its first published want (``wanted`` has work)."""
+        return bool(self._unstamped)
+
     def arrived(self, req: Request) -> None:
         self._unstamped.append(req)
 

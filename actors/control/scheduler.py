@@ -117,7 +117,8 @@ class Scheduler:
         self.planner = RoundPlanner(
             config, queues, self.pool, self.prefix, self.waits, ends, self.connector
         )
-        # A steady rank's decode rounds, k at once (``skip_decode_rounds``).
+        # A steady rank's decode rounds, k at once: its queries (``horizon``, ``page_grants``)
+        # read the rank, and ``skip_decode_rounds`` applies them with the rounds' bookkeeping.
         self.steady = SteadyDecodes(queues, self.pool, self.prefix, self.max_sequence_len)
 
     # ---- intake --------------------------------------------------------------------------
@@ -320,16 +321,6 @@ class Scheduler:
         queues = self.queues
         return not (queues.partial or queues.retracted or self.ends.has_pending)
 
-    def decode_horizon(self) -> tuple[int, int]:
-        """For a steady rank: decode rounds until its first request finishes at its length
-        (the finishing round counted), and until its first page grant (``FAR_ROUNDS``: never)."""
-        return self.steady.horizon()
-
-    def decode_page_grants(self, k: int) -> list[Grant] | None:
-        """For a steady rank: the page grants of its next k decode rounds, or None when they
-        cannot be made or would flip a held prompt's probe (``SteadyDecodes.page_grants``)."""
-        return self.steady.page_grants(k)
-
     def skip_decode_rounds(
         self, k: int, grants: list[Grant], token: int, horizon: int
     ) -> list[Request]:
@@ -337,7 +328,7 @@ class Scheduler:
         returns the requests the last round finished, in running order.
 
         Every decode samples ``token`` (one that stops none of them); ``grants`` are
-        ``decode_page_grants(k)`` and ``horizon`` is ``decode_horizon()[0]``: the caller skips
+        ``steady.page_grants(k)`` and ``horizon`` is ``steady.horizon()[0]``: the caller skips
         no further (k <= horizon), and checked that no vote admits a held prompt meanwhile.
         """
         finishing = k == horizon
@@ -350,7 +341,8 @@ class Scheduler:
             self.round += 1
             if excused:
                 self.waits.excuse()
-            self.publish_probe()
+            if self.waits.has_unstamped:  # else the probe would stamp nothing
+                self.publish_probe()
             self.round += k - 1
             if excused:
                 self.waits.excuse(k - 1)
