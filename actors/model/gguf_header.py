@@ -5,9 +5,9 @@ the model's shape, the ingress checks requests against it, each rank loads the t
 the ``gguf`` package's reader builds a numpy view for every element of every metadata array
 on the way: for SmolLM2's 49k-token vocabulary and 48k merges that is about a million views,
 2-6 s a process, before any tensor is read. This reader walks the same bytes with ``struct``,
-skips the arrays (keeping where they are, decoded only when asked for) and hands out the
-tensors as memory-mapped numpy views laid out exactly as the ``gguf`` package lays them out,
-so ``gguf.quants.dequantize`` and the packed-block loader read them unchanged.
+skips the arrays (keeping where they are, decoded only when asked for) and records where each
+tensor lies (``gguf_source`` maps them as the ``gguf`` package's reader would). Standard
+library only: ``ServerArgs`` reads the header in the control plane, which loads no numpy.
 
 The format (GGUF v2/v3, little-endian): magic, version, tensor count, metadata count; the
 metadata as (key, type, value); then each tensor's name, dimensions, type and offset; the
@@ -61,18 +61,6 @@ class TensorInfo:
     shape: tuple[int, ...]
     ggml_type: int
     offset: int
-
-
-@dataclass(frozen=True)
-class GGUFTensor:
-    """A tensor of the file as its loaders read it: the ``gguf`` package's record fields
-    (``name``, ``tensor_type``, ``shape`` fastest dimension first) and ``data``, the
-    memory-mapped view ``GGUFHeader.tensor_data`` shapes."""
-
-    name: str
-    tensor_type: Any  # gguf.GGMLQuantizationType
-    shape: tuple[int, ...]
-    data: Any  # numpy array, read-only
 
 
 class _Cursor:
@@ -165,46 +153,12 @@ class GGUFHeader:
         value = self.fields.get(key)
         return value.count if isinstance(value, ArrayField) else None
 
+    @property
+    def buffer(self) -> mmap.mmap:
+        """The file, memory-mapped read-only (the tensors' bytes lie at ``data_offset``)."""
+        return self._map
+
     def array(self, field: ArrayField) -> list[Any]:
         cursor = _Cursor(self._map, self.path)
         cursor.at = field.offset
         return [cursor.value(field.element_type) for _ in range(field.count)]
-
-    def tensor(self, info: TensorInfo) -> GGUFTensor:
-        """One tensor, ready for the loaders (its data a view, nothing read yet)."""
-        import gguf
-
-        kind = gguf.GGMLQuantizationType(info.ggml_type)
-        return GGUFTensor(info.name, kind, info.shape, self.tensor_data(info))
-
-    def tensor_data(self, tensor: TensorInfo) -> Any:
-        """The tensor's bytes as the ``gguf`` package's reader shapes them: plain types as
-        their numpy dtype, quantized ones as bytes per row (``quant_shape_to_byte_shape``);
-        dimensions slowest first. A read-only view of the memory map, no copy."""
-        import gguf
-        import numpy as np
-
-        kind = gguf.GGMLQuantizationType(tensor.ggml_type)
-        block, type_size = gguf.GGML_QUANT_SIZES[kind]
-        elements = 1
-        for d in tensor.shape:
-            elements *= d
-        dims = tuple(reversed(tensor.shape))
-        plain = {
-            gguf.GGMLQuantizationType.F16: np.float16,
-            gguf.GGMLQuantizationType.F32: np.float32,
-            gguf.GGMLQuantizationType.F64: np.float64,
-            gguf.GGMLQuantizationType.I8: np.int8,
-            gguf.GGMLQuantizationType.I16: np.int16,
-            gguf.GGMLQuantizationType.I32: np.int32,
-            gguf.GGMLQuantizationType.I64: np.int64,
-        }
-        start = self.data_offset + tensor.offset
-        if kind in plain:
-            dtype, count = np.dtype(plain[kind]), elements
-        else:
-            dtype, count = np.dtype(np.uint8), elements * type_size // block
-            dims = gguf.quants.quant_shape_to_byte_shape(dims, kind)
-        if start + count * dtype.itemsize > len(self._map):
-            raise ValueError(f"{self.path}: tensor {tensor.name!r} runs past the end of the file")
-        return np.frombuffer(self._map, dtype=dtype, count=count, offset=start).reshape(dims)

@@ -7,6 +7,7 @@ layout the model code expects. (``gguf_blocks`` keeps Q4_1/Q8_0 linears packed i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 
 from roundgate.actors.model.config import ModelConfig
 from roundgate.actors.model.gguf_file import read_header
+from roundgate.actors.model.gguf_header import GGUFHeader, TensorInfo
 
 # GGUF tensor name (per layer ``blk.{i}.``) -> HF parameter name.
 _LAYER_NAMES = {
@@ -36,6 +38,50 @@ _TOP_NAMES = {
 }
 
 
+# Tensor types stored as plain numbers; every other type is blocks, read as bytes per row.
+_PLAIN = {
+    gguf.GGMLQuantizationType.F16: np.float16,
+    gguf.GGMLQuantizationType.F32: np.float32,
+    gguf.GGMLQuantizationType.F64: np.float64,
+    gguf.GGMLQuantizationType.I8: np.int8,
+    gguf.GGMLQuantizationType.I16: np.int16,
+    gguf.GGMLQuantizationType.I32: np.int32,
+    gguf.GGMLQuantizationType.I64: np.int64,
+}
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """A tensor of the file as the loaders read it: the ``gguf`` package's record fields
+    (``name``, ``tensor_type``, ``shape`` fastest dimension first) and ``data``."""
+
+    name: str
+    tensor_type: gguf.GGMLQuantizationType
+    shape: tuple[int, ...]
+    data: np.ndarray  # a read-only view of the memory-mapped file
+
+
+def map_tensor(header: GGUFHeader, info: TensorInfo) -> GGUFTensor:
+    """The tensor's bytes laid out as the ``gguf`` package's reader lays them out (so its
+    ``dequantize`` and the packed-block loader read them unchanged): plain types as their
+    numpy dtype, block types as bytes per row (``quant_shape_to_byte_shape``), dimensions
+    slowest first. A view of the memory map: nothing is read until it is used."""
+    kind = gguf.GGMLQuantizationType(info.ggml_type)
+    block, type_size = gguf.GGML_QUANT_SIZES[kind]
+    elements = int(np.prod(info.shape, dtype=np.int64))
+    dims = tuple(reversed(info.shape))
+    if kind in _PLAIN:
+        dtype, count = np.dtype(_PLAIN[kind]), elements
+    else:
+        dtype, count = np.dtype(np.uint8), elements * type_size // block
+        dims = gguf.quants.quant_shape_to_byte_shape(dims, kind)
+    start = header.data_offset + info.offset
+    if start + count * dtype.itemsize > len(header.buffer):
+        raise ValueError(f"{header.path}: tensor {info.name!r} runs past the end of the file")
+    data = np.frombuffer(header.buffer, dtype=dtype, count=count, offset=start)
+    return GGUFTensor(info.name, kind, info.shape, data.reshape(dims))
+
+
 def unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
     """Undo llama.cpp's per-head interleaving of the rotary halves (Q and K only)."""
     rows = weight.shape[0]
@@ -53,7 +99,7 @@ class GGUFSource:
         self.path = path
         self.config = config
         header = read_header(path)
-        self._tensors = {t.name: header.tensor(t) for t in header.tensors}
+        self._tensors = {t.name: map_tensor(header, t) for t in header.tensors}
         self._gguf_of = dict(self._names(config))
 
     @staticmethod
