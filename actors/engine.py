@@ -25,7 +25,8 @@ class Engine:
             )
         self.args = args
         self.runner = ModelRunner(args)
-        self.core = EngineCore(args, self.runner)
+        # The runner's args: its pool may be sized from the memory left (--gpu-memory-...).
+        self.core = EngineCore(self.runner.args, self.runner)
         self._next_id = 0
 
     def generate(

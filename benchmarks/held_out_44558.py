@@ -9,10 +9,10 @@ per figure, by bisection; everything sourced or derived stays as it is:
 
 - **fit on interval 2, predict interval 1**: ``decode_base_ms`` to interval 2's P50 ITL,
   ``extend_overhead_ms`` to its mean ITL, ``gc_pause_per_request_ms`` to its P99 TTFT;
-- **fit on interval 1, predict interval 2**: ``decode_base_ms`` from CALIBRATION.md's
-  Blackwell range (20-30 ms, its midpoint: interval 1 has almost no decode-only round to fit
-  it on), ``extend_overhead_ms`` to interval 1's P50 ITL, ``gc_pause_per_request_ms`` to its
-  P99 TTFT.
+- **fit on interval 1, predict interval 2**: ``decode_base_ms`` set to 25 ms, the middle of an
+  assumed 20-30 ms Blackwell decode round (interval 1 has almost no decode-only round to fit
+  it on; the range has no published source in docs/calibration.md), ``extend_overhead_ms``
+  to interval 1's P50 ITL, ``gc_pause_per_request_ms`` to its P99 TTFT.
 
 The collection period (600 requests) is held in both: one arm has one tail figure, which
 cannot fit two terms. The other arm's six figures are then predicted and printed with their

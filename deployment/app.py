@@ -55,7 +55,7 @@ class OpenAIServer:
 
     def __init__(
         self,
-        app_args: dict[str, Any],
+        app_args: AppArgs | dict[str, Any],
         fused: DeploymentHandle | None = None,
         prefill: DeploymentHandle | None = None,
         decode: DeploymentHandle | None = None,
@@ -168,7 +168,7 @@ class OpenAIServer:
 def build_app(args: dict[str, Any]) -> Application:
     """Validate ``args`` and bind the ingress to ``num_groups`` gangs of ``dp_size`` ranks
     (P/D: to a prefill group and a decode group, ``roundgate.deployment.pd_app``)."""
-    cfg = AppArgs.model_validate(args)
+    cfg = AppArgs.of(args)  # validated here, once: the object itself goes to every replica
     ingress = serve.deployment(
         OpenAIServer,
         name="OpenAIServer",
@@ -181,7 +181,7 @@ def build_app(args: dict[str, Any]) -> Application:
     )
     if cfg.is_pd:
         prefill, decode = build_roles(cfg)
-        return ingress.bind(cfg.ingress_args(), prefill=prefill, decode=decode)
+        return ingress.bind(cfg, prefill=prefill, decode=decode)
     engine = cfg.server_args()
     router_kwargs = cfg.router_kwargs()
     # Elastic DP: plain replicas (Serve replaces a dead one alone), seats and epochs from the
@@ -214,4 +214,4 @@ def build_app(args: dict[str, Any]) -> Application:
         health_check_timeout_s=max(10.0, engine.collective_timeout_s),
         graceful_shutdown_timeout_s=5.0,
     ).bind(cfg.rank_args(), elastic)
-    return ingress.bind(cfg.ingress_args(), fused=ranks)
+    return ingress.bind(cfg, fused=ranks)

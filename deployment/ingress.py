@@ -43,6 +43,8 @@ from roundgate.deployment.serve_context import client_request_id, rank_health, s
 if TYPE_CHECKING:  # Ray is not imported for a type (the ingress is tested without it)
     from ray.serve.handle import DeploymentHandle
 
+    from roundgate.deployment.config import AppArgs
+
 # Fields whose refusal by SamplingParams starts with their name (the 400's ``param``).
 _SAMPLING_FIELDS = (
     "min_tokens",
@@ -76,7 +78,7 @@ class Ingress:
 
     def __init__(
         self,
-        app_args: dict[str, Any],
+        app_args: AppArgs | dict[str, Any],
         handles: Mapping[DisaggregationRole, DeploymentHandle],
     ) -> None:
         """``app_args``: the bound ``AppArgs``; ``handles``: each rank deployment's handle, by
@@ -85,7 +87,7 @@ class Ingress:
         from roundgate.actors.model.tokenizer import load_tokenizer, stop_token_ids
         from roundgate.deployment.config import AppArgs
 
-        self.app_args = AppArgs.model_validate(app_args)  # this process's one validation
+        self.app_args = AppArgs.of(app_args)  # validated where build_app ran: not again
         # The roles the rank deployments serve: one fused group, or P/D's two.
         self.roles = PD_ROLES if self.app_args.is_pd else (DisaggregationRole.FUSED,)
         missing = [role for role in self.roles if role not in handles]

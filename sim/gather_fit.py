@@ -111,6 +111,6 @@ def gather_cost_overrides(calibration: GatherCalibration, base: str = "toy") -> 
     """A ``simulate --costs FILE.json`` object that sets ``gather_ms`` from the measurement.
 
     This is the device-side collective only; the scheduler-level gather adds host sync on top
-    (CALIBRATION.md quotes 0.2-0.4 ms), so compare before replacing a preset's value.
+    (docs/calibration.md, "The metadata gather"), so compare before replacing a preset's value.
     """
     return {"base": base, "gather_ms": round(calibration.time_us / 1000.0, 6)}

@@ -1,4 +1,4 @@
-"""The published measurements ``roundgate simulate --scenario`` replays (CALIBRATION.md)."""
+"""The published measurements ``roundgate simulate --scenario`` replays (docs/calibration.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ SCENARIOS: dict[str, Scenario] = {
     # cudagraph, random 1k/200 with --ignore-eos, Poisson 24 req/s. Interval 1 is the
     # baseline (the feature off, i.e. no policy); interval 2 with the capacity-bound guard.
     "vllm-44558": Scenario(
-        source="vLLM PR #44558, workload A (CALIBRATION.md)",
+        source="vLLM PR #44558, workload A (docs/calibration.md)",
         costs="gb200-dsv3",
         published_stability="stable: 22.43 and 22.59 of 24 req/s offered, the shortfall being "
         "the drain after the last arrival; a mean TTFT of ~3 rounds (813 ms at 275 ms rounds) "

@@ -15,7 +15,7 @@ LENGTH_DISTS = ("fixed", "uniform", "exponential")
 
 @dataclass(frozen=True)
 class WorkloadPreset:
-    """Mean prompt and output lengths of a published workload (CALIBRATION.md) and the
+    """Mean prompt and output lengths of a published workload (docs/calibration.md) and the
     distribution drawn around them (uniform, mean +-50 %: the sources give means only)."""
 
     input_len: int

@@ -15,6 +15,7 @@ from family_models import build_family
 from model_driver import grow_pages, make_requests, make_runner
 from safetensors.torch import load_file, save_file
 
+from roundgate.actors.control.config import PoolConfig
 from roundgate.actors.control.kv_pool import KVPool
 from roundgate.actors.control.round import RoundPlan, ScheduledChunk
 from roundgate.actors.model.weights import SafetensorsSource
@@ -24,7 +25,7 @@ FP8_MAX = 448.0  # the largest e4m3 value
 
 
 def prefill_logits(path: str) -> torch.Tensor:
-    runner, pool = make_runner(path), KVPool(64, 4)
+    runner, pool = make_runner(path), KVPool(PoolConfig(64, 4))
     requests = make_requests(PROMPTS)
     for r in requests:
         grow_pages(pool, r, r.num_tokens)

@@ -109,7 +109,9 @@ class RankEngine:
         try:
             self.runner = self.membership.build_runner(self.args)
             core = EngineCore(
-                self.args,
+                # The runner's args: under --gpu-memory-utilization it sized the KV pool
+                # after the weights, and the scheduler must hand out those pages, no others.
+                self.runner.args,
                 self.runner,
                 rank=self.membership.rank,
                 gather=None,  # the membership's, set before rounds start (``use_gather``)
