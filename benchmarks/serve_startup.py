@@ -1,13 +1,15 @@
 """How long ``roundgate serve`` takes to its ready line, and where the time goes.
 
     .venv/bin/python benchmarks/serve_startup.py [--config deployment/configs/local.yaml]
-        [--runs 3] [--json out.json]
+        [--runs 3] [--json out.json] [--checkout DIR]
 
 Each run starts the command as ``make serve`` does (a new local Ray cluster), reads its output
 as it comes, and notes when Serve started, when the ingress replica and each rank replica
 finished initializing (Serve's own replica logs, read from the Ray session's log folder) and
 when the ready line came; then stops it with Ctrl-C as a user would. Prints each run's phases
-and the medians.
+and the medians. ``--checkout DIR`` runs another checkout of the project instead (``python -m
+roundgate`` started in it, so its own ``roundgate/`` and folders are the ones imported), for a
+before/after on one machine.
 """
 
 from __future__ import annotations
@@ -47,12 +49,16 @@ def _replica_logs(after: float) -> dict[str, list[float]]:
     return done
 
 
-def one_run(config: Path, timeout_s: float) -> dict[str, float]:
-    command = [str(Path(sys.executable).with_name("roundgate")), "serve", "--config", str(config)]
+def one_run(config: Path, timeout_s: float, checkout: Path | None) -> dict[str, float]:
+    if checkout is None:
+        command = [str(Path(sys.executable).with_name("roundgate")), "serve"]
+    else:
+        command = [sys.executable, "-m", "roundgate", "serve"]
+    command += ["--config", str(config)]
     start = time.time()
     process = subprocess.Popen(
         command,
-        cwd=REPO,
+        cwd=checkout or REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -91,10 +97,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--timeout-s", type=float, default=300)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--checkout", type=Path, default=None, help="another checkout to run")
     ns = parser.parse_args()
     runs = []
     for i in range(ns.runs):
-        phases = one_run(ns.config, ns.timeout_s)
+        phases = one_run(ns.config.resolve(), ns.timeout_s, ns.checkout)
         runs.append(phases)
         print(f"run {i + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(phases.items())))
     keys = sorted({k for r in runs for k in r})
