@@ -29,7 +29,11 @@ def _packages() -> list[str]:
     for name in SUBPACKAGES:
         found.append(f"roundgate.{name}")
         found += [f"roundgate.{name}.{p}" for p in find_packages(where=name)]
-    return found
+    return [*found, *DATA_FOLDERS]
+
+
+# Folders of data files only, shipped as they are (``pyproject.toml``'s package-data).
+DATA_FOLDERS = ("roundgate.deployment.configs",)
 
 
 setup(

@@ -103,14 +103,14 @@ def test_the_default_path_never_imports_triton() -> None:
     interpreter; the session's TRITON_INTERPRET changes nothing on this path)."""
     code = (
         "import sys\n"
-        "import deployment.app\n"
-        "from actors.engine import Engine\n"
-        "from actors.server_args import ServerArgs\n"
+        "import roundgate.deployment.app\n"
+        "from roundgate.actors.engine import Engine\n"
+        "from roundgate.actors.server_args import ServerArgs\n"
         "engine = Engine(ServerArgs(model='tiny-moe', device='cpu', num_kv_pages=8))\n"
         "engine.generate([[1, 2, 3]])\n"
         "print(sorted(m for m in sys.modules if m == 'triton' or m.startswith('triton.')))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+        [sys.executable, "-P", "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
