@@ -31,7 +31,7 @@ def _peer(rank: int, init: str, ns: dict[str, Any], out: Any) -> None:
 
     from roundgate.actors.model.resolve import resolve_model_config
     from roundgate.actors.replica.kv_link import KVLink, open_store
-    from roundgate.kernels.attention import PagedKVCache
+    from roundgate.kernels.attention.batch import PagedKVCache
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)

@@ -39,7 +39,7 @@ from roundgate.actors.model.tokenizer import load_tokenizer
 from roundgate.actors.server_args import ServerArgs
 from roundgate.bench import ggml_ops
 from roundgate.bench.llamacpp import LLAMACPP_VENV, NEW_TOKENS, PROMPTS
-from roundgate.kernels.attention import TorchAttention
+from roundgate.kernels.attention.torch_ref import TorchAttention
 
 
 def nudged_rms_norm(self: layers.RMSNorm, x: torch.Tensor) -> torch.Tensor:

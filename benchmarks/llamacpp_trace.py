@@ -171,7 +171,7 @@ def main() -> None:
     from roundgate.actors.model.runner import ModelRunner
     from roundgate.actors.model.tokenizer import load_tokenizer
     from roundgate.actors.server_args import ServerArgs
-    from roundgate.kernels.attention import build_attention_batch
+    from roundgate.kernels.attention.batch import build_attention_batch
 
     torch.set_num_threads(1)
     runner = ModelRunner(

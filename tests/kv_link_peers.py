@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from roundgate.actors.replica.kv_link import KVLink, TransferFailed, open_store
-from roundgate.kernels.attention import PagedKVCache
+from roundgate.kernels.attention.batch import PagedKVCache
 
 
 def make_cache(latent: bool, num_pages: int = 8, fill: bool = False) -> PagedKVCache:

@@ -7,12 +7,9 @@ import math
 import pytest
 import torch
 
-from roundgate.kernels.attention import (
-    PagedKVCache,
-    TorchAttention,
-    build_attention_batch,
-    registry,
-)
+from roundgate.kernels.attention import registry
+from roundgate.kernels.attention.batch import PagedKVCache, build_attention_batch
+from roundgate.kernels.attention.torch_ref import TorchAttention
 
 HEADS, KV_HEADS, DIM = 4, 2, 8
 

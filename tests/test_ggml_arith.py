@@ -14,7 +14,7 @@ from roundgate.actors.model.llamacpp_arith import use_llamacpp_arithmetic, why_n
 from roundgate.actors.model.rope import RotaryTable, apply_rope
 from roundgate.actors.model.runner import ModelRunner
 from roundgate.actors.server_args import ServerArgs
-from roundgate.kernels.attention import PagedKVCache, build_attention_batch
+from roundgate.kernels.attention.batch import PagedKVCache, build_attention_batch
 from roundgate.kernels.quant import cpu_supports_kernel, ggml_arith
 
 pytestmark = pytest.mark.skipif(not cpu_supports_kernel(), reason="needs AVX2/FMA/F16C")

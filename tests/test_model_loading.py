@@ -159,7 +159,7 @@ def test_fused_expert_names_load_like_per_expert_names(tmp_path: Path) -> None:
 
     from roundgate.actors.model.decoder import build_model
     from roundgate.actors.model.weights import DictSource, SafetensorsSource
-    from roundgate.kernels.moe import ExpertPlacement
+    from roundgate.kernels.moe.placement import ExpertPlacement
 
     torch.manual_seed(0)
     hf = transformers.MixtralForCausalLM(

@@ -18,8 +18,11 @@ from roundgate.actors.control.config import PoolConfig
 from roundgate.actors.control.kv_pool import KVPool
 from roundgate.actors.control.round import RoundPlan, ScheduledChunk
 from roundgate.gate.rows import RankRow, read_rows
-from roundgate.kernels.moe import ExpertPlacement, LocalMoE, registry, run_experts
+from roundgate.kernels.moe import registry
+from roundgate.kernels.moe.base import run_experts
 from roundgate.kernels.moe.deepep import DeepEPMoE
+from roundgate.kernels.moe.local import LocalMoE
+from roundgate.kernels.moe.placement import ExpertPlacement
 
 # --- placement and selection ---------------------------------------------------------------
 

@@ -18,8 +18,10 @@ import torch
 from roundgate.actors.model.runner import ModelRunner
 from roundgate.actors.server_args import ServerArgs
 from roundgate.cli.engine_flags import parse_server_args, to_argv
-from roundgate.kernels.attention import resolve_attention_backend, select_latent_attention_backend
-from roundgate.kernels.moe import run_experts, select_experts_kernel
+from roundgate.kernels.attention.registry import build_latent as select_latent_attention_backend
+from roundgate.kernels.attention.registry import resolve as resolve_attention_backend
+from roundgate.kernels.moe.base import run_experts
+from roundgate.kernels.moe.registry import experts_kernel as select_experts_kernel
 from roundgate.kernels.triton_env import check_triton_device, interpreter_enabled
 
 REPO = Path(__file__).resolve().parents[1]

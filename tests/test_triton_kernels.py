@@ -14,15 +14,12 @@ import random
 import pytest
 import torch
 
-from roundgate.kernels.attention import (
-    PagedKVCache,
-    TorchAttention,
-    TorchMLAAttention,
-    build_attention_batch,
-)
+from roundgate.kernels.attention.batch import PagedKVCache, build_attention_batch
+from roundgate.kernels.attention.mla_torch import TorchMLAAttention
+from roundgate.kernels.attention.torch_ref import TorchAttention
 from roundgate.kernels.attention.triton_backend import TritonAttention, TritonMLAAttention
 from roundgate.kernels.attention.triton_decode import paged_decode
-from roundgate.kernels.moe import run_experts
+from roundgate.kernels.moe.base import run_experts
 from roundgate.kernels.moe.triton_experts import tile_table, triton_run_experts
 
 pytestmark = pytest.mark.triton

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from roundgate.kernels.attention import AttentionBatch
+from roundgate.kernels.attention.batch import AttentionBatch
 
 # One forward over an AttentionBatch: (input ids, batch) -> logits at every row.
 ForwardFn = Callable[[torch.Tensor, AttentionBatch], torch.Tensor]

@@ -28,7 +28,8 @@ from roundgate.actors.model.weights import (
     random_hf_state,
     unread_tensors,
 )
-from roundgate.kernels.moe import ExpertPlacement, MoEBackend
+from roundgate.kernels.moe.base import MoEBackend
+from roundgate.kernels.moe.placement import ExpertPlacement
 
 
 class DecoderLayer(nn.Module):

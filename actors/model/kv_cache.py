@@ -15,11 +15,9 @@ import torch
 
 from roundgate.actors.kv_budget import gpu_pages
 from roundgate.actors.model.config import ModelConfig
-from roundgate.kernels.attention import (
-    PagedKVCache,
-    select_attention_backend,
-    select_latent_attention_backend,
-)
+from roundgate.kernels.attention.batch import PagedKVCache
+from roundgate.kernels.attention.registry import build as select_attention_backend
+from roundgate.kernels.attention.registry import build_latent as select_latent_attention_backend
 
 logger = logging.getLogger(__name__)
 

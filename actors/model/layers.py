@@ -19,8 +19,9 @@ from torch import nn
 from roundgate.actors.model.config import ModelConfig
 from roundgate.actors.model.rope import RotaryTable, apply_rope
 from roundgate.actors.model.weights import TensorSource
-from roundgate.kernels.attention import AttentionBackend, AttentionBatch, PagedKVCache
-from roundgate.kernels.moe import ExpertsKernel, MoEBackend, run_experts
+from roundgate.kernels.attention.base import AttentionBackend
+from roundgate.kernels.attention.batch import AttentionBatch, PagedKVCache
+from roundgate.kernels.moe.base import ExpertsKernel, MoEBackend, run_experts
 from roundgate.kernels.quant import ggml_arith
 
 __all__ = ["Attention", "DenseMLP", "ForwardContext", "RMSNorm", "RotaryTable", "apply_rope"]

@@ -19,7 +19,7 @@ from torch import nn
 from roundgate.actors.model.config import ModelConfig
 from roundgate.actors.model.layers import Attention, DenseMLP, ForwardContext, RMSNorm
 from roundgate.kernels import quant
-from roundgate.kernels.attention import PagedKVCache
+from roundgate.kernels.attention.batch import PagedKVCache
 from roundgate.kernels.quant import BlockLinear, ggml_arith
 
 logger = logging.getLogger("roundgate.model")

@@ -18,7 +18,8 @@ from torch import nn
 from roundgate.actors.model.config import ModelConfig
 from roundgate.actors.model.layers import DenseMLP, ForwardContext, fill, linear, param
 from roundgate.actors.model.weights import TensorSource
-from roundgate.kernels.moe import ExpertPlacement, ExpertsKernel, MoEBackend, run_experts
+from roundgate.kernels.moe.base import ExpertsKernel, MoEBackend, run_experts
+from roundgate.kernels.moe.placement import ExpertPlacement
 
 
 class Router(nn.Module):

@@ -36,8 +36,10 @@ from roundgate.actors.model.round_sampling import sample_round
 from roundgate.actors.model.runner_config import RunnerConfig
 from roundgate.actors.server_args import DisaggregationRole, ServerArgs
 from roundgate.gate.rows import RankRow, RoundView, read_rows
-from roundgate.kernels.attention import AttentionBatch, build_attention_batch
-from roundgate.kernels.moe import ExpertPlacement, select_experts_kernel, select_moe_backend
+from roundgate.kernels.attention.batch import AttentionBatch, build_attention_batch
+from roundgate.kernels.moe.placement import ExpertPlacement
+from roundgate.kernels.moe.registry import build_backend as select_moe_backend
+from roundgate.kernels.moe.registry import experts_kernel as select_experts_kernel
 from roundgate.kernels.quant.ggml_arith import GgmlAttention
 
 logger = logging.getLogger("roundgate.runner")

@@ -26,7 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from roundgate.kernels.attention import PagedKVCache
+from roundgate.kernels.attention.batch import PagedKVCache
 
 OK, FAILED = 0, 1
 

@@ -58,7 +58,7 @@ from roundgate.bench.llamacpp import (
     llamacpp_command,
 )
 from roundgate.kernels import quant
-from roundgate.kernels.attention import build_attention_batch
+from roundgate.kernels.attention.batch import build_attention_batch
 from roundgate.kernels.quant import FORMATS, BlockWeights, block_linear, ggml_arith
 
 pytestmark = [
