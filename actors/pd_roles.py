@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.actors.role import DisaggregationRole
+from roundgate.actors.server_args import ServerArgs
 
 # A P/D deployment's roles, in the order their sections and results are given.
 PD_ROLES = (DisaggregationRole.PREFILL, DisaggregationRole.DECODE)

@@ -17,7 +17,6 @@ serve config's keys (``engine_arg_names``) are derived from it.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, TypeVar
 from roundgate.actors import kv_budget
 from roundgate.actors.model.config import ModelConfig
 from roundgate.actors.model.resolve import resolve_model_config
+from roundgate.actors.role import DISAGGREGATION_MODES, DisaggregationRole
 from roundgate.gate import registry
 from roundgate.gate.delay import PrefillDelay
 from roundgate.gate.policy import PrefillPolicy
@@ -35,40 +35,7 @@ from roundgate.kernels.attention import registry as attention_kernels
 from roundgate.kernels.moe import registry as moe_kernels
 from roundgate.kernels.triton_env import check_triton_device
 
-
-class DisaggregationRole(enum.StrEnum):
-    """What one rank does with a request's KV (``--disaggregation-mode``).
-
-    ``FUSED`` prefills and decodes; ``PREFILL`` computes a prompt's KV and first token, then
-    hands the request to a decode rank; ``DECODE`` takes handoffs, receives their KV, and only
-    decodes. The KV crosses between the two through the scheduler's connector
-    (``roundgate.actors.control.kv_connector``).
-    """
-
-    FUSED = "fused"
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-    @classmethod
-    def parse(cls, value: object) -> DisaggregationRole:
-        """The role a flag value names. ``null`` (this flag's spelling of the fused role
-        before the enum) is ``FUSED``, and so is a YAML serve config's bare ``null`` (None);
-        anything else not a role is refused naming the flag."""
-        if value is None or value == _NULL:
-            return cls.FUSED
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(
-                f"--disaggregation-mode must be one of {', '.join(DISAGGREGATION_MODES)}, "
-                f"got {value!r}"
-            ) from None
-
-
-_NULL = "null"
 # The closed sets of values some flags take (``_validate`` checks them, argparse lists them).
-# The role's: its values, and ``null`` for the fused role (command lines and serve configs).
-DISAGGREGATION_MODES = (*(role.value for role in DisaggregationRole), _NULL)
 DEVICES = ("auto", "cpu", "cuda")
 # The kernels' registries list their backends: adding one is a file and a registry line.
 ATTENTION_BACKENDS = attention_kernels.names()

@@ -244,7 +244,7 @@ _SERVERS: list[Any] = []
 
 def measure(stream: bool) -> tuple[Tracer, str]:
     """The tracer's record (files, shapes) of one chat completion, and the response text."""
-    from roundgate.actors.server_args import DisaggregationRole
+    from roundgate.actors.role import DisaggregationRole
     from roundgate.deployment.app import OpenAIServer
     from roundgate.deployment.ingress import Ingress
 

@@ -17,7 +17,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from roundgate.actors.replica.rank_replica import RankReplica
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 from roundgate.deployment.config import AppArgs
 from roundgate.deployment.ingress import Ingress
 from roundgate.deployment.openai.api import api, json_body

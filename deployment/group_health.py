@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 from roundgate.deployment.serve_context import RANK_DEPLOYMENT_OF
 
 SIZE_SERIES = "roundgate_group_size"

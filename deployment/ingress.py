@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from roundgate.actors.control.messages import GenerateRequest
 from roundgate.actors.control.request import SamplingParams
 from roundgate.actors.pd_roles import PD_ROLES
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 from roundgate.deployment.openai.api import read_json
 from roundgate.deployment.openai.choices import Choice, Delta, RequestFailed, merge
 from roundgate.deployment.openai.errors import APIError

@@ -20,7 +20,7 @@ from ray.serve.config import RequestRouterConfig
 
 from roundgate.actors.replica.pd_messages import LinkSpec
 from roundgate.actors.replica.rank_replica import RankReplica
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 from roundgate.deployment.config import AppArgs
 from roundgate.deployment.routing.routers import ROUTER_CLASSES
 from roundgate.deployment.serve_context import RANK_DEPLOYMENT_OF

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 
 
 def set_serve_request_id(request_id: str) -> None:

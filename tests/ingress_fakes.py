@@ -11,7 +11,7 @@ from starlette.requests import Request
 
 from roundgate.actors.control.messages import GenerateChunk, GenerateRequest, Usage
 from roundgate.actors.control.request import TokenLogprobs
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 from roundgate.deployment.ingress import Ingress
 from roundgate.deployment.openai.completions import prompt_ids
 from roundgate.deployment.openai.errors import APIError

@@ -18,7 +18,7 @@ from roundgate.actors.replica.kv_link import TransferFailed
 from roundgate.actors.replica.membership import TorchStore
 from roundgate.actors.replica.pd_messages import LinkSpec
 from roundgate.actors.replica.pd_pairs import DECODE_END, PREFILL_END, LinkPairs, SourceLost
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 
 SPEC = LinkSpec(link_id="pairs-test", num_prefill=1, num_decode=1)
 

@@ -13,7 +13,7 @@ import pytest
 from ingress_fakes import APP_ARGS, FakeRanks, echo_reply
 from vllm_http import App
 
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 from roundgate.deployment.config import AppArgs
 from roundgate.deployment.ingress import Ingress
 

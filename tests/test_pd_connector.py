@@ -15,7 +15,7 @@ from roundgate.actors.control.kv_connector import KVConnector, NoKVConnector
 from roundgate.actors.control.prefill_role import PrefillHandoffs
 from roundgate.actors.control.request import RequestStatus
 from roundgate.actors.control.scheduler import Scheduler
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 from roundgate.gate.permission import ALLOW_ALL
 
 FUSED, PREFILL, DECODE = DisaggregationRole

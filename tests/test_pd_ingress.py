@@ -19,7 +19,7 @@ from roundgate.actors.replica.pd_messages import (
     ReleaseHandoff,
     TransferReport,
 )
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 from roundgate.deployment.ingress import Ingress
 
 DECODE = DisaggregationRole.DECODE

@@ -18,7 +18,7 @@ from pd_pairs_peers import SPEC, run_decode, run_prefill
 from roundgate.actors.replica.membership import TorchStore
 from roundgate.actors.replica.pd_messages import LinkSpec
 from roundgate.actors.replica.pd_pairs import LinkPairs, Presence, presence_key
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 
 
 class Member:

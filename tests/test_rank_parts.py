@@ -17,7 +17,8 @@ from roundgate.actors.replica.group_wake import GroupPause
 from roundgate.actors.replica.intake import PromptIntake
 from roundgate.actors.replica.rank_engine import GroupUnavailable, RankEngine
 from roundgate.actors.replica.rank_parts import RoleMismatch, served_by
-from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.actors.role import DisaggregationRole
+from roundgate.actors.server_args import ServerArgs
 from roundgate.sim.cost_executor import CostExecutor
 from roundgate.sim.round_costs import TOY
 

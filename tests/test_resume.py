@@ -20,7 +20,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 from roundgate.actors.control.messages import GenerateChunk, GenerateRequest, Usage
 from roundgate.actors.control.request import SamplingParams
 from roundgate.actors.replica.rank_engine import GroupFailure, GroupUnavailable
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 from roundgate.deployment.ingress import Ingress
 from roundgate.deployment.openai.choices import usage
 from roundgate.deployment.openai.protocol import CompletionRequest, parse

@@ -12,7 +12,8 @@ import pytest
 from server_args_cases import ANY, ATTEMPT, CONTEXT, GATE, LOCAL_ONLY, refuses
 
 from roundgate.actors.model.config import PRESETS, with_overrides
-from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.actors.role import DisaggregationRole
+from roundgate.actors.server_args import ServerArgs
 from roundgate.cli.engine_flags import parse_server_args, to_argv
 from roundgate.gate.delay import PrefillDelay
 from roundgate.gate.no_gate import NoGateConfig

@@ -12,14 +12,8 @@ from hypothesis import strategies as st
 from server_args_cases import ANY, ATTEMPT, CONTEXT, GATE, GATE_CLI, LOCAL_ONLY, flag_of
 
 from roundgate.actors.model.config import PRESETS
-from roundgate.actors.server_args import (
-    ATTENTION_BACKENDS,
-    DEVICES,
-    DISAGGREGATION_MODES,
-    MOE_BACKENDS,
-    DisaggregationRole,
-    ServerArgs,
-)
+from roundgate.actors.role import DISAGGREGATION_MODES, DisaggregationRole
+from roundgate.actors.server_args import ATTENTION_BACKENDS, DEVICES, MOE_BACKENDS, ServerArgs
 from roundgate.cli.engine_flags import parse_server_args, to_argv
 from roundgate.gate import registry
 from roundgate.gate.delay import PrefillDelay

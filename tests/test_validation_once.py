@@ -18,7 +18,8 @@ import pytest
 from roundgate.actors.control.engine_core import EngineCore
 from roundgate.actors.control.messages import GenerateRequest
 from roundgate.actors.control.request import Request, SamplingParams
-from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.actors.role import DisaggregationRole
+from roundgate.actors.server_args import ServerArgs
 from roundgate.sim.cost_executor import CostExecutor
 from roundgate.sim.round_costs import TOY
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 
 
 @dataclass(frozen=True, slots=True)

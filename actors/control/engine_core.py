@@ -29,7 +29,8 @@ from roundgate.actors.control.rank_loop import RankLoop, RoundOutcome
 from roundgate.actors.control.request import Request
 from roundgate.actors.control.round import TokenEvent
 from roundgate.actors.control.scheduler import Scheduler
-from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.actors.role import DisaggregationRole
+from roundgate.actors.server_args import ServerArgs
 
 EventSink = Callable[[TokenEvent], None]
 logger = logging.getLogger("roundgate.engine")

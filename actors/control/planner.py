@@ -19,7 +19,7 @@ from roundgate.actors.control.prefix_cache import PrefixCache
 from roundgate.actors.control.queues import RequestQueues
 from roundgate.actors.control.request import Request, RequestStatus
 from roundgate.actors.control.round import RoundPlan, ScheduledChunk
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 from roundgate.gate.permission import ALLOW_ALL, Permission
 
 logger = logging.getLogger("roundgate.scheduler")

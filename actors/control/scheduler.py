@@ -49,7 +49,8 @@ from roundgate.actors.control.round import (
     TokenEvent,
 )
 from roundgate.actors.control.steady_decodes import Grant, SteadyDecodes
-from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.actors.role import DisaggregationRole
+from roundgate.actors.server_args import ServerArgs
 from roundgate.gate.permission import Permission
 
 _RETRACTED = RequestStatus.RETRACTED

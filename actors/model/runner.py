@@ -34,7 +34,8 @@ from roundgate.actors.model.llamacpp_arith import fuse_layers, use_llamacpp_arit
 from roundgate.actors.model.prompt_logprobs import prompt_rows, score_rows
 from roundgate.actors.model.round_sampling import sample_round
 from roundgate.actors.model.runner_config import RunnerConfig
-from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.actors.role import DisaggregationRole
+from roundgate.actors.server_args import ServerArgs
 from roundgate.gate.rows import RankRow, RoundView, read_rows
 from roundgate.kernels.attention.batch import AttentionBatch, build_attention_batch
 from roundgate.kernels.moe.placement import ExpertPlacement

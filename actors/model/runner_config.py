@@ -10,7 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from roundgate.actors.model.config import ModelConfig
-from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.actors.role import DisaggregationRole
+from roundgate.actors.server_args import ServerArgs
 
 
 @dataclass(frozen=True)

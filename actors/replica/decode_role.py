@@ -33,7 +33,7 @@ from roundgate.actors.replica.pd_messages import (
     TransferReport,
 )
 from roundgate.actors.replica.rank_engine import RankEngine
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 from roundgate.actors.telemetry.transfer_metrics import TransferMetrics
 
 if TYPE_CHECKING:

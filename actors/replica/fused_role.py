@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from roundgate.actors.control.messages import GenerateChunk, GenerateRequest
 from roundgate.actors.control.rank_loop import RoundOutcome
 from roundgate.actors.replica.intake import PromptIntake
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 
 
 class FusedRole:

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from roundgate.actors.replica.kv_link import KVLink, TransferFailed
 from roundgate.actors.replica.pd_messages import LinkSpec
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 
 KEY_PREFIX = "roundgate/pd-link/"
 PREFILL_END, DECODE_END = 0, 1  # each pair group's ranks

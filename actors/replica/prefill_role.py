@@ -23,7 +23,7 @@ from roundgate.actors.replica.intake import PromptIntake
 from roundgate.actors.replica.kv_link import TransferFailed
 from roundgate.actors.replica.pd_messages import LinkSpec, PrefillResult, ReleaseHandoff, SendKV
 from roundgate.actors.replica.rank_engine import RankEngine
-from roundgate.actors.server_args import DisaggregationRole
+from roundgate.actors.role import DisaggregationRole
 from roundgate.actors.telemetry.transfer_metrics import TransferMetrics
 
 logger = logging.getLogger("roundgate.prefill")

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from roundgate.actors.control.gather import Gather
 from roundgate.actors.control.rank_loop import RoundOutcome
 from roundgate.actors.replica.outbox import RoundOutbox
-from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.actors.role import DisaggregationRole
+from roundgate.actors.server_args import ServerArgs
 
 if TYPE_CHECKING:
     from roundgate.actors.model.runner import ModelRunner

@@ -47,7 +47,8 @@ from roundgate.actors.replica.pd_messages import (
 from roundgate.actors.replica.prefill_role import PrefillRole
 from roundgate.actors.replica.rank_engine import RankEngine
 from roundgate.actors.replica.rank_parts import RankMembership, RankRole, served_by
-from roundgate.actors.server_args import DisaggregationRole, ServerArgs
+from roundgate.actors.role import DisaggregationRole
+from roundgate.actors.server_args import ServerArgs
 from roundgate.actors.telemetry import gate_log
 from roundgate.actors.telemetry.gate_log import log_gate_window
 from roundgate.actors.telemetry.metrics_hub import Pusher, snapshot
