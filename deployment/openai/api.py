@@ -8,6 +8,9 @@ wrong methods included.
 from __future__ import annotations
 
 import json
+import logging
+import re
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from roundgate.deployment.openai.errors import APIError
 from roundgate.deployment.openai.protocol import ChatRequest, CompletionRequest
 
+logger = logging.getLogger("roundgate.api")
 api = FastAPI(title="roundgate", version="0.1.0")
 # Every route's body model (``json_body`` adds each route's), for the OpenAPI document.
 BODY_MODELS: list[type[BaseModel]] = [CompletionRequest, ChatRequest]
@@ -57,6 +61,23 @@ api.openapi = _openapi  # type: ignore[method-assign]
 @api.exception_handler(APIError)
 async def _api_error(_: Request, exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+@api.exception_handler(Exception)
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """Anything no route turned into an ``APIError``: a 500 with the OpenAI error body and an
+    id to find it in the log by (logged with its traceback), never a plain-text page."""
+    incident = f"err-{uuid.uuid4().hex[:12]}"
+    logger.error(
+        "%s %s: unexpected %s (%s)",
+        request.method,
+        request.url.path,
+        type(exc).__name__,
+        incident,
+        exc_info=exc,
+    )
+    message = f"internal error {incident} ({type(exc).__name__}); the server log has its trace"
+    return JSONResponse(APIError(500, message, code="internal_error").body(), status_code=500)
 
 
 @api.exception_handler(StarletteHTTPException)
@@ -104,14 +125,81 @@ async def read_json(request: Request, max_bytes: int) -> object:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise APIError(400, f"request body is not UTF-8 (byte {exc.start})") from None
+    return parse_json_text(text, "request body")
+
+
+# Python refuses to convert an integer string longer than this (``sys.int_info``'s default
+# limit), with a ValueError that is no JSONDecodeError.
+MAX_INT_DIGITS = 4300
+# A ``\uD800``-``\uDFFF`` escape: the only way a lone surrogate gets into parsed JSON (UTF-8
+# decoding refuses one in the raw bytes).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_constant(name: str) -> object:
+    raise _NotJSON(f"{name} is not a JSON number")
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise _NotJSON(f"an integer of {len(digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+    return int(digits)
+
+
+class _NotJSON(ValueError):
+    """Valid to Python's parser, refused here: NaN/Infinity, an integer past the limit."""
+
+
+def parse_json_text(text: str, what: str, param: str | None = None) -> object:
+    """``text`` parsed as strict JSON, or a 400 naming ``what`` and the problem: malformed,
+    nested too deeply, ``NaN``/``Infinity`` (Python accepts them, JSON and every client that
+    reads our echo of them do not), an integer longer than Python converts, or a string
+    holding a lone surrogate (no tokenizer or encoder takes one). What parses is safe to echo,
+    store and tokenize."""
     try:
-        return json.loads(text)
+        value = json.loads(text, parse_constant=_no_constant, parse_int=_bounded_int)
+    except _NotJSON as exc:
+        raise APIError(400, f"{what}: invalid JSON: {exc}", param=param) from None
     except json.JSONDecodeError as exc:
         raise APIError(
-            400, f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            400,
+            f"{what}: invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            param=param,
         ) from None
     except RecursionError:  # the parser recurses once per nesting level
-        raise APIError(400, "invalid JSON: nested too deeply") from None
+        raise APIError(400, f"{what}: invalid JSON: nested too deeply", param=param) from None
+    if _SURROGATE_ESCAPE.search(text):
+        where = _lone_surrogate(value, "")
+        if where is not None:
+            path, index = where
+            raise APIError(
+                400,
+                f"{what}: {path or 'the value'} holds a lone surrogate escape at character "
+                f"{index} (UTF-16 halves must come in pairs)",
+                param=param or path.split(".")[0].split("[")[0] or None,
+            )
+    return value
+
+
+def _lone_surrogate(value: object, path: str) -> tuple[str, int] | None:
+    """Where the first string holding a lone surrogate is (its path, the index), if any.
+    Iterative: the body may be nested as deep as the parser allows."""
+    todo: list[tuple[object, str]] = [(value, path)]
+    while todo:
+        item, at = todo.pop()
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found:
+                return at, found.start()
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return at or "a key", 0
+                todo.append((inner, f"{at}.{key}" if at else str(key)))
+        elif isinstance(item, list):
+            todo += [(inner, f"{at}[{i}]") for i, inner in enumerate(item)]
+    return None
 
 
 async def _drain(stream: AsyncIterator[bytes], seen: int) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from roundgate.actors.control.request import SamplingParams
 from roundgate.actors.model.generation_config import GenerationConfig
+from roundgate.deployment.openai.api import parse_json_text
 from roundgate.deployment.openai.errors import APIError
 from roundgate.deployment.openai.protocol import ChatRequest, CompletionRequest, StructuredOutputs
 from roundgate.deployment.openai.tool_calls import tool_grammar
@@ -99,7 +100,11 @@ def grammar_of(req: GenerateBody) -> tuple[str, str] | None:
 def _structured(so: StructuredOutputs) -> tuple[str, str]:
     """vLLM's ``structured_outputs`` (one constraint, checked by its model) as a grammar."""
     if so.json_ is not None:
-        schema = json.loads(so.json_) if isinstance(so.json_, str) else so.json_
+        schema = (
+            parse_json_text(so.json_, "structured_outputs.json", "structured_outputs")
+            if isinstance(so.json_, str)
+            else so.json_
+        )
         return "json_schema", _dump(schema)
     if so.regex is not None:
         return "regex", so.regex
