@@ -3,8 +3,8 @@ whose subpackages are the repository's top-level folders (``gate/`` is ``roundga
 
 Everything else about the distribution (metadata, dependencies, extras, scripts) is in
 ``pyproject.toml``. ``SUBPACKAGES`` is the one list of folders that ship;
-``tests/test_layout.py`` holds it to the tree. The folders themselves are namespace portions
-(no ``__init__.py``; ``roundgate/__init__.py`` says why), their own subfolders packages.
+``tests/test_layout.py`` holds it to the tree. ``kernels/`` is a namespace portion
+(no ``__init__.py``; ``roundgate/__init__.py`` says why), every other folder a package.
 """
 
 from setuptools import find_packages, setup

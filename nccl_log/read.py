@@ -1,11 +1,4 @@
-"""Either format of an nccl-tests run: the text table every ``*_perf`` binary prints, or its
-``-J`` report.
-
-Pure stdlib on purpose, and low in the layers: the preflight Job's fabric verdict
-(``python -m roundgate.k8s.tools.nccl_tests``) pipes the benchmark into it and must not pay for
-importing torch, and ``roundgate calibrate`` (``roundgate.sim.gather_fit``) reads the same log
-without the simulator depending on the operators' tools.
-"""
+"""Either format of an nccl-tests run (the package docstring says why it is stdlib only)."""
 
 from __future__ import annotations
 

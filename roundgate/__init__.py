@@ -18,10 +18,11 @@ namespace (``setup.py``), so the wheel installs this one name and nothing beside
 - ``roundgate.bench``: the load generator behind ``roundgate bench``.
 - ``roundgate.cli``: the ``roundgate`` command line.
 
-The folders are namespace portions (no ``__init__.py``): a Python started in the checkout has
+``kernels/`` is a namespace portion (no ``__init__.py``): a Python started in the checkout has
 the checkout on its path (``python -m``, ``serve run``'s app dir, the cwd Ray hands its
 workers), and a regular package named ``kernels`` there would hide Hugging Face's ``kernels``,
-which transformers imports. A portion never hides an installed package of the same name.
+which transformers imports; a portion never hides an installed package of the same name. The
+other folders are regular packages (``roundgate.gate`` exports the gate's public names).
 """
 
 from pathlib import Path as _Path

@@ -1,0 +1,1 @@
+"""Offline tooling for the KubeRay manifests: render, validate, generate (no kubectl here)."""
