@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from roundgate.actors import kv_budget
+from roundgate.actors.expert_flags import check_expert_flags
 from roundgate.actors.model.config import ModelConfig
 from roundgate.actors.model.resolve import resolve_model_config
 from roundgate.actors.role import DISAGGREGATION_MODES, DisaggregationRole
@@ -112,6 +113,25 @@ class ServerArgs:
         "GEMMs; CUDA, or CPU under TRITON_INTERPRET=1)",
         "torch",
         choices=MOE_KERNELS,
+    )
+    enable_eplb: bool = _flag(
+        "expert-parallel load balancing (MoE, --dp-size > 1): count the tokens each expert "
+        "gets and re-place experts over the ranks every --eplb-interval-rounds",
+        False,
+    )
+    num_redundant_experts: int = _flag(
+        "extra physical expert slots, for copies of the hottest experts (needs --enable-eplb "
+        "or --expert-placement-file)",
+        0,
+    )
+    eplb_window_rounds: int = _flag(
+        "rounds of expert load a rebalance looks back over", 1000, positive=True
+    )
+    eplb_interval_rounds: int = _flag("rounds between two rebalances", 3000, positive=True)
+    expert_placement_file: str | None = _flag(
+        "a JSON file of each MoE layer's physical -> logical expert placement, computed offline "
+        "(roundgate eplb-plan); the static placement, or EPLB's first",
+        None,
     )
     enforce_eager: bool = _flag(
         "run decode rounds eagerly (no CUDA graphs; they are captured per batch-size bucket on "
@@ -223,6 +243,7 @@ class ServerArgs:
             )
         self._validate_policy()
         object.__setattr__(self, "max_model_len", self._context_length())
+        check_expert_flags(self)
         self._size_kv_pool()
         if self.chat_template is not None and not Path(self.chat_template).is_file():
             raise ValueError(f"--chat-template {self.chat_template}: no such file")

@@ -8,6 +8,8 @@ Each module loads its own HF-named tensors, so a family differs only in its conf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -29,13 +31,17 @@ from roundgate.actors.model.weights import (
     unread_tensors,
 )
 from roundgate.kernels.moe.base import MoEBackend
+from roundgate.kernels.moe.eplb import Placement
+from roundgate.kernels.moe.expert_map import ExpertMap
 from roundgate.kernels.moe.placement import ExpertPlacement
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))`` then ``h + mlp(norm(h))``."""
 
-    def __init__(self, config: ModelConfig, layer: int, num_local_experts: int) -> None:
+    def __init__(
+        self, config: ModelConfig, layer: int, placement: ExpertPlacement, moe_index: int
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn: Attention | MLAttention = (
@@ -43,7 +49,7 @@ class DecoderLayer(nn.Module):
         )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp: DenseMLP | SparseMoE = (
-            SparseMoE(config, num_local_experts)
+            SparseMoE(config, placement, moe_index)
             if config.is_moe_layer(layer)
             else DenseMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
         )
@@ -56,19 +62,29 @@ class DecoderLayer(nn.Module):
 class CausalLM(nn.Module):
     """Token ids in, next-token logits out, for the rows the caller asks for."""
 
-    def __init__(self, config: ModelConfig, placement: ExpertPlacement | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        placement: ExpertPlacement | None = None,
+        expert_maps: Sequence[Placement] | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
         self.placement = placement or ExpertPlacement(max(config.num_experts, 1))
-        local = self.placement.num_local_experts if config.is_moe else 0
+        moe_layers = [i for i in range(config.num_layers) if config.is_moe_layer(i)]
         # Given its (uninitialised) weight, not ``skip_init``: that builds the module on the
         # meta device, whose ``normal_`` goes through torch's compiler stack and imports
         # triton on the CPU path.
         weight = torch.empty(config.vocab_size, config.hidden_size)
         self.embed_tokens = nn.Embedding(*weight.shape, _weight=weight, _freeze=True)
+        moe_index = {layer: index for index, layer in enumerate(moe_layers)}
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, local) for i in range(config.num_layers)
+            DecoderLayer(config, i, self.placement, moe_index.get(i, -1))
+            for i in range(config.num_layers)
         )
+        if expert_maps is not None:  # a placement file's (checked already)
+            for layer, physical in zip(self.moe_layers(), expert_maps, strict=True):
+                layer.expert_map = ExpertMap(self.placement, physical)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = torch.nn.utils.skip_init(
             nn.Linear, config.hidden_size, config.vocab_size, bias=False
@@ -90,6 +106,10 @@ class CausalLM(nn.Module):
             for layer in self.layers:
                 h = layer(h, ctx)
         return self.lm_head(self.norm(h.index_select(0, logit_rows)))
+
+    def moe_layers(self) -> list[SparseMoE]:
+        """The sparse blocks, in layer order (``moe_index`` order)."""
+        return [layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE)]
 
     def idle_forward(self, moe: MoEBackend | None, low_latency: bool) -> None:
         """Join every MoE layer's collectives with zero tokens (a rank with nothing to run).
@@ -152,7 +172,7 @@ def _load_all(model: CausalLM, source: TensorSource) -> None:
         fill(layer.input_layernorm.weight, source, p + "input_layernorm.weight")
         fill(layer.post_attention_layernorm.weight, source, p + "post_attention_layernorm.weight")
         if isinstance(layer.mlp, SparseMoE):
-            layer.mlp.load(source, p, model.placement)
+            layer.mlp.load(source, p)
         else:
             layer.mlp.load(source, p + "mlp.")
     fill(model.norm.weight, source, "model.norm.weight")
@@ -166,10 +186,13 @@ def build_model(
     placement: ExpertPlacement | None = None,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    expert_maps: Sequence[Placement] | None = None,
 ) -> CausalLM:
     """Construct on CPU, load, then move once; the RoPE tables are rebuilt in float32 on
-    the device (casting them through bf16 would round the angles) and routers kept float32."""
-    model = CausalLM(config, placement)
+    the device (casting them through bf16 would round the angles) and routers kept float32.
+    ``expert_maps``: each MoE layer's physical -> logical placement (default: the static
+    blocks)."""
+    model = CausalLM(config, placement, expert_maps)
     load_weights(model, source)
     # Routers stay float32 (transformers keeps DeepSeek's that way): expert choice is a
     # top-k over close scores, and rounding them to bf16 would change which experts run.
@@ -180,4 +203,6 @@ def build_model(
         for name, value in params.items():
             setattr(router, name, nn.Parameter(value.to(device), requires_grad=False))
     model.rotary = rotary_table(config).to(device)
+    for moe in model.moe_layers():  # the routing tables beside the weights
+        moe.expert_map = ExpertMap(model.placement, moe.expert_map.physical_to_logical, device)
     return model.eval()

@@ -22,6 +22,7 @@ from roundgate.actors.model.weights import TensorSource
 from roundgate.kernels.attention.base import AttentionBackend
 from roundgate.kernels.attention.batch import AttentionBatch, PagedKVCache
 from roundgate.kernels.moe.base import ExpertsKernel, MoEBackend, run_experts
+from roundgate.kernels.moe.expert_load import ExpertLoad
 from roundgate.kernels.quant import ggml_arith
 
 __all__ = ["Attention", "DenseMLP", "ForwardContext", "RMSNorm", "RotaryTable", "apply_rope"]
@@ -43,6 +44,8 @@ class ForwardContext:
     sin: torch.Tensor
     # The expert computation between dispatch and combine (``--moe-kernel``).
     experts: ExpertsKernel = run_experts
+    # --enable-eplb: where the MoE layers count the tokens they route (None: not counted).
+    expert_load: ExpertLoad | None = None
 
 
 def param(*shape: int) -> nn.Parameter:

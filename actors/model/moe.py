@@ -3,13 +3,17 @@ expert layer with its optional shared expert, over any ``MoEBackend``.
 
 One block, on one rank::
 
-    weights, ids = router(x)                    # [T, k] float32, [T, k] global expert ids
-    rows = backend.dispatch(x, ids, weights)    # the (token, expert) pairs for MY experts
+    weights, ids = router(x)                    # [T, k] float32, [T, k] logical expert ids
+    slots = expert_map.to_physical(ids, pos)    # the copy each choice goes to (EPLB)
+    load.record(layer, slots)                   # --enable-eplb: tokens per slot, on device
+    rows = backend.dispatch(x, slots, weights)  # the (token, slot) pairs for MY slots
     out = backend.combine(experts(rows))        # --moe-kernel: torch GEMM pairs or Triton
     out += sigmoid(gate(x)) * shared(x)         # Qwen2-MoE; DeepSeek's shared expert ungated
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +23,9 @@ from roundgate.actors.model.config import ModelConfig
 from roundgate.actors.model.layers import DenseMLP, ForwardContext, fill, linear, param
 from roundgate.actors.model.weights import TensorSource
 from roundgate.kernels.moe.base import ExpertsKernel, MoEBackend, run_experts
+from roundgate.kernels.moe.eplb import initial_placement
+from roundgate.kernels.moe.expert_load import ExpertLoad
+from roundgate.kernels.moe.expert_map import ExpertMap
 from roundgate.kernels.moe.placement import ExpertPlacement
 
 
@@ -74,15 +81,23 @@ class Router(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """Routed experts (only this rank's, ``w13``/``w2`` stacked by local expert) plus an
-    optional shared expert; the backend moves tokens to whichever rank holds their experts."""
+    """Routed experts (only this rank's slots, ``w13``/``w2`` stacked by local slot) plus an
+    optional shared expert; the backend moves tokens to whichever rank holds their experts.
 
-    def __init__(self, config: ModelConfig, num_local_experts: int) -> None:
+    ``expert_map`` says which logical expert each slot holds (the static blocks until an
+    EPLB rebalance swaps it); ``moe_index`` is this layer's ordinal among the MoE layers (its
+    row of the load statistics).
+    """
+
+    def __init__(self, config: ModelConfig, placement: ExpertPlacement, moe_index: int) -> None:
         super().__init__()
         hidden, inter = config.hidden_size, config.moe_intermediate_size
         self.gate = Router(config)
-        self.w13 = param(num_local_experts, 2 * inter, hidden)  # gate (w1) then up (w3)
-        self.w2 = param(num_local_experts, hidden, inter)
+        self.moe_index = moe_index
+        self.expert_map = ExpertMap(placement, initial_placement(placement.layout()))
+        slots = placement.num_local_experts
+        self.w13 = param(slots, 2 * inter, hidden)  # gate (w1) then up (w3)
+        self.w2 = param(slots, hidden, inter)
         shared = config.shared_expert_intermediate_size
         self.shared = DenseMLP(hidden, shared) if shared else None
         self.shared_gate = linear(hidden, 1, bias=False) if config.shared_expert_gate else None
@@ -90,7 +105,8 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext | None = None) -> torch.Tensor:
         if ctx is None:
             return self.run(x, None, False)
-        return self.run(x, ctx.moe, ctx.low_latency, ctx.experts)
+        positions = ctx.batch.positions
+        return self.run(x, ctx.moe, ctx.low_latency, ctx.experts, positions, ctx.expert_load)
 
     def run(
         self,
@@ -98,11 +114,16 @@ class SparseMoE(nn.Module):
         moe: MoEBackend | None,
         low_latency: bool,
         experts: ExpertsKernel = run_experts,
+        positions: torch.Tensor | None = None,
+        load: ExpertLoad | None = None,
     ) -> torch.Tensor:
         if moe is None:
             raise ValueError("a MoE layer needs an MoE backend in the forward context")
         weights, ids = self.gate(x)
-        dispatched = moe.dispatch(x, ids, weights, low_latency=low_latency)
+        slots = self.expert_map.to_physical(ids, positions)
+        if load is not None:
+            load.record(self.moe_index, slots)
+        dispatched = moe.dispatch(x, slots, weights, low_latency=low_latency)
         out = moe.combine(
             experts(dispatched.hidden, dispatched.counts, self.w13, self.w2), dispatched
         )
@@ -113,35 +134,51 @@ class SparseMoE(nn.Module):
             out = out + shared
         return out
 
-    def load(self, source: TensorSource, prefix: str, placement: ExpertPlacement) -> None:
-        """Read the router, this rank's experts and the shared expert under ``prefix``.
+    def load(self, source: TensorSource, prefix: str) -> None:
+        """Read the router, the experts of this rank's slots and the shared expert under
+        ``prefix``.
 
         Names: Mixtral on disk (``block_sparse_moe.experts.{e}.w1/w3/w2``); Qwen/DeepSeek on
         disk (``mlp.experts.{e}.gate_proj/up_proj/down_proj``); transformers 5's fused
         in-memory names (``mlp.experts.gate_up_proj``/``down_proj``).
         """
-        block = prefix + "mlp."
-        if source.has(prefix + "block_sparse_moe.gate.weight"):
-            block = prefix + "block_sparse_moe."
+        block = _block(source, prefix)
         fill(self.gate.weight, source, block + "gate.weight")
         if self.gate.e_score_correction_bias is not None:
             fill(self.gate.e_score_correction_bias, source, block + "gate.e_score_correction_bias")
-        experts = list(placement.local_experts)
-        fused = block + "experts.gate_up_proj"
-        if source.has(fused):
-            total = (placement.num_experts, *self.w13.shape[1:])
-            self.w13.copy_(source.get(fused, total)[experts])
-            total = (placement.num_experts, *self.w2.shape[1:])
-            self.w2.copy_(source.get(block + "experts.down_proj", total)[experts])
-        else:
-            legacy = source.has(f"{block}experts.{experts[0]}.w1.weight")
-            gate, up, down = ("w1", "w3", "w2") if legacy else ("gate_proj", "up_proj", "down_proj")
-            for local, expert in enumerate(experts):
-                e = f"{block}experts.{expert}."
-                fill(self.w13[local], source, f"{e}{gate}.weight", f"{e}{up}.weight")
-                fill(self.w2[local], source, f"{e}{down}.weight")
+        self.load_experts(source, prefix, range(self.w13.shape[0]))
         if self.shared is not None:
             gated = self.shared_gate is not None
             self.shared.load(source, block + ("shared_expert." if gated else "shared_experts."))
         if self.shared_gate is not None:
             fill(self.shared_gate.weight, source, block + "shared_expert_gate.weight")
+
+    def load_experts(self, source: TensorSource, prefix: str, slots: Sequence[int]) -> None:
+        """Read into ``slots`` (local) the logical experts ``expert_map`` puts there."""
+        block = _block(source, prefix)
+        holds = self.expert_map.local_logical
+        experts = [holds[slot] for slot in slots]
+        num_experts = self.expert_map.placement.num_experts
+        fused = block + "experts.gate_up_proj"
+        if source.has(fused):
+            index = list(slots)
+            total = (num_experts, *self.w13.shape[1:])
+            self.w13[index] = source.get(fused, total)[experts].to(self.w13.dtype)
+            total = (num_experts, *self.w2.shape[1:])
+            self.w2[index] = source.get(block + "experts.down_proj", total)[experts].to(
+                self.w2.dtype
+            )
+            return
+        legacy = source.has(f"{block}experts.{experts[0]}.w1.weight")
+        gate, up, down = ("w1", "w3", "w2") if legacy else ("gate_proj", "up_proj", "down_proj")
+        for slot, expert in zip(slots, experts, strict=True):
+            e = f"{block}experts.{expert}."
+            fill(self.w13[slot], source, f"{e}{gate}.weight", f"{e}{up}.weight")
+            fill(self.w2[slot], source, f"{e}{down}.weight")
+
+
+def _block(source: TensorSource, prefix: str) -> str:
+    """The MoE block's name under a layer's ``prefix``: Mixtral's, else Qwen's/DeepSeek's."""
+    if source.has(prefix + "block_sparse_moe.gate.weight"):
+        return prefix + "block_sparse_moe."
+    return prefix + "mlp."

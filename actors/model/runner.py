@@ -26,6 +26,7 @@ from roundgate.actors.control.request import Request, TokenLogprobs, sequence_id
 from roundgate.actors.control.round import RoundPlan, RoundResult, ScheduledChunk
 from roundgate.actors.model.decode_graphs import DecodeGraphs, ineligibility
 from roundgate.actors.model.decoder import build_model, open_source
+from roundgate.actors.model.expert_balance import EplbConfig, ExpertBalancer
 from roundgate.actors.model.gguf_blocks import pack_gguf, weight_path
 from roundgate.actors.model.grammar import Grammars
 from roundgate.actors.model.kv_cache import allocate_cache, pages_for_gpu, select_backend
@@ -38,7 +39,9 @@ from roundgate.actors.role import DisaggregationRole
 from roundgate.actors.server_args import ServerArgs
 from roundgate.gate.rows import RankRow, RoundView, read_rows
 from roundgate.kernels.attention.batch import AttentionBatch, build_attention_batch
+from roundgate.kernels.moe.eplb import Placement
 from roundgate.kernels.moe.placement import ExpertPlacement
+from roundgate.kernels.moe.placement_file import read_placement_file
 from roundgate.kernels.moe.registry import build_backend as select_moe_backend
 from roundgate.kernels.moe.registry import experts_kernel as select_experts_kernel
 from roundgate.kernels.quant.ggml_arith import GgmlAttention
@@ -81,10 +84,35 @@ class ModelRunner:
         self.config = config = runner_config.model_config
         world = _group_world(runner_config.dp_size, rank, group) if config.is_moe else 1
         self.placement = ExpertPlacement(
-            max(config.num_experts, 1), world, rank if world > 1 else 0
+            max(config.num_experts, 1),
+            world,
+            rank if world > 1 else 0,
+            runner_config.num_redundant_experts if world > 1 else 0,
         )
         source = open_source(runner_config.model, config, runner_config.seed)
-        self.model = build_model(config, source, self.placement, self.dtype, self.device)
+        self.model = build_model(
+            config,
+            source,
+            self.placement,
+            self.dtype,
+            self.device,
+            expert_maps=_placement_file(runner_config, self.placement),
+        )
+        # --enable-eplb: expert load counted each round, experts re-placed every interval.
+        self.balancer = (
+            ExpertBalancer(
+                self.model,
+                EplbConfig(
+                    runner_config.eplb_window_rounds,
+                    runner_config.eplb_interval_rounds,
+                    config.router.n_group,
+                ),
+                group,
+                self.device,
+            )
+            if runner_config.enable_eplb and world > 1
+            else None
+        )
         if runner_config.gguf_weights != "float" and self.device.type == "cpu":
             int8_dot = runner_config.gguf_weights == "int8-dot"
             pack_gguf(self.model, source, config.tie_word_embeddings, int8_dot)
@@ -198,6 +226,8 @@ class ModelRunner:
                     self.save_forks(requests, forks)
         else:
             self.idle_forward(low_latency)
+        if self.balancer is not None:  # every rank, every executed round: same boundary
+            self.balancer.end_round()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         cost = time.perf_counter() - started
@@ -293,6 +323,7 @@ class ModelRunner:
             cos=cos,
             sin=sin,
             experts=self.experts,
+            expert_load=self.balancer.load if self.balancer is not None else None,
         )
         rows = batch.cu_query_lens[1:] - 1
         if extra_rows:
@@ -365,6 +396,16 @@ class ModelRunner:
     def drop_parked(self, request_id: str) -> None:
         """Forget a retracted request's host KV (it was aborted while parked)."""
         self.parked.pop(request_id, None)
+
+
+def _placement_file(config: RunnerConfig, placement: ExpertPlacement) -> list[Placement] | None:
+    """``--expert-placement-file``'s placements (checked again: this rank's file)."""
+    path = config.expert_placement_file
+    if path is None or placement.world_size == 1:
+        return None
+    model = config.model_config
+    moe_layers = sum(model.is_moe_layer(i) for i in range(model.num_layers))
+    return read_placement_file(path, placement.layout(), moe_layers)
 
 
 def _group_world(dp_size: int, rank: int, group: Any) -> int:

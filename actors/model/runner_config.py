@@ -36,6 +36,11 @@ class RunnerConfig:
     chat_template: str | None
     max_grammar_cache: int
     disaggregation_mode: DisaggregationRole
+    enable_eplb: bool
+    num_redundant_experts: int
+    eplb_window_rounds: int
+    eplb_interval_rounds: int
+    expert_placement_file: str | None
 
     @classmethod
     def of(cls, args: ServerArgs) -> RunnerConfig:

@@ -82,7 +82,7 @@ class DeepEPMoE:
                 self.max_dispatch_tokens_per_rank,
                 self.hidden_size,
                 self.placement.world_size,
-                self.placement.num_experts,
+                self.placement.num_physical_experts,
             )
             self._buffer = buffer_cls(
                 self.group,
@@ -119,7 +119,7 @@ class DeepEPMoE:
     ) -> Dispatched:
         buf = self.buffer
         per_rank, per_rdma_rank, per_expert, in_rank, _ = buf.get_dispatch_layout(
-            topk_ids, self.placement.num_experts
+            topk_ids, self.placement.num_physical_experts
         )
         recv_x, recv_ids, recv_weights, _, deep_handle, _ = buf.dispatch(
             hidden,
@@ -159,9 +159,9 @@ class DeepEPMoE:
             )
         buf = self.buffer
         if self.last_mode == "normal":
-            buf.clean_low_latency_buffer(cap, self.hidden_size, self.placement.num_experts)
+            buf.clean_low_latency_buffer(cap, self.hidden_size, self.placement.num_physical_experts)
         packed, recv_counts, deep_handle, _, _ = buf.low_latency_dispatch(
-            hidden, topk_ids, cap, self.placement.num_experts, use_fp8=False
+            hidden, topk_ids, cap, self.placement.num_physical_experts, use_fp8=False
         )
         self.last_mode = "low_latency"
         counts = [int(c) for c in recv_counts.tolist()]

@@ -41,7 +41,7 @@ class LocalMoE:
     ) -> Dispatched:
         del low_latency  # no wire, no modes
         top_k = topk_ids.shape[1]
-        order, counts = group_by_expert(topk_ids.reshape(-1), self.placement.num_experts)
+        order, counts = group_by_expert(topk_ids.reshape(-1), self.placement.num_physical_experts)
         token_of_row = order // top_k
         handle = _LocalHandle(token_of_row, topk_weights.reshape(-1)[order], hidden.shape[0])
         return Dispatched(hidden.index_select(0, token_of_row), counts, handle)

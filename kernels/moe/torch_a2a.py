@@ -65,7 +65,7 @@ class TorchAllToAllMoE:
         place = self.placement
         top_k = topk_ids.shape[1]
         flat_ids = topk_ids.reshape(-1)
-        order, per_expert = group_by_expert(flat_ids, place.num_experts)
+        order, per_expert = group_by_expert(flat_ids, place.num_physical_experts)
         n = place.num_local_experts
         send_splits = [sum(per_expert[r * n : (r + 1) * n]) for r in range(place.world_size)]
         token_of_row = order // top_k
