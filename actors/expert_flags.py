@@ -25,6 +25,7 @@ def check_expert_flags(args: ServerArgs) -> None:
             ("--enable-eplb", args.enable_eplb),
             ("--num-redundant-experts", args.num_redundant_experts != 0),
             ("--expert-placement-file", args.expert_placement_file is not None),
+            ("--eplb-load-file", args.eplb_load_file is not None),
         )
         if on
     ]
@@ -52,6 +53,8 @@ def check_expert_flags(args: ServerArgs) -> None:
             "--num-redundant-experts needs --enable-eplb or --expert-placement-file (a "
             "placement that uses the extra slots)"
         )
+    if args.eplb_load_file is not None and not args.enable_eplb:
+        raise ValueError("--eplb-load-file is written at EPLB rebalances: it needs --enable-eplb")
     placement = ExpertPlacement(config.num_experts, args.dp_size, 0, redundant)
     if args.expert_placement_file is not None:
         moe_layers = sum(config.is_moe_layer(i) for i in range(config.num_layers))

@@ -133,6 +133,11 @@ class ServerArgs:
         "(roundgate eplb-plan); the static placement, or EPLB's first",
         None,
     )
+    eplb_load_file: str | None = _flag(
+        "with --enable-eplb, rank 0 writes the group's expert loads (tokens per logical expert "
+        "per MoE layer) here at each rebalance: the input of roundgate eplb-plan",
+        None,
+    )
     enforce_eager: bool = _flag(
         "run decode rounds eagerly (no CUDA graphs; they are captured per batch-size bucket on "
         "CUDA for dense models on --attention-backend triton)",

@@ -1,4 +1,5 @@
-"""The ``roundgate`` command: ``serve``, ``simulate``, ``tune``, ``bench`` and ``calibrate``."""
+"""The ``roundgate`` command: ``serve``, ``simulate``, ``tune``, ``bench``, ``calibrate`` and
+``eplb-plan``."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 
 from roundgate.bench import cli as bench_cli
-from roundgate.cli import serve
+from roundgate.cli import eplb_plan, serve
 from roundgate.sim import calibrate_cli, tune
 from roundgate.sim import cli as sim_cli
 
@@ -19,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_parser(sub)
     bench_cli.add_parser(sub)
     calibrate_cli.add_parser(sub)
+    eplb_plan.add_parser(sub)
     return parser
 
 

@@ -247,6 +247,53 @@ def _round_time() -> list[Panel]:
     ]
 
 
+def _experts() -> list[Panel]:
+    return [
+        ratio_graph(
+            "Expert balancedness (EPLB)",
+            "Per MoE layer: mean over max routed tokens per rank over the last EPLB window "
+            "(1 = every rank computes as many expert tokens; a MoE layer waits for its "
+            "busiest rank). The worst layer and the mean of layers per group; measured at "
+            "each rebalance, over the placement it replaces.",
+            [
+                (
+                    f"min by (group) (roundgate_expert_balancedness{{{GROUP}}})",
+                    "{{group}} worst layer",
+                ),
+                (
+                    f"avg by (group) (roundgate_expert_balancedness{{{GROUP}}})",
+                    "{{group}} mean of layers",
+                ),
+            ],
+        ),
+        graph(
+            "EPLB rebalances and experts moved",
+            "Rebalances per second and the expert copies they moved between ranks "
+            "(--enable-eplb, every --eplb-interval-rounds rounds).",
+            [
+                (rate("roundgate_eplb_rebalances_total", GROUP, "group"), "{{group}} rebalances"),
+                (
+                    rate("roundgate_eplb_experts_moved_total", GROUP, "group"),
+                    "{{group}} experts moved",
+                ),
+            ],
+            unit="cps",
+        ),
+        graph(
+            "Last rebalance duration",
+            "Wall time the last EPLB rebalance held the group (the load sum, the placement, "
+            "the weight moves and the map swap), on rank 0.",
+            [
+                (
+                    f"max by (group) (roundgate_eplb_last_rebalance_seconds{{{GROUP}}})",
+                    "{{group}}",
+                )
+            ],
+            unit="s",
+        ),
+    ]
+
+
 def build() -> Dashboard:
     """The gate dashboard builder."""
     return dashboard(
@@ -258,5 +305,6 @@ def build() -> Dashboard:
             ("Regime: healthy or LOW", _regime()),
             ("Ranks", _ranks()),
             ("Round time", _round_time()),
+            ("Experts (EPLB)", _experts()),
         ],
     )

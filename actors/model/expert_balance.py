@@ -39,6 +39,7 @@ from roundgate.kernels.moe.eplb import (
 from roundgate.kernels.moe.expert_load import ExpertLoad
 from roundgate.kernels.moe.expert_map import ExpertMap
 from roundgate.kernels.moe.placement import ExpertPlacement
+from roundgate.kernels.moe.placement_file import write_loads_file
 
 logger = logging.getLogger("roundgate.eplb")
 
@@ -50,6 +51,7 @@ class EplbConfig:
     window_rounds: int
     interval_rounds: int
     num_groups: int = 1  # the router's expert groups (hierarchical placement over nodes)
+    load_file: str | None = None  # --eplb-load-file: rank 0 writes each window's loads here
 
 
 @dataclass(frozen=True)
@@ -114,12 +116,14 @@ class ExpertBalancer:
         predicted: list[float] = []
         moved = copied = 0
         place = self.placement
+        loads: list[list[float]] = []
         for layer, slot_loads in zip(self.layers, per_slot, strict=True):
             old = layer.expert_map.physical_to_logical
             measured.append(balancedness(_per_rank(slot_loads, place)))
             logical = [0.0] * place.num_experts
             for slot, tokens in enumerate(slot_loads):
                 logical[old[slot]] += tokens
+            loads.append(logical)
             new = keep_in_place(old, place_layer(logical, self.layout), place.world_size)
             predicted.append(balancedness(rank_loads(new, logical, place.world_size)))
             if new == old:
@@ -131,6 +135,11 @@ class ExpertBalancer:
             layer.expert_map = ExpertMap(place, new, layer.expert_map.table.device)
         self.load.reset()
         self.rebalances += 1
+        if self.config.load_file and place.rank == 0:
+            try:
+                write_loads_file(self.config.load_file, window_rounds, loads)
+            except OSError as exc:  # a full disk must not stop serving
+                logger.warning("--eplb-load-file %s: %s", self.config.load_file, exc)
         report = RebalanceReport(
             self.rebalances,
             time.perf_counter() - started,

@@ -106,6 +106,7 @@ class ModelRunner:
                     runner_config.eplb_window_rounds,
                     runner_config.eplb_interval_rounds,
                     config.router.n_group,
+                    runner_config.eplb_load_file,
                 ),
                 group,
                 self.device,

@@ -41,6 +41,7 @@ class RunnerConfig:
     eplb_window_rounds: int
     eplb_interval_rounds: int
     expert_placement_file: str | None
+    eplb_load_file: str | None
 
     @classmethod
     def of(cls, args: ServerArgs) -> RunnerConfig:

@@ -159,6 +159,9 @@ class RankReplica:
         self.metrics.observe(
             outcome, core.scheduler, core.loop.parts, core.loop.policy.rounds_since_prefill
         )
+        balancer = self.engine.runner.balancer
+        if balancer is not None:
+            self.metrics.note_rebalance(balancer.last)
         if self.kv_events is not None:
             since = core.loop.policy.rounds_since_prefill
             self.kv_events.after_round(since)

@@ -166,6 +166,31 @@ class RankMetricSet:
             (*GROUP, "mode"),
             registry=r,
         )
+        # EPLB (--enable-eplb): the group's expert balance as the last rebalance measured it
+        # (vLLM's balancedness: mean over max routed tokens per rank, over the window that
+        # rebalance closed; 1 is even), the rebalances and the experts they moved between
+        # ranks, and how long the last one held the group. Group-level, from rank 0.
+        self.expert_balancedness = Gauge(
+            _n("expert_balancedness"),
+            "Mean over max routed tokens per rank in the last EPLB window, per MoE layer",
+            (*GROUP, "moe_layer"),
+            registry=r,
+        )
+        self.eplb_rebalances = Counter(
+            _n("eplb_rebalances"), "EPLB rebalances the group ran", GROUP, registry=r
+        )
+        self.eplb_experts_moved = Counter(
+            _n("eplb_experts_moved"),
+            "Expert copies (layer, slot) whose weights an EPLB rebalance moved between ranks",
+            GROUP,
+            registry=r,
+        )
+        self.eplb_rebalance_seconds = Gauge(
+            _n("eplb_last_rebalance_seconds"),
+            "Wall time of the last EPLB rebalance (window sum, placement, weight moves, swap)",
+            GROUP,
+            registry=r,
+        )
         self.wants_prefill = Gauge(
             _n("rank_wants_prefill"), "Published wants_prefill (0/1)", RANK, registry=r
         )

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from roundgate.actors.control.rank_loop import RoundOutcome, RoundParts
 from roundgate.actors.control.scheduler import Scheduler
 from roundgate.actors.telemetry.metrics import ROUND_PARTS, RankMetricSet
 from roundgate.actors.telemetry.regime_metrics import RegimeMetrics
 from roundgate.gate.rows import RankRow
+
+if TYPE_CHECKING:  # the model's module (torch) is not the telemetry's import
+    from roundgate.actors.model.expert_balance import RebalanceReport
 
 WORK_QUANTITIES = ("decodes", "prefill_tokens")
 
@@ -81,6 +85,8 @@ class RankMetrics:
         self._seen_retractions = 0
         self._seen_aborts = 0
         self._seen_prefix = (0, 0)
+        self._seen_rebalances = 0
+        self._group = g
 
     def note_weight_path(self, path: str) -> None:
         """Which weights the rank's linear layers run on (``ModelRunner.weight_path``)."""
@@ -97,6 +103,21 @@ class RankMetrics:
         self.set.group_size.labels(*self._labels).set(size)
         if reason is not None:
             self.set.group_reforms.labels(*self._labels, reason).inc()
+
+    def note_rebalance(self, report: RebalanceReport | None) -> None:
+        """The rank's last EPLB rebalance (``ExpertBalancer.last``), recorded once; rank 0
+        exports it for the group (every rank computed the same placement)."""
+        if report is None or report.rebalances <= self._seen_rebalances:
+            return
+        self._seen_rebalances = report.rebalances
+        if not self.is_group_exporter:
+            return
+        s, g = self.set, self._group
+        s.eplb_rebalances.labels(*g).inc()
+        s.eplb_experts_moved.labels(*g).inc(report.experts_moved)
+        s.eplb_rebalance_seconds.labels(*g).set(report.seconds)
+        for layer, value in enumerate(report.balancedness):
+            s.expert_balancedness.labels(*g, str(layer)).set(value)
 
     def note_arrival(self, request_id: str) -> None:
         self._arrivals[request_id] = time.monotonic()
