@@ -230,3 +230,55 @@ def test_runner_passes_the_rows_decision_to_deepep(
     layers = runner.config.num_layers
     assert runner.moe.buffer.calls.count(legs) == layers
     assert len(runner.moe.buffer.calls) == layers * (2 if legs == "ll_dispatch" else 3)
+
+
+# --- redundant experts: every backend reads the physical slots --------------------------------
+
+SLOTS = (0, 1, 2, 3, 0, 1)  # experts 0 and 1 have a second copy in slots 4 and 5
+
+
+def _physical_inputs(tokens: int):
+    """The mixture's inputs with ids mapped to slots (``ExpertMap``) and weights per slot."""
+    from roundgate.kernels.moe.expert_map import ExpertMap
+
+    x, ids, weights, w13, w2 = make_moe_inputs(tokens)
+    expert_map = ExpertMap(ExpertPlacement(4, 1, 0, 2), SLOTS)
+    slots = expert_map.to_physical(ids, torch.arange(tokens))
+    index = torch.tensor(SLOTS)
+    return x, ids, slots, weights, w13, w2, w13[index], w2[index]
+
+
+@pytest.mark.parametrize(
+    ("backend", "low_latency"),
+    [("local", False), ("deepep", False), ("deepep", True)],
+)
+def test_backends_on_redundant_slots_equal_the_logical_mixture(
+    backend: str, low_latency: bool
+) -> None:
+    x, ids, slots, weights, w13, w2, slot_w13, slot_w2 = _physical_inputs(9)
+    assert set(slots.flatten().tolist()) & {4, 5}, "no token used a second copy"
+    place = ExpertPlacement(4, 1, 0, 2)
+    moe = (
+        LocalMoE(place)
+        if backend == "local"
+        else DeepEPMoE(place, None, 16, 64, deep_ep=FAKE_DEEP_EP)
+    )
+    out = moe_forward(moe, x, slots, weights, slot_w13, slot_w2, low_latency)
+    torch.testing.assert_close(out, naive_moe(x, ids, weights, w13, w2), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.triton
+def test_triton_experts_on_redundant_slots_equal_the_logical_mixture(kernel_device: str) -> None:
+    """The fused expert kernel runs a rank's slots, second copies included."""
+    from roundgate.kernels.moe.triton_experts import triton_run_experts
+
+    x, ids, slots, weights, w13, w2, slot_w13, slot_w2 = _physical_inputs(9)
+    expected = naive_moe(x, ids, weights, w13, w2)
+    x, slots, weights, slot_w13, slot_w2 = (
+        t.to(kernel_device) for t in (x, slots, weights, slot_w13, slot_w2)
+    )
+    moe = LocalMoE(ExpertPlacement(4, 1, 0, 2))
+    dispatched = moe.dispatch(x, slots, weights, low_latency=False)
+    hidden = triton_run_experts(dispatched.hidden, dispatched.counts, slot_w13, slot_w2)
+    out = moe.combine(hidden, dispatched).cpu()
+    torch.testing.assert_close(out, expected, atol=1e-3, rtol=1e-3)
