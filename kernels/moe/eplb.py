@@ -192,7 +192,11 @@ def check_placement(placement: Sequence[int], layout: Layout) -> Placement:
         raise ValueError(
             f"a placement has {len(placement)} slots; this group has {layout.num_physical}"
         )
-    bad = [e for e in placement if not isinstance(e, int) or not 0 <= e < layout.num_logical]
+    bad = [
+        e
+        for e in placement
+        if isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < layout.num_logical
+    ]
     if bad:
         raise ValueError(
             f"placement names expert {bad[0]!r}; the model has "

@@ -2,8 +2,10 @@
 
 What EPLB balances is measured where it happens: every MoE layer adds its dispatch's slot
 ids into a device tensor (one ``index_add_``, no read back to the host, no collective), so
-counting costs the forward almost nothing. The window is a ring of ``window_rounds`` rows;
-the group sums it (one all-reduce) only at a rebalance point.
+counting costs the forward almost nothing. The window is a ring of ``window_rounds + 1``
+rows: the last ``window_rounds`` completed rounds and the (cleared) row of the round to come,
+so a rebalance that reads it right after a round ends sees a whole window. The group sums it
+(one all-reduce) only at a rebalance point.
 """
 
 from __future__ import annotations
@@ -12,15 +14,16 @@ import torch
 
 
 class ExpertLoad:
-    """A ``[window_rounds, num_layers, num_slots]`` ring of per-round slot counts."""
+    """A ``[window_rounds + 1, num_layers, num_slots]`` ring of per-round slot counts."""
 
     def __init__(
         self, num_layers: int, num_slots: int, window_rounds: int, device: torch.device | str
     ) -> None:
         if window_rounds < 1:
             raise ValueError(f"--eplb-window-rounds must be >= 1, got {window_rounds}")
+        self.window_rounds = window_rounds
         self.counts = torch.zeros(
-            window_rounds, num_layers, num_slots, dtype=torch.long, device=device
+            window_rounds + 1, num_layers, num_slots, dtype=torch.long, device=device
         )
         self.slot = 0  # the ring row this round counts into
         self.rounds = 0  # rounds counted since the last reset (<= the window)
@@ -37,10 +40,11 @@ class ExpertLoad:
         """Move to the next ring row (cleared: it held the round one window ago)."""
         self.slot = (self.slot + 1) % self.counts.shape[0]
         self.counts[self.slot].zero_()
-        self.rounds = min(self.rounds + 1, self.counts.shape[0])
+        self.rounds = min(self.rounds + 1, self.window_rounds)
 
     def window(self) -> torch.Tensor:
-        """``[num_layers, num_slots]``: this rank's tokens per slot over the window."""
+        """``[num_layers, num_slots]``: this rank's tokens per slot over the last
+        ``window_rounds`` completed rounds (and the current one's, if it recorded any)."""
         return self.counts.sum(dim=0)
 
     def reset(self) -> None:

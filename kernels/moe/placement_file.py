@@ -37,6 +37,16 @@ def read_placement_file(path: str | Path, layout: Layout, num_layers: int) -> li
     layers = body.get("layers") if isinstance(body, dict) else None
     if not isinstance(layers, list) or not all(isinstance(x, list) for x in layers):
         raise ValueError(f"{FLAG} {path}: needs a 'layers' list of per-layer lists")
+    header = (
+        ("num_experts", layout.num_logical),
+        ("num_redundant_experts", layout.num_physical - layout.num_logical),
+        ("dp_size", layout.num_ranks),
+    )
+    for key, expected in header:  # optional in a hand-written file; checked when given
+        if key in body and body[key] != expected:
+            raise ValueError(
+                f"{FLAG} {path}: planned for {key} {body[key]!r}, this deployment has {expected}"
+            )
     if len(layers) != num_layers:
         raise ValueError(
             f"{FLAG} {path}: {len(layers)} layers, the model has {num_layers} MoE layers"
