@@ -19,6 +19,7 @@ from roundgate.sim.disaggregated import (
     parse_split,
     simulate_pd,
 )
+from roundgate.sim.expert_options import add_expert_args, describe_experts, refuse_expert_flags
 from roundgate.sim.goodput import (
     DEFAULT_ITL_SLO_MS,
     DEFAULT_TTFT_SLO_MS,
@@ -236,6 +237,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "disaggregation with P prefill and D decode ranks; the fused runs get P+D ranks (the "
         "same GPUs) and --max-num-seqs per rank is kept (docs/pd.md)",
     )
+    add_expert_args(p)
     g = p.add_argument_group("goodput and regime")
     add_slo_args(g)
     g.add_argument(
@@ -329,12 +331,17 @@ def run_scenario(ns: argparse.Namespace) -> int:
 
 def run(ns: argparse.Namespace) -> int:
     if getattr(ns, "scenario", None) is not None:
+        try:
+            refuse_expert_flags(vars(ns), "--scenario")
+        except ValueError as exc:
+            ns.parser.error(str(exc))
         return run_scenario(ns)
     split = None
     flags: dict[str, Any] = {}  # parsed flags the run replaces
     try:
         slo = slo_of(ns)
         if ns.disaggregate is not None:
+            refuse_expert_flags(vars(ns), "--disaggregate")
             split = parse_split(ns.disaggregate)
             flags = disaggregated_flags(ns, split)
         # The regime report reads every round (the timeline), which the fast path skips.
@@ -352,6 +359,9 @@ def run(ns: argparse.Namespace) -> int:
     baseline = "none" if len(summaries) > 1 else None
     print(format_table(summaries, baseline=baseline))
     print(format_goodputs(goodputs, baseline))
+    for result in results:
+        if result.experts is not None:
+            print(describe_experts(result.policy, result.experts))
     regimes = {}
     if getattr(ns, "regime_report", False):
         chunk = specs[0].args.max_scheduled_tokens

@@ -21,6 +21,7 @@ from roundgate.routing import registry as routers
 from roundgate.routing.cache_aware import CacheAwareConfig
 from roundgate.routing.kv_router import KvRouterConfig
 from roundgate.routing.spec import flag
+from roundgate.sim.expert_options import expert_spec
 from roundgate.sim.kv_channel import ChannelSpec
 from roundgate.sim.round_costs import COST_FIELDS, RoundCosts, load_costs
 from roundgate.sim.router import RouterSpec
@@ -202,6 +203,7 @@ def sim_specs(ns: argparse.Namespace, **overrides: Any) -> list[SimSpec]:
         concurrency=given.get("concurrency"),
         max_rounds=given.get("max_rounds"),
         keep_timeline=given.get("plot") is not None,
+        experts=expert_spec(given, given["costs"], group["dp_size"]),
     )
     drawn = arrivals_of(spec)
     return [replace(spec, args=args[policy], workload=drawn) for policy in policies]

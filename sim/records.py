@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from roundgate.actors.control.round import RoundKind
+
+if TYPE_CHECKING:
+    from roundgate.sim.expert_parallel import ExpertStats
 
 KIND_CODES = {RoundKind.IDLE: 0, RoundKind.DECODE: 1, RoundKind.PREFILL: 2, RoundKind.MIXED: 3}
 POINT_CODES = {None: 0, "all": 1, "any": 2}
@@ -67,3 +71,5 @@ class SimResult:
     step_itl_count: array = field(default_factory=lambda: array("q"))
     # The ITL SLO the records' ``slow_gaps`` were counted against (inf: none counted).
     itl_slo_ms: float = float("inf")
+    # The expert placement's balance over the run (None: MoE priced at the mean load).
+    experts: ExpertStats | None = None

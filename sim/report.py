@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         else 0.0,
         "ttft_later_turns_ms": percentiles(later),  # sessions: turns after the first
         "collections": result.collections,  # stop-the-world collections (RoundCosts)
-    }
+    } | ({} if result.experts is None else {"experts": asdict(result.experts)})
 
 
 TABLE_COLUMNS = (

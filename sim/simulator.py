@@ -19,6 +19,7 @@ from roundgate.gate.rows import read_rows
 from roundgate.sim import fast_forward
 from roundgate.sim.arrivals import INF, Arrival
 from roundgate.sim.cost_executor import cost_loops
+from roundgate.sim.expert_parallel import ExpertBalancer, ExpertSpec
 from roundgate.sim.kv_channel import KvChannel
 from roundgate.sim.loop import IDLE_ROUND_MS, Collector, SimLoop
 from roundgate.sim.prompts import FillerPrompts
@@ -46,8 +47,11 @@ class GroupSimulator:
         policy_name: str = "roundgate",
         keep_timeline: bool = True,
         fast_forward: bool = True,
+        experts: ExpertSpec | None = None,
     ) -> None:
         self.args = args
+        # The MoE layers' expert load (None: every rank at the mean load, the preset's price).
+        self.experts = experts
         self.costs = costs
         self.router = router
         self.policy_name = policy_name
@@ -85,9 +89,14 @@ class GroupSimulator:
         # ``plan_ahead`` starts earlier began (async scheduling), else at its own start.
         self._plan_ahead = plan_ahead = int(costs.plan_ahead_rounds)
         self._starts = deque([0.0] * (plan_ahead + 1), maxlen=plan_ahead + 1)
-        # Steady decode rounds in one step (sim/fast_forward.py), where exact.
+        # Steady decode rounds in one step (sim/fast_forward.py), where exact: not with an
+        # expert load, whose drift makes every round's price its own.
+        self._balancer = None if self.experts is None else ExpertBalancer(self.experts)
         self._fast = (
-            self.fast_forward and self.timeline is None and fast_forward.supported(self.loops)
+            self.fast_forward
+            and self.timeline is None
+            and self._balancer is None
+            and fast_forward.supported(self.loops)
         )
         # Collections: each rank's requests until its next one (sim/round_costs.py).
         self._collector = Collector.of(costs, self.args.dp_size)
@@ -136,6 +145,7 @@ class GroupSimulator:
             prefix_queries=sum(s.prefix.num_queries for s in schedulers),
             prefix_hits=sum(s.prefix.num_hits for s in schedulers),
             collections=0 if collector is None else collector.count,
+            experts=None if self._balancer is None else self._balancer.stats(),
         )
 
     # ---- the loop's calls (``roundgate.sim.loop.GroupStep``)
@@ -248,7 +258,12 @@ class GroupSimulator:
             events = [o.events for o in outcomes]
         any_extend = view.any_extend
         if not view.all_idle:
-            round_ms = costs.group_ms([c * 1000 for c in costs_s], any_extend)
+            forwards_ms = [c * 1000 for c in costs_s]
+            round_ms = costs.group_ms(forwards_ms, any_extend)
+            balancer = self._balancer
+            if balancer is not None and outcomes is not None:
+                tokens = sum(o.plan.counts()[3] for o in outcomes)
+                round_ms += balancer.extra_ms(max(forwards_ms), tokens)
             if collecting:
                 round_ms += gc_ms
                 collector.collect()

@@ -16,6 +16,7 @@ from typing import Any
 from roundgate.actors.server_args import ServerArgs
 from roundgate.gate import registry
 from roundgate.sim.arrivals import Arrival
+from roundgate.sim.expert_parallel import ExpertSpec
 from roundgate.sim.records import SimResult
 from roundgate.sim.round_costs import TOY, RoundCosts
 from roundgate.sim.router import RouterSpec
@@ -46,6 +47,8 @@ class SimSpec:
     # Each request counts its inter-token gaps above this as it runs, so goodput's ITL-p99
     # SLO can be judged without keeping every request's gaps (sim/goodput.py).
     itl_slo_ms: float = float("inf")
+    # The MoE layers' expert popularity and placement (None: priced at the mean expert load).
+    experts: ExpertSpec | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.concurrency < 1:
@@ -54,6 +57,11 @@ class SimSpec:
             raise ValueError(f"--slo-itl-ms must be > 0, got {self.itl_slo_ms}")
         if self.max_rounds is not None and self.max_rounds < 1:
             raise ValueError(f"--max-rounds must be >= 1, got {self.max_rounds}")
+        if self.experts is not None and self.experts.dp_size != self.args.dp_size:
+            raise ValueError(
+                f"--expert-placement: the expert layout is for {self.experts.dp_size} ranks, "
+                f"--dp-size is {self.args.dp_size}"
+            )
         self.router.build(
             self.args.dp_size, self.seed, self.args.page_size
         )  # refuses its settings now, not mid-run
@@ -122,6 +130,7 @@ def simulate(spec: SimSpec, on_round: Callable[[int, int], None] | None = None) 
         spec.router.build(spec.args.dp_size, spec.seed, spec.args.page_size),
         spec.policy,
         keep_timeline=spec.keep_timeline,
+        experts=spec.experts,
     )
     return sim.run(
         arrivals,
