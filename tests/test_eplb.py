@@ -42,6 +42,7 @@ from roundgate.kernels.moe.expert_load import ExpertLoad
 from roundgate.kernels.moe.expert_map import ExpertMap
 from roundgate.kernels.moe.placement import ExpertPlacement
 from roundgate.kernels.moe.placement_file import FLAG, read_placement_file, write_placement_file
+from roundgate.kernels.moe.rehome import grown_layout, rehome_layer
 
 
 def refuses(*parts: str) -> Any:
@@ -980,3 +981,89 @@ def test_server_args_read_the_placement_file(tmp_path: Path) -> None:
         ServerArgs(**MOE, dp_size=2, expert_placement_file=str(good))
     with refuses("--expert-placement-file", "needs --dp-size > 1"):
         ServerArgs(**MOE, expert_placement_file=str(good))
+
+
+# ---- re-home after a membership change (elastic EP) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("held", "layout", "placement", "transfers", "from_files"),
+    [
+        # A lone survivor of two that held experts 0 and 1: it keeps them, reads 2 and 3.
+        ([[0, 1]], Layout(4, 4, 1), (0, 1, 2, 3), 0, [(2, 0, 2), (3, 0, 3)]),
+        # A lone survivor that held every expert (redundant copies): nothing from the files.
+        ([[0, 1, 2, 3]], Layout(4, 4, 1), (0, 1, 2, 3), 0, []),
+        # ... and held them in another order: each keeps its slot.
+        ([[3, 1, 0, 2]], Layout(4, 4, 1), (3, 1, 0, 2), 0, []),
+        # A survivor grown to hold all four alone, and an empty joiner, at 2 slots a member:
+        # the survivor keeps its first two, the joiner takes the other two from it.
+        ([[0, 1, 2, 3], []], Layout(4, 4, 2), (0, 1, 2, 3), 2, []),
+        # A joiner that loaded its seat's shard (2, 3) takes the pack it holds: nothing moves.
+        ([[0, 1, 2, 3], [2, 3]], Layout(4, 4, 2), (0, 1, 2, 3), 0, []),
+        # Members listed the other way round: the match follows the holdings, not the order.
+        ([[2, 3], [0, 1, 2, 3]], Layout(4, 4, 2), (2, 3, 0, 1), 0, []),
+        # Three members re-formed from four with one copy each, grown to 3 slots a member: the
+        # dead one's experts (6, 7) come from the files into the least loaded members, the
+        # last spare slot takes a copy of expert 0 from member 0.
+        (
+            [[0, 1], [2, 3], [4, 5]],
+            Layout(8, 9, 3),
+            (0, 1, 6, 2, 3, 7, 4, 5, 0),
+            1,
+            [(6, 0, 2), (7, 1, 2)],
+        ),
+    ],
+)
+def test_rehome_layer_tables(
+    held: list[list[int]],
+    layout: Layout,
+    placement: tuple[int, ...] | None,
+    transfers: int,
+    from_files: list[tuple[int, int, int]] | None,
+) -> None:
+    plan = rehome_layer(held, layout)
+    assert check_placement(plan.placement, layout) == plan.placement
+    if placement is not None:
+        assert plan.placement == placement
+    assert plan.transfers == transfers
+    if from_files is not None:
+        assert [(d.expert, d.rank, d.slot) for d in plan.loads] == from_files
+    # Every slot is filled exactly once, from a member that holds its expert or the files.
+    n = layout.slots_per_rank
+    filled = [(m.dst_rank, m.dst_slot) for m in plan.moves] + [(d.rank, d.slot) for d in plan.loads]
+    assert sorted(filled) == [(r, s) for r in range(layout.num_ranks) for s in range(n)]
+    for move in plan.moves:
+        assert held[move.src_rank][move.src_slot] == move.expert
+        assert plan.placement[move.dst_rank * n + move.dst_slot] == move.expert
+    held_anywhere = {e for experts in held for e in experts}
+    assert all(d.expert not in held_anywhere for d in plan.loads)
+    assert rehome_layer(held, layout) == plan  # deterministic: every member agrees
+
+
+def test_rehome_layer_reads_from_files_only_what_no_member_holds() -> None:
+    plan = rehome_layer([[0, 1], [2, 3], [4, 5]], Layout(8, 9, 3))
+    assert sorted(d.expert for d in plan.loads) == [6, 7]
+
+
+def test_rehome_layer_balances_on_loads() -> None:
+    # Expert 0 is hot: the joiner's spare slot copies it first, so each member has one.
+    plan = rehome_layer([[0, 1, 2, 3], []], Layout(4, 6, 2), loads=[10, 1, 1, 1])
+    assert copies_of(plan.placement, 4)[0] == 2
+    assert plan.placement[:3].count(0) == 1 and plan.placement[3:].count(0) == 1
+
+
+@pytest.mark.parametrize(
+    ("num_logical", "slots_per_rank", "num_ranks", "physical"),
+    [
+        (4, 2, 2, 4),  # full size: the configured layout
+        (4, 2, 1, 4),  # a lone survivor grows to hold every expert
+        (4, 4, 1, 4),  # redundant slots: already enough
+        (8, 3, 3, 9),  # 3 of 4 members keep 3 slots each
+        (8, 2, 3, 9),  # 2 a member is too few for 8 over 3: grown to 3
+        (256, 36, 7, 252 + 7),  # DeepSeek-V3 +32 over 8, one rank lost: 37 a member
+    ],
+)
+def test_grown_layout(num_logical: int, slots_per_rank: int, num_ranks: int, physical: int):
+    layout = grown_layout(num_logical, slots_per_rank, num_ranks)
+    assert layout.num_physical == physical
+    assert layout.num_physical >= num_logical

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from roundgate.actors.model.expert_moves import apply_moves
 from roundgate.kernels.moe.eplb import (
+    Layout,
     balancedness,
     keep_in_place,
     move_plan,
@@ -88,9 +89,9 @@ class ExpertBalancer:
         self.load = ExpertLoad(
             len(self.layers), self.placement.num_physical_experts, config.window_rounds, device
         )
-        self.layout = self.placement.layout(_num_nodes(self.placement, group), config.num_groups)
-        if not self.layout.hierarchical:  # groups that do not divide over nodes: flat
-            self.layout = self.placement.layout()
+        # Found at the first rebalance (a collective: none at construction, so a rank that
+        # joins a re-formed group builds its balancer without its peers).
+        self.layout: Layout | None = None
         self.rounds = 0
         self.rebalances = 0
         self.last: RebalanceReport | None = None
@@ -107,6 +108,11 @@ class ExpertBalancer:
     def rebalance(self) -> RebalanceReport:
         """Re-place every MoE layer from the group's summed window; every rank calls it."""
         started = time.perf_counter()
+        if self.layout is None:
+            nodes = _num_nodes(self.placement, self.group)
+            self.layout = self.placement.layout(nodes, self.config.num_groups)
+            if not self.layout.hierarchical:  # groups that do not divide over nodes: flat
+                self.layout = self.placement.layout()
         counts = self.load.window()
         window_rounds = self.load.rounds
         if self.placement.world_size > 1:

@@ -9,6 +9,7 @@ before any slot is overwritten, so a plan that rotates experts among slots stays
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,16 +25,20 @@ def apply_moves(
     rank: int,
     world_size: int,
     group: Any = None,
+    into: Sequence[torch.Tensor] | None = None,
 ) -> int:
     """Copy the planned slots of one layer into this rank's ``tensors`` (each ``[slots, ...]``:
-    ``w13``, ``w2``); returns the rows this rank received from other ranks.
+    ``w13``, ``w2``), or into ``into`` (same shapes but the slot count: a re-formed group's
+    new tensors, the moves' sources read from ``tensors``); returns the rows this rank
+    received from other ranks.
 
     Every rank of the group calls this with the same ``moves`` (collectives must match); a
     layer where no expert changes rank runs no collective at all, on every rank alike.
     """
+    targets = tensors if into is None else into
     remote = [m for m in moves if m.src_rank != m.dst_rank]
     local = [m for m in moves if m.src_rank == m.dst_rank == rank]
-    sizes = [t[0].numel() for t in tensors]
+    sizes = [math.prod(t.shape[1:]) for t in tensors]
     # Read every source first: a later write may land in a slot an earlier move reads.
     sent = sorted((m for m in remote if m.src_rank == rank), key=lambda m: (m.dst_rank, m.dst_slot))
     send_rows = _rows(tensors, [m.src_slot for m in sent])
@@ -47,16 +52,16 @@ def apply_moves(
         recv_splits = [sum(m.src_rank == r for m in recv) for r in range(world_size)]
         recv_rows = send_rows.new_empty(len(recv), sum(sizes))
         dist.all_to_all_single(recv_rows, send_rows, recv_splits, send_splits, group=group)
-        _write(tensors, [m.dst_slot for m in recv], recv_rows, sizes)
+        _write(targets, [m.dst_slot for m in recv], recv_rows, sizes)
         received = len(recv)
-    _write(tensors, [m.dst_slot for m in local], local_rows, sizes)
+    _write(targets, [m.dst_slot for m in local], local_rows, sizes)
     return received
 
 
 def _rows(tensors: Sequence[torch.Tensor], slots: list[int]) -> torch.Tensor:
     """``[len(slots), sum of a slot's elements]``: the slots' tensors flattened side by side."""
     index = torch.tensor(slots, dtype=torch.long, device=tensors[0].device)
-    parts = [t.index_select(0, index).reshape(len(slots), t[0].numel()) for t in tensors]
+    parts = [t.index_select(0, index).reshape(len(slots), math.prod(t.shape[1:])) for t in tensors]
     return torch.cat(parts, dim=1).contiguous()
 
 

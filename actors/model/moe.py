@@ -163,10 +163,11 @@ class SparseMoE(nn.Module):
         if source.has(fused):
             index = list(slots)
             total = (num_experts, *self.w13.shape[1:])
-            self.w13[index] = source.get(fused, total)[experts].to(self.w13.dtype)
-            total = (num_experts, *self.w2.shape[1:])
-            self.w2[index] = source.get(block + "experts.down_proj", total)[experts].to(
-                self.w2.dtype
+            w13, w2 = self.w13, self.w2
+            w13[index] = source.get(fused, total)[experts].to(w13.device, w13.dtype)
+            total = (num_experts, *w2.shape[1:])
+            w2[index] = source.get(block + "experts.down_proj", total)[experts].to(
+                w2.device, w2.dtype
             )
             return
         legacy = source.has(f"{block}experts.{experts[0]}.w1.weight")

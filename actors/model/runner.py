@@ -27,6 +27,7 @@ from roundgate.actors.control.round import RoundPlan, RoundResult, ScheduledChun
 from roundgate.actors.model.decode_graphs import DecodeGraphs, ineligibility
 from roundgate.actors.model.decoder import build_model, open_source
 from roundgate.actors.model.expert_balance import EplbConfig, ExpertBalancer
+from roundgate.actors.model.expert_rehome import RehomeReport, rehome_experts
 from roundgate.actors.model.gguf_blocks import pack_gguf, weight_path
 from roundgate.actors.model.grammar import Grammars
 from roundgate.actors.model.kv_cache import allocate_cache, pages_for_gpu, select_backend
@@ -44,6 +45,7 @@ from roundgate.kernels.moe.placement import ExpertPlacement
 from roundgate.kernels.moe.placement_file import read_placement_file
 from roundgate.kernels.moe.registry import build_backend as select_moe_backend
 from roundgate.kernels.moe.registry import experts_kernel as select_experts_kernel
+from roundgate.kernels.moe.rehome import grown_layout
 from roundgate.kernels.quant.ggml_arith import GgmlAttention
 
 logger = logging.getLogger("roundgate.runner")
@@ -100,17 +102,7 @@ class ModelRunner:
         )
         # --enable-eplb: expert load counted each round, experts re-placed every interval.
         self.balancer = (
-            ExpertBalancer(
-                self.model,
-                EplbConfig(
-                    runner_config.eplb_window_rounds,
-                    runner_config.eplb_interval_rounds,
-                    config.router.n_group,
-                    runner_config.eplb_load_file,
-                ),
-                group,
-                self.device,
-            )
+            ExpertBalancer(self.model, self._eplb_config(runner_config), group, self.device)
             if runner_config.enable_eplb and world > 1
             else None
         )
@@ -393,6 +385,58 @@ class ModelRunner:
                     f"pages, needs {needed} for {request.num_computed_tokens} cached tokens"
                 )
             self.cache.write_pages(request.page_ids[:count], saved[:, :, :count])
+
+    def regroup_experts(self, rank: int, world_size: int, group: Any = None) -> RehomeReport:
+        """Re-home the experts onto a re-formed group (elastic expert parallelism): every
+        member of the new epoch calls this, on its engine thread, before the epoch's first
+        round (``group``: the epoch's process group; None for the default group).
+
+        Each member keeps the configured slots per rank where the group's slots still hold
+        every logical expert, else grows to the fewest that do (``grown_layout``); the
+        experts are placed for the new group and filled from members' copies, or from the
+        model's files where no copy survived (``expert_rehome``). The MoE backend is rebuilt
+        on the new group, and EPLB starts a new window on the new placement.
+        """
+        config, rc = self.config, self.runner_config
+        if not config.is_moe:
+            raise ValueError(f"{rc.model} is dense: it has no experts to re-home")
+        configured = ExpertPlacement(
+            config.num_experts, rc.dp_size, 0, rc.num_redundant_experts if rc.dp_size > 1 else 0
+        ).num_local_experts
+        layout = grown_layout(config.num_experts, configured, world_size)
+        placement = ExpertPlacement(
+            config.num_experts, world_size, rank, layout.num_physical - layout.num_logical
+        )
+        report = rehome_experts(
+            self.model,
+            placement,
+            group,
+            lambda: open_source(rc.model, config, rc.seed),
+        )
+        self.placement = placement
+        self.moe = select_moe_backend(
+            rc.moe_backend if world_size > 1 else "auto",
+            placement,
+            group=group,
+            device=self.device,
+            hidden_size=config.hidden_size,
+            max_dispatch_tokens_per_rank=rc.max_batch_size,
+        )
+        if rc.enable_eplb:
+            self.balancer = (
+                ExpertBalancer(self.model, self._eplb_config(rc), group, self.device)
+                if world_size > 1
+                else None
+            )
+        return report
+
+    def _eplb_config(self, rc: RunnerConfig) -> EplbConfig:
+        return EplbConfig(
+            rc.eplb_window_rounds,
+            rc.eplb_interval_rounds,
+            self.config.router.n_group,
+            rc.eplb_load_file,
+        )
 
     def drop_parked(self, request_id: str) -> None:
         """Forget a retracted request's host KV (it was aborted while parked)."""
