@@ -34,9 +34,8 @@ from roundgate.kernels.moe.eplb import (
     Placement,
     balancedness,
     initial_placement,
-    keep_in_place,
-    place_layer,
     rank_loads,
+    replace_layer,
 )
 from roundgate.sim.expert_load import ExpertPopularity, PopularitySpec
 
@@ -222,15 +221,15 @@ class ExpertBalancer:
                 counts[e] += routed * share
 
     def _rebalance(self) -> bool:
-        """Re-place every layer from its window's counts (an expert keeps its slot where it
-        stays on its rank); False when the window saw no tokens."""
+        """Re-place every layer from its window's counts as the engine does
+        (``eplb.replace_layer``: kept unless that evens the ranks by ``MIN_GAIN``); False when
+        the window saw no tokens."""
         window = self._window
         self._window = [[0.0] * self.spec.shape.num_experts for _ in window]
         if not any(any(counts) for counts in window):
             return False
-        num_ranks = self.layout.num_ranks
         self.placements = [
-            keep_in_place(old, place_layer(counts, self.layout), num_ranks)
+            replace_layer(old, counts, self.layout)
             for old, counts in zip(self.placements, window, strict=True)
         ]
         self._cached = None

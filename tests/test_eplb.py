@@ -23,6 +23,7 @@ import torch
 
 from roundgate.actors.server_args import ServerArgs
 from roundgate.kernels.moe.eplb import (
+    MIN_GAIN,
     Layout,
     Move,
     Placement,
@@ -31,11 +32,13 @@ from roundgate.kernels.moe.eplb import (
     copies_of,
     initial_placement,
     keep_in_place,
+    match_ranks,
     move_plan,
     pack,
     place,
     place_layer,
     rank_loads,
+    replace_layer,
     replicate,
 )
 from roundgate.kernels.moe.expert_load import ExpertLoad
@@ -1067,3 +1070,56 @@ def test_grown_layout(num_logical: int, slots_per_rank: int, num_ranks: int, phy
     layout = grown_layout(num_logical, slots_per_rank, num_ranks)
     assert layout.num_physical == physical
     assert layout.num_physical >= num_logical
+
+
+# ---- match_ranks: a re-placement's packs onto the ranks that hold them -----------------------
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "num_ranks", "per_node", "matched"),
+    [
+        # The same packs, swapped between the ranks: given back, nothing moves.
+        ((0, 1, 2, 3), (2, 3, 0, 1), 2, None, (0, 1, 2, 3)),
+        # One expert changes: only it moves.
+        ((0, 1, 2, 3), (2, 3, 0, 3), 2, None, (0, 3, 2, 3)),
+        # Nothing shared: the packs stay in order.
+        ((0, 1, 2, 3, 4, 5), (0, 1, 2, 3, 4, 5), 3, None, (0, 1, 2, 3, 4, 5)),
+        ((0, 1, 2, 3, 4, 5), (4, 5, 0, 1, 2, 3), 3, None, (0, 1, 2, 3, 4, 5)),
+        # Nodes of two ranks: packs are swapped within a node, never across.
+        ((0, 1, 2, 3, 4, 5, 6, 7), (2, 3, 0, 1, 6, 7, 4, 5), 4, 2, (0, 1, 2, 3, 4, 5, 6, 7)),
+        ((0, 1, 2, 3, 4, 5, 6, 7), (4, 5, 6, 7, 0, 1, 2, 3), 4, 2, (4, 5, 6, 7, 0, 1, 2, 3)),
+    ],
+)
+def test_match_ranks(old, new, num_ranks, per_node, matched) -> None:
+    got = match_ranks(old, new, num_ranks, per_node)
+    assert got == matched
+    # A permutation of the packs: the same balance for any loads.
+    loads = [float(3 * e + 1) for e in range(max(new) + 1)]
+    assert sorted(rank_loads(got, loads, num_ranks)) == sorted(rank_loads(new, loads, num_ranks))
+
+
+def test_steady_loads_move_nothing() -> None:
+    """Two windows of nearly the same loads: greedy packing interleaves the experts anew, but
+    the rebalance keeps the placement it has (the gain is noise), so nothing moves."""
+    layout = Layout(16, 16, 2)
+    first = [100.0 - 5 * e for e in range(16)]
+    second = [x + (0.4 if e % 3 == 0 else -0.3) for e, x in enumerate(first)]
+    old = place_layer(first, layout)
+    assert place_layer(second, layout) != old  # the packing did change
+    assert replace_layer(old, second, layout) == old
+
+
+@pytest.mark.parametrize(
+    ("old", "loads", "replaced"),
+    [
+        # Everything on rank 0's experts: re-placed, the hot pair split over the ranks.
+        ((0, 1, 2, 3), [10.0, 10.0, 0.0, 0.0], (0, 2, 1, 3)),
+        # Already even: kept.
+        ((0, 1, 2, 3), [5.0, 5.0, 5.0, 5.0], (0, 1, 2, 3)),
+        # A gain of 0.01 (< MIN_GAIN): kept.
+        ((0, 1, 2, 3), [1.0, 1.02, 1.0, 1.0], (0, 1, 2, 3)),
+    ],
+)
+def test_replace_layer(old, loads, replaced) -> None:
+    assert replace_layer(old, loads, Layout(4, 4, 2)) == replaced
+    assert MIN_GAIN == 0.02

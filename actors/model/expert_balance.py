@@ -32,10 +32,9 @@ from roundgate.actors.model.expert_moves import apply_moves
 from roundgate.kernels.moe.eplb import (
     Layout,
     balancedness,
-    keep_in_place,
     move_plan,
-    place_layer,
     rank_loads,
+    replace_layer,
 )
 from roundgate.kernels.moe.expert_load import ExpertLoad
 from roundgate.kernels.moe.expert_map import ExpertMap
@@ -130,7 +129,7 @@ class ExpertBalancer:
             for slot, tokens in enumerate(slot_loads):
                 logical[old[slot]] += tokens
             loads.append(logical)
-            new = keep_in_place(old, place_layer(logical, self.layout), place.world_size)
+            new = replace_layer(old, logical, self.layout)
             predicted.append(balancedness(rank_loads(new, logical, place.world_size)))
             if new == old:
                 continue

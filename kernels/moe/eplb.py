@@ -219,6 +219,68 @@ class Move:
     dst_slot: int  # local slot on the destination rank (in the new placement)
 
 
+# A layer is re-placed only when that raises its balancedness (on the window's loads) by at
+# least this much: smaller gains are within a window's noise and not worth moving weights.
+MIN_GAIN = 0.02
+
+
+def replace_layer(
+    old: Placement, loads: Sequence[float], layout: Layout, min_gain: float = MIN_GAIN
+) -> Placement:
+    """A rebalance's next placement of one layer: the algorithm's for ``loads``, its packs on
+    the ranks that hold most of them (``match_ranks``) and its experts in the slots they hold
+    (``keep_in_place``); ``old`` itself unless that raises balancedness by ``min_gain``.
+
+    Greedy packing is not stable: two windows of nearly the same loads can interleave the
+    experts differently, and re-placing on every window would move half of them for nothing.
+    """
+    world = layout.num_ranks
+    nodes = layout.num_nodes if layout.hierarchical else 1
+    new = match_ranks(old, place_layer(loads, layout), world, world // nodes)
+    new = keep_in_place(old, new, world)
+    gain = balancedness(rank_loads(new, loads, world)) - balancedness(rank_loads(old, loads, world))
+    return new if gain >= min_gain else old
+
+
+def match_ranks(
+    old: Placement, new: Placement, num_ranks: int, ranks_per_node: int | None = None
+) -> Placement:
+    """``new`` with its rank blocks given to the ranks that already hold most of them.
+
+    ``place_layer`` packs experts onto ranks without looking at where they are: two windows
+    of nearly the same loads can come back with the packs swapped between ranks, and moving
+    them would cost a rebalance half of the experts for nothing. Any permutation of the packs
+    balances the same, so each pack goes to the rank sharing the most experts with it
+    (greedily, ties to the lower rank and pack), within its node where ranks span nodes (the
+    hierarchical placement's groups stay on their node).
+    """
+    per_rank = len(new) // num_ranks
+    node = ranks_per_node or num_ranks
+    blocks = [list(new[r * per_rank : (r + 1) * per_rank]) for r in range(num_ranks)]
+    held = [list(old[r * per_rank : (r + 1) * per_rank]) for r in range(num_ranks)]
+    owner: dict[int, int] = {}
+    for first in range(0, num_ranks, node):
+        ranks = range(first, first + node)
+        pairs = sorted((-_shared(blocks[p], held[r]), r, p) for r in ranks for p in ranks)
+        taken: set[int] = set()
+        for _, rank, pack in pairs:
+            if rank not in owner and pack not in taken:
+                owner[rank] = pack
+                taken.add(pack)
+    return tuple(e for r in range(num_ranks) for e in blocks[owner[r]])
+
+
+def _shared(pack: Sequence[int], held: Sequence[int]) -> int:
+    """Experts of ``pack`` a rank holding ``held`` has already (copies counted)."""
+    rest = list(held)
+    count = 0
+    for expert in pack:
+        if expert in rest:
+            rest.remove(expert)
+            count += 1
+    return count
+
+
 def keep_in_place(old: Placement, new: Placement, num_ranks: int) -> Placement:
     """``new`` with each rank's experts reordered so that an expert the rank already held stays
     in its old slot: the same experts per rank, fewer weights to copy."""
