@@ -19,3 +19,10 @@ class Executor(Protocol):
     """
 
     def execute(self, plan: RoundPlan, rows: Sequence[RankRow], view: RoundView) -> RoundResult: ...
+
+
+class RoundAborted(RuntimeError):
+    """The group re-formed in the middle of a round's forward (a member died after the
+    gather: an elastic MoE group's expert collectives failed). The round's vote and plan
+    stand; ``RankLoop.step`` gathers its row again in the new group and runs the forward again
+    (the executor ran its one-off steps once, and sampled nothing)."""

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from roundgate.actors.control.columns import column_reader
-from roundgate.actors.control.executor import Executor
+from roundgate.actors.control.executor import Executor, RoundAborted
 from roundgate.actors.control.gather import Gather
 from roundgate.actors.control.handoff import Handoff
 from roundgate.actors.control.round import Probe, RoundPlan, RoundResult, TokenEvent
@@ -37,6 +37,9 @@ IDLE_PROBE = Probe(False, False)
 # Distinct rows a loop remembers for reuse: rows repeat round after round, and a lookup is
 # much cheaper than building a RankRow (benchmarks/bench_simulator.py: dp rows a group round).
 _ROW_CACHE_SIZE = 4096
+# Re-forms one round may go through mid-forward before the group gives up (a member failing
+# again while the round runs again).
+MAX_ABORTS = 4
 
 
 @dataclass(slots=True)
@@ -123,9 +126,15 @@ class RankLoop:
         t0 = time.perf_counter()
         row = self.begin()
         t1 = time.perf_counter()
-        rows = [RankRow.unpack(p) for p in self.gather.all_gather(row.pack())]
-        t2 = time.perf_counter()
-        outcome = self.finish(rows)
+        for attempt in range(MAX_ABORTS + 1):
+            rows = [RankRow.unpack(p) for p in self.gather.all_gather(row.pack())]
+            t2 = time.perf_counter()
+            try:
+                outcome = self.finish(rows)
+                break
+            except RoundAborted:  # re-formed mid-forward: the same row, the new group
+                if attempt == MAX_ABORTS:
+                    raise
         t3 = time.perf_counter()
         parts, forward = self.parts, outcome.result.cost_s
         parts.schedule, parts.gather, parts.forward = t1 - t0, t2 - t1, forward

@@ -1,10 +1,13 @@
 """EPLB on a live rank: count expert load, and every ``eplb_interval_rounds`` re-place the
 experts, move their weights and swap every MoE layer's routing table.
 
-When: the runner calls ``end_round`` after every round it executes. Under expert parallelism
-every rank of the group executes every round (an idle rank joins with an idle forward: the
-MoE collectives demand it), so the count of executed rounds is the same on every rank and
-"every ``interval`` rounds" names the same round boundary on all of them, with no message.
+When: the runner calls ``end_round`` for every round it executes, before the next one's
+forward (so a rebalance whose collective fails, a member lost, runs before any token of the
+next round is sampled and the round is simply run again on the re-formed group). Under expert
+parallelism every rank of the group executes every round (an idle rank joins with an idle
+forward: the MoE collectives demand it), so the count of executed rounds is the same on every
+rank and "every ``interval`` rounds" names the same round boundary on all of them, with no
+message.
 
 What: the window's per-slot counts are summed over the group (one all-reduce, only here),
 turned into logical loads, and placed by DeepSeek's algorithm (``kernels/moe/eplb.py``) —

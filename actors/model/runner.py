@@ -60,6 +60,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+class DeferredGroup:
+    """The ``group`` of a rank whose process group forms after its model loads (an elastic
+    MoE rank: it loads its seat's shard of the experts, then enters its group, whose first
+    epoch calls ``regroup_experts`` on every member)."""
+
+
 class ModelRunner:
     """One rank's model shard, KV cache and sampler, behind the ``Executor`` protocol.
 
@@ -81,10 +87,20 @@ class ModelRunner:
         if isinstance(runner_config, ServerArgs):
             runner_config = RunnerConfig.of(runner_config)
         self.rank = rank
+        # The plan whose one-off steps ran (the closed round's rebalance, parking, restoring,
+        # page copies): an elastic group that re-forms mid-forward runs the plan again.
+        self._prepared: RoundPlan | None = None
+        self._counted = False  # a forward counted expert load since the last end_round
         self.device = resolve_device(runner_config.device)
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.config = config = runner_config.model_config
-        world = _group_world(runner_config.dp_size, rank, group) if config.is_moe else 1
+        # An elastic MoE rank loads before its group forms: its seat's shard now, the MoE
+        # backend and any re-homing at the group's first epoch (``regroup_experts``).
+        deferred = isinstance(group, DeferredGroup)
+        if deferred:
+            world, group = (runner_config.dp_size if config.is_moe else 1), None
+        else:
+            world = _group_world(runner_config.dp_size, rank, group) if config.is_moe else 1
         self.placement = ExpertPlacement(
             max(config.num_experts, 1),
             world,
@@ -103,7 +119,7 @@ class ModelRunner:
         # --enable-eplb: expert load counted each round, experts re-placed every interval.
         self.balancer = (
             ExpertBalancer(self.model, self._eplb_config(runner_config), group, self.device)
-            if runner_config.enable_eplb and world > 1
+            if runner_config.enable_eplb and world > 1 and not deferred
             else None
         )
         if runner_config.gguf_weights != "float" and self.device.type == "cpu":
@@ -128,7 +144,9 @@ class ModelRunner:
         if llamacpp:
             self.attention = GgmlAttention()
         self.moe = (
-            select_moe_backend(
+            None
+            if deferred
+            else select_moe_backend(
                 runner_config.moe_backend,
                 self.placement,
                 group=group,
@@ -184,10 +202,15 @@ class ModelRunner:
         """Run one round; the group's gather (``view``, else read from ``rows``; alone, the
         plan itself) chooses the MoE legs."""
         started = time.perf_counter()
-        self.park(plan.retracted)
-        self.restore(plan.readmitted)
-        for source, target in plan.page_copies:  # a fully cached prompt's private last page
-            self.cache.write_pages([target], self.cache.read_pages([source]))
+        if self._prepared is not plan:  # once per plan: a round run again after a re-form
+            if self.balancer is not None and self._counted:  # the last round's end
+                self.balancer.end_round()  # every interval: a rebalance, on every rank
+                self._counted = False
+            self.park(plan.retracted)
+            self.restore(plan.readmitted)
+            for source, target in plan.page_copies:  # a fully cached prompt's private page
+                self.cache.write_pages([target], self.cache.read_pages([source]))
+            self._prepared = plan
         if view is None:
             view = read_rows(rows) if rows else None
         low_latency = view.low_latency if view is not None else plan.num_extends == 0
@@ -219,8 +242,7 @@ class ModelRunner:
                     self.save_forks(requests, forks)
         else:
             self.idle_forward(low_latency)
-        if self.balancer is not None:  # every rank, every executed round: same boundary
-            self.balancer.end_round()
+        self._counted = True
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         cost = time.perf_counter() - started
@@ -407,6 +429,7 @@ class ModelRunner:
         placement = ExpertPlacement(
             config.num_experts, world_size, rank, layout.num_physical - layout.num_logical
         )
+        self._counted = False  # the old window ends with the old placement
         report = rehome_experts(
             self.model,
             placement,

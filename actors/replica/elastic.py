@@ -10,8 +10,10 @@ of members that left (so their replacements can take them), and the rank hears o
 (``on_regroup``): its prefill policy starts over on the new group's rows (the gate's counter
 restarts; round 0 is an ALL point).
 
-Only a dense model can do this: experts sharded across the group (expert parallelism) are
-lost with a rank, so such a group keeps whole-group restart (``docs/fault-tolerance.md``).
+A MoE model's experts are sharded over the group (expert parallelism): its runner loads its
+seat's shard, and every epoch re-homes the experts over the members (``regroup_experts``:
+what a lost member held comes from a surviving copy or the model's files; a joiner's slots
+fill from the members), before the epoch's first forward.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from roundgate.actors.control.executor import Executor
 from roundgate.actors.control.gather import Gather
 from roundgate.actors.replica import seats
+from roundgate.actors.replica.elastic_forward import ElasticForward
 from roundgate.actors.replica.elastic_gather import ElasticGather
 from roundgate.actors.replica.elastic_member import ElasticSpec, enter, group_id
 from roundgate.actors.replica.epoch_group import form_group
@@ -94,19 +98,26 @@ class ElasticMembership:
         return None if self.gather is None else self.gather.epoch.number
 
     def build_runner(self, args: ServerArgs) -> ModelRunner:
-        """The model runner of a dense model (a group of one, as far as the model knows)."""
-        from roundgate.actors.model.runner import ModelRunner
+        """The model runner, loaded before the group forms: a dense model is a group of one
+        as far as the model knows; a MoE model loads its seat's shard of the experts and
+        re-homes them at every epoch (``RankEngine.regroup``)."""
+        from roundgate.actors.model.runner import DeferredGroup, ModelRunner
 
-        try:
-            return ModelRunner(args, rank=0, group=None)
-        except RuntimeError as exc:
-            if args.dp_size > 1 and "process group" in str(exc):
-                raise ValueError(
-                    f"elastic_dp: {args.model} shards its experts across the group's ranks, "
-                    "and a group that loses a rank loses its experts; serve it without "
-                    "elastic_dp (whole-group restart)"
-                ) from exc
-            raise
+        if args.model_config.is_moe and args.dp_size > 1:
+            return ModelRunner(args, rank=self.seat.dp_rank, group=DeferredGroup())
+        return ModelRunner(args, rank=0, group=None)
+
+    def executor(self, runner: ModelRunner) -> Executor:
+        """What runs the rounds: a MoE runner wrapped so that a member lost mid-forward
+        re-forms the group (``ElasticForward``); a dense runner as it is (its only collective
+        is the gather, which re-forms by itself)."""
+        if not (self.args.model_config.is_moe and self.args.dp_size > 1):
+            return runner
+        return ElasticForward(runner, self._reform_mid_round)
+
+    def _reform_mid_round(self) -> None:
+        assert self.gather is not None
+        self.gather.reform("fault")
 
     async def enter(self, outbox: RoundOutbox, on_regroup: OnRegroup) -> Gather:
         """Start the seat's group or be admitted to it, then form its process group."""

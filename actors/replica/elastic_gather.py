@@ -68,10 +68,10 @@ class ElasticGather:
             try:
                 rows = self._gather.all_gather((*row, flag))
             except RuntimeError:  # gloo/NCCL: a peer reset or the collective timed out
-                self._reform("fault")
+                self.reform("fault")
                 continue
             if any(r[-1] for r in rows):
-                self._reform("join")
+                self.reform("join")
                 continue
             return [r[:-1] for r in rows]
         raise RuntimeError(
@@ -90,9 +90,10 @@ class ElasticGather:
             self.on_poll()
         return self._joiner_seen
 
-    def _reform(self, reason: str) -> None:
+    def reform(self, reason: str) -> None:
         """Agree on the next epoch (``Fenced`` propagates: this member must restart), form
-        its group and tell the rank."""
+        its group and tell the rank (also the rank's own call: a MoE collective failed
+        mid-forward, ``ElasticForward``)."""
         self.epoch = next_epoch(self.store, self.epoch, self.window_s)
         self.meeting = form_group(self.store, self.epoch, self.backend, self.timeout_s, self.host)
         self._gather = self._new_gather()

@@ -75,6 +75,10 @@ class GangMembership:
 
         return ModelRunner(args, rank=self.rank, group=dist.group.WORLD)
 
+    def executor(self, runner: ModelRunner) -> ModelRunner:
+        """The runner itself: a gang never re-forms (a failed collective ends it)."""
+        return runner
+
     async def enter(self, outbox: RoundOutbox, on_regroup: OnRegroup) -> Gather:
         """The gang formed at ``join``; its gather (a group of one: its own row)."""
         if self.world_size == 1:

@@ -33,6 +33,7 @@ from roundgate.actors.replica.rank_parts import RankMembership
 from roundgate.actors.server_args import ServerArgs
 
 if TYPE_CHECKING:
+    from roundgate.actors.model.expert_rehome import RehomeReport
     from roundgate.actors.model.runner import ModelRunner
 
 logger = logging.getLogger("roundgate.rank")
@@ -64,6 +65,7 @@ class RankEngine:
         self.streams: dict[str, asyncio.Queue] = {}
         self.core: EngineCore | None = None
         self.runner: ModelRunner | None = None
+        self.rehome: RehomeReport | None = None  # the last epoch's expert re-home (MoE)
         self._after_round: Callable[[RoundOutcome], None] = lambda outcome: None
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -95,6 +97,17 @@ class RankEngine:
         spec = registry.get(args.prefill_policy_name)
         context = PolicyContext(row_rank, world_size, args.max_batch_size)
         self.core.loop.regroup(spec.build(args.policy_config, context), world_size)
+        if args.model_config.is_moe and args.dp_size > 1:  # experts onto the new members
+            self.rehome = self.runner.regroup_experts(row_rank, world_size)
+            logger.info(
+                "rank %d: experts re-homed over %d members in %.3f s (%d transferred, %d read "
+                "from the model's files)",
+                self.membership.rank,
+                world_size,
+                self.rehome.seconds,
+                self.rehome.experts_transferred,
+                self.rehome.experts_loaded,
+            )
 
     def start(self, after_round: Callable[[RoundOutcome], None]) -> None:
         """Let the rounds run; ``after_round`` sees each outcome on the engine thread."""
@@ -112,7 +125,7 @@ class RankEngine:
                 # The runner's args: under --gpu-memory-utilization it sized the KV pool
                 # after the weights, and the scheduler must hand out those pages, no others.
                 self.runner.args,
-                self.runner,
+                self.membership.executor(self.runner),
                 rank=self.membership.rank,
                 gather=None,  # the membership's, set before rounds start (``use_gather``)
                 on_event=self.on_event,

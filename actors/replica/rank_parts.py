@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from roundgate.actors.control.executor import Executor
 from roundgate.actors.control.gather import Gather
 from roundgate.actors.control.rank_loop import RoundOutcome
 from roundgate.actors.replica.outbox import RoundOutbox
@@ -76,6 +77,11 @@ class RankMembership(Protocol):
 
     def build_runner(self, args: ServerArgs) -> ModelRunner:
         """The rank's model runner (called on the engine thread: it loads the model)."""
+        ...
+
+    def executor(self, runner: ModelRunner) -> Executor:
+        """What runs the rank's rounds: ``runner``, or a wrapper of it that survives a
+        member lost mid-round (an elastic MoE group)."""
         ...
 
     async def enter(self, outbox: RoundOutbox, on_regroup: OnRegroup) -> Gather:

@@ -148,6 +148,8 @@ class RankReplica:
         """A (re)formed elastic group: the policy starts over on its rows, metrics note it."""
         self.engine.regroup(row_rank, world_size)
         self.metrics.note_group(world_size, reason, row_rank)
+        if self.engine.rehome is not None:  # a MoE group: its experts re-homed
+            self.metrics.note_rehome(self.engine.rehome)
 
     def _after_round(self, outcome: RoundOutcome) -> None:
         """What the rank makes of each round (the engine thread): stats, metrics, KV events,

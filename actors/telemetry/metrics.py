@@ -230,6 +230,22 @@ class RankMetricSet:
             (*RANK, "reason"),
             registry=r,
         )
+        # Elastic EP: at each (re)formed epoch of a MoE group the experts are re-homed over
+        # the members: expert copies (slots, group-wide) filled from another member, and read
+        # from the model's files because no member held a copy; the last re-home's duration.
+        self.experts_rehomed = Counter(
+            _n("experts_rehomed"),
+            "Expert slots a MoE group's re-form filled, by source: member (another member's "
+            "copy) or files (no copy survived; read from the model's files)",
+            (*RANK, "source"),
+            registry=r,
+        )
+        self.expert_rehome_seconds = Gauge(
+            _n("expert_rehome_seconds"),
+            "Wall time of the rank's last expert re-home (a MoE group's re-form)",
+            RANK,
+            registry=r,
+        )
         # vLLM's prefix_cache_queries / prefix_cache_hits, in tokens: hits / queries is the
         # rank's hit rate.
         self.prefix_cache_queries = Counter(

@@ -14,6 +14,7 @@ from roundgate.gate.rows import RankRow
 
 if TYPE_CHECKING:  # the model's module (torch) is not the telemetry's import
     from roundgate.actors.model.expert_balance import RebalanceReport
+    from roundgate.actors.model.expert_rehome import RehomeReport
 
 WORK_QUANTITIES = ("decodes", "prefill_tokens")
 
@@ -103,6 +104,13 @@ class RankMetrics:
         self.set.group_size.labels(*self._labels).set(size)
         if reason is not None:
             self.set.group_reforms.labels(*self._labels, reason).inc()
+
+    def note_rehome(self, report: RehomeReport) -> None:
+        """A MoE group's expert re-home at a (re)formed epoch (``RankEngine.rehome``)."""
+        s, r = self.set, self._labels
+        s.experts_rehomed.labels(*r, "member").inc(report.experts_transferred)
+        s.experts_rehomed.labels(*r, "files").inc(report.experts_loaded)
+        s.expert_rehome_seconds.labels(*r).set(report.seconds)
 
     def note_rebalance(self, report: RebalanceReport | None) -> None:
         """The rank's last EPLB rebalance (``ExpertBalancer.last``), recorded once; rank 0

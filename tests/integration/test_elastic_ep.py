@@ -1,0 +1,107 @@
+"""Elastic expert parallelism served for real: a MoE group loses a rank and serves on.
+
+The shared deployment is redeployed with ``elastic_dp`` and a tiny Qwen3-MoE directory (built
+with transformers' classes) whose experts are sharded over the two ranks (torch all-to-all).
+Rank 1's process is SIGKILLed under 8 concurrent greedy streams: every stream completes with
+no client-visible error and the text an uninterrupted run gives (the survivor's go on, the
+dead rank's resume through the ingress), a new request is answered within seconds while the
+group is one rank, whose experts were re-homed (``/metrics``: the slots read from the model's
+files), and the group is back at two ranks once Serve's replacement joins.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+from family_models import build_family
+from helpers import BackgroundStream, complete, wait_for
+from test_served_deepseek import save_word_tokenizer
+
+if TYPE_CHECKING:
+    from integration.conftest import Deployment
+
+pytestmark = pytest.mark.integration
+
+DEADLINE_S = 240.0  # a condition's deadline (a replacement loads its model), not a speed
+STREAM = {"max_tokens": 160, "ignore_eos": True, "temperature": 0}
+PROMPTS = [[7, 8, 9 + i, 30 + 2 * i] for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def elastic_moe(app: Deployment, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    path = Path(tmp_path_factory.mktemp("qwen3-moe-elastic"))
+    model = build_family("qwen3_moe")
+    model.save_pretrained(path)
+    save_word_tokenizer(path, model.config.vocab_size)
+    app.deploy(model=str(path), elastic_dp=True, moe_backend="torch")
+    try:
+        yield app
+    finally:
+        app.deploy()
+
+
+def snapshot(app: Deployment, rank: int) -> dict[str, Any]:
+    return app.rank_call("stats_snapshot", rank)
+
+
+def group_sizes(app: Deployment) -> list[int]:
+    return [snapshot(app, r)["group_size"] for r in range(app.args["dp_size"])]
+
+
+def wait_whole(app: Deployment, what: str) -> None:
+    wait_for(
+        lambda: group_sizes(app), DEADLINE_S, what, until=lambda s: s == [2, 2], errors=(Exception,)
+    )
+
+
+def rehomed(app: Deployment) -> dict[str, float]:
+    """``roundgate_experts_rehomed_total`` summed by source, over every rank's series."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{app.url}/metrics", timeout=30).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "roundgate_experts_rehomed_total":
+                out[s.labels["source"]] = out.get(s.labels["source"], 0.0) + s.value
+    return out
+
+
+def test_a_killed_rank_of_a_moe_group_costs_no_stream(elastic_moe: Deployment) -> None:
+    app = elastic_moe
+    wait_whole(app, "one MoE group of two")
+    expected = [
+        complete(app.url, prompt=prompt, **STREAM)["choices"][0]["text"] for prompt in PROMPTS
+    ]
+    before = rehomed(app)
+    victim = snapshot(app, 1)
+    streams = [BackgroundStream(app.url, prompt=prompt, **STREAM) for prompt in PROMPTS]
+    for s in streams:
+        assert s.started.wait(60), f"a stream never started: {s.error}"
+    os.kill(victim["pid"], signal.SIGKILL)
+    killed_at = time.monotonic()
+    answer = wait_for(
+        lambda: complete(app.url, prompt=[3, 4, 5], max_tokens=4),
+        DEADLINE_S,
+        "a new request answered after the kill",
+        errors=(httpx.HTTPError,),
+    )
+    answered_after_s = time.monotonic() - killed_at
+    assert answer["choices"][0]["text"] is not None
+    for s in streams:
+        assert s.done.wait(DEADLINE_S), "a stream never ended"
+    for i, s in enumerate(streams):
+        assert s.error is None and not s.in_stream_errors(), (i, s.error, s.in_stream_errors())
+        assert s.text() == expected[i], f"stream {i} differs from an uninterrupted run"
+    # The lone survivor read rank 1's experts (one copy each) from the model's files.
+    after = rehomed(app)
+    assert after.get("files", 0.0) > before.get("files", 0.0), (before, after)
+    wait_whole(app, "the replacement to join (one group of two again)")
+    print(f"new request answered {answered_after_s:.1f} s after the kill")
