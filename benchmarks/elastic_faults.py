@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/elastic_faults.py [--config deployment/configs/local.yaml]
         [--streams 8] [--max-tokens 300] [--fault kill|hang] [--repeat 1] [--gang]
-        [--port 8300] [--json out.json]
+        [--port 8300] [--json out.json] [--set KEY=VALUE ...]
     .venv/bin/python benchmarks/elastic_faults.py --config deployment/configs/pd.yaml \
         --pd-role decode|prefill [--streams 8] [--max-tokens 300]
 
@@ -14,7 +14,10 @@ re-formed without it) and reports: streams that failed (an HTTP error or an erro
 longest gap between two tokens of a stream pinned to the survivor, seconds until rank 0's
 group is one rank (re-formed) and until it is two again (the replacement joined), and the
 streams' output tokens/s before the fault and while the group was short of a rank.
-``--repeat N`` kills N times in a row (fresh streams each time).
+``--repeat N`` kills N times in a row (fresh streams each time). ``--set model=tiny-moe``
+serves a MoE model whose experts are sharded over the ranks (elastic expert parallelism);
+``--set num_redundant_experts=4`` gives every expert a second copy. Also reported: seconds
+until a new unpinned request is answered.
 
 With a P/D config, ``--pd-role`` names the role whose rank 0 is killed (SIGKILL) once every
 stream (all unpinned: P/D routes each request itself) has started; the role restarts alone
@@ -114,6 +117,9 @@ def one_fault(url: str, handle: Any, ns: argparse.Namespace, elastic: bool) -> d
     victim = rank_stats(handle, 1)
     fault_at = time.monotonic()
     os.kill(victim["pid"], signal.SIGKILL if ns.fault == "kill" else signal.SIGSTOP)
+    answered: list[float] = []
+    asker = threading.Thread(target=_first_answer, args=(url, fault_at, answered), daemon=True)
+    asker.start()
     reformed_s = wait_size(handle, 1, 120) if elastic else None
     if ns.fault == "hang":
         os.kill(victim["pid"], signal.SIGCONT)
@@ -128,6 +134,7 @@ def one_fault(url: str, handle: Any, ns: argparse.Namespace, elastic: bool) -> d
         "errors": sorted({s.error for s in streams if s.error}),
         "longest_gap_survivor_s": round(max(gaps), 3) if gaps else None,
         "reformed_after_s": None if reformed_s is None else round(reformed_s, 2),
+        "new_request_answered_after_s": round(answered[0], 2) if answered else None,
         "back_to_2_after_s": None if rejoined_s is None else round(rejoined_s, 2),
         "tok_s_before": round(chunks_per_s(streams, fault_at - 3.0, fault_at), 1),
         "tok_s_degraded": round(
@@ -136,6 +143,20 @@ def one_fault(url: str, handle: Any, ns: argparse.Namespace, elastic: bool) -> d
         if rejoined_s
         else None,
     }
+
+
+def _first_answer(url: str, since: float, out: list[float]) -> None:
+    """Seconds from ``since`` until a new, unpinned request is answered (tried every 0.1 s)."""
+    body = {"prompt": [3, 4, 5], "max_tokens": 2, "temperature": 0}
+    while time.monotonic() - since < 300:
+        try:
+            r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            if r.status_code == 200:
+                out.append(time.monotonic() - since)
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
 
 
 def pd_fault(url: str, ns: argparse.Namespace) -> dict[str, Any]:
@@ -186,6 +207,20 @@ def pd_fault(url: str, ns: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def overrides(pairs: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` pairs as app args."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {pair!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, default=REPO / "deployment/configs/local.yaml")
@@ -196,6 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gang", action="store_true", help="elastic_dp off (whole-gang restart)")
     p.add_argument("--port", type=int, default=8300)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an app arg over the config's (VALUE as JSON, else a string), e.g. "
+        "--set model=tiny-moe --set num_redundant_experts=4",
+    )
     p.add_argument(
         "--pd-role", choices=("prefill", "decode"), default=None, help="P/D: the role to kill"
     )
@@ -219,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
 
     try:
-        deploy(cfg, {"elastic_dp": elastic})
+        deploy(cfg, {**overrides(ns.set), "elastic_dp": elastic})
         url = f"http://127.0.0.1:{ns.port}"
         wait_ready(url)
         handle = None if ns.pd_role else serve.get_deployment_handle("RankReplica", "roundgate")

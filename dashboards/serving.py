@@ -219,6 +219,26 @@ def _faults() -> list[Panel]:
             unit="cps",
         ),
         graph(
+            "Experts re-homed per re-form (elastic EP)",
+            "Expert slots a MoE group's re-forms filled per second, by source: member (copied "
+            "from another member over the new group) or files (no member held a copy: read "
+            "from the model's files). With enough redundant experts a lost rank reads no file.",
+            [
+                (
+                    rate("roundgate_experts_rehomed_total", RANK, "group, source"),
+                    "{{group}} {{source}}",
+                )
+            ],
+            unit="cps",
+        ),
+        graph(
+            "Expert re-home time",
+            "How long each rank's last expert re-home took (the epoch's first forward waits "
+            "for it).",
+            [(f"max by (group) (roundgate_expert_rehome_seconds{{{RANK}}})", "{{group}}")],
+            unit="s",
+        ),
+        graph(
             "Requests resumed after a rank loss",
             "Rank requests that went on on a live rank: rerouted (before the first token) or "
             "continued (a continuation of the tokens already streamed).",
