@@ -203,10 +203,13 @@ def failure_of(stream: BackgroundStream) -> Any:
 
 
 def test_ten_kills_under_streaming_load_fail_no_unpinned_request(elastic: Deployment) -> None:
+    kill_in_turn_under_load(elastic)
+
+
+def kill_in_turn_under_load(app: Deployment) -> None:
     """Each rank's process is killed in turn, ten times, each once the group is whole again,
     under streams unpinned and pinned to each rank: no unpinned stream fails, and a pinned one
     either ends whole (resumed on its rank's replacement) or with the 503 naming its rank."""
-    app = elastic
     load = StreamingLoad(app.url, app.args["dp_size"])
     try:
         for kill in range(KILLS):

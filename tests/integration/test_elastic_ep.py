@@ -2,11 +2,12 @@
 
 The shared deployment is redeployed with ``elastic_dp`` and a tiny Qwen3-MoE directory (built
 with transformers' classes) whose experts are sharded over the two ranks (torch all-to-all).
-Rank 1's process is SIGKILLed under 8 concurrent greedy streams: every stream completes with
-no client-visible error and the text an uninterrupted run gives (the survivor's go on, the
-dead rank's resume through the ingress), a new request is answered within seconds while the
-group is one rank, whose experts were re-homed (``/metrics``: the slots read from the model's
-files), and the group is back at two ranks once Serve's replacement joins.
+Rank 1's process is SIGKILLed (or SIGSTOPped) under 8 concurrent greedy streams: every stream
+completes with no client-visible error and the text an uninterrupted run gives (the survivor's
+go on, the dead rank's resume through the ingress), a new request is answered while the group
+is one rank, whose experts were re-homed (``/metrics``: the slots read from the model's files),
+and the group is back at two ranks once Serve's replacement joins. Then ten kills in a row
+under streaming load fail no unpinned stream.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import httpx
 import pytest
 from family_models import build_family
 from helpers import BackgroundStream, complete, wait_for
+from test_elastic_dp import kill_in_turn_under_load, snapshot, wait_whole
 from test_served_deepseek import save_word_tokenizer
 
 if TYPE_CHECKING:
@@ -47,20 +49,6 @@ def elastic_moe(app: Deployment, tmp_path_factory: pytest.TempPathFactory) -> It
         app.deploy()
 
 
-def snapshot(app: Deployment, rank: int) -> dict[str, Any]:
-    return app.rank_call("stats_snapshot", rank)
-
-
-def group_sizes(app: Deployment) -> list[int]:
-    return [snapshot(app, r)["group_size"] for r in range(app.args["dp_size"])]
-
-
-def wait_whole(app: Deployment, what: str) -> None:
-    wait_for(
-        lambda: group_sizes(app), DEADLINE_S, what, until=lambda s: s == [2, 2], errors=(Exception,)
-    )
-
-
 def rehomed(app: Deployment) -> dict[str, float]:
     """``roundgate_experts_rehomed_total`` summed by source, over every rank's series."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -74,7 +62,10 @@ def rehomed(app: Deployment) -> dict[str, float]:
     return out
 
 
-def test_a_killed_rank_of_a_moe_group_costs_no_stream(elastic_moe: Deployment) -> None:
+@pytest.mark.parametrize("fault", ["kill", "hang"])
+def test_a_faulted_rank_of_a_moe_group_costs_no_stream(elastic_moe: Deployment, fault: str) -> None:
+    """SIGKILL: the survivor's sockets reset at once; SIGSTOP: the hung rank is fenced when
+    the survivor's collective times out (``collective_timeout_s``, 20 s in local.yaml)."""
     app = elastic_moe
     wait_whole(app, "one MoE group of two")
     expected = [
@@ -85,18 +76,35 @@ def test_a_killed_rank_of_a_moe_group_costs_no_stream(elastic_moe: Deployment) -
     streams = [BackgroundStream(app.url, prompt=prompt, **STREAM) for prompt in PROMPTS]
     for s in streams:
         assert s.started.wait(60), f"a stream never started: {s.error}"
-    os.kill(victim["pid"], signal.SIGKILL)
+    os.kill(victim["pid"], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     killed_at = time.monotonic()
-    answer = wait_for(
-        lambda: complete(app.url, prompt=[3, 4, 5], max_tokens=4),
-        DEADLINE_S,
-        "a new request answered after the kill",
-        errors=(httpx.HTTPError,),
-    )
-    answered_after_s = time.monotonic() - killed_at
-    assert answer["choices"][0]["text"] is not None
-    for s in streams:
-        assert s.done.wait(DEADLINE_S), "a stream never ended"
+    try:
+        if fault == "hang":  # fenced when the survivor's collective times out
+            wait_for(
+                lambda: snapshot(app, 0)["group_size"],
+                DEADLINE_S,
+                "rank 0 to re-form without the hung rank",
+                until=lambda size: size == 1,
+            )
+            fenced_after_s = time.monotonic() - killed_at
+            assert fenced_after_s < app.args["collective_timeout_s"] + 15, fenced_after_s
+        # Unpinned after a kill (the ingress routes around the dead rank); pinned to the
+        # survivor after a hang (Serve still routes to the stopped replica until its health
+        # checks fail, a minute here).
+        pin = {"dp_rank": 0} if fault == "hang" else {}
+        answer = wait_for(
+            lambda: complete(app.url, prompt=[3, 4, 5], max_tokens=4, **pin),
+            DEADLINE_S,
+            "a new request answered after the fault",
+            errors=(httpx.HTTPError,),
+        )
+        answered_after_s = time.monotonic() - killed_at
+        assert answer["choices"][0]["text"] is not None
+        for s in streams:
+            assert s.done.wait(DEADLINE_S), "a stream never ended"
+    finally:
+        if fault == "hang":
+            os.kill(victim["pid"], signal.SIGCONT)  # it wakes fenced; Serve replaces it
     for i, s in enumerate(streams):
         assert s.error is None and not s.in_stream_errors(), (i, s.error, s.in_stream_errors())
         assert s.text() == expected[i], f"stream {i} differs from an uninterrupted run"
@@ -104,4 +112,10 @@ def test_a_killed_rank_of_a_moe_group_costs_no_stream(elastic_moe: Deployment) -
     after = rehomed(app)
     assert after.get("files", 0.0) > before.get("files", 0.0), (before, after)
     wait_whole(app, "the replacement to join (one group of two again)")
-    print(f"new request answered {answered_after_s:.1f} s after the kill")
+    print(f"{fault}: a new request answered {answered_after_s:.1f} s after the fault")
+
+
+def test_ten_kills_under_streaming_load_fail_no_unpinned_request(elastic_moe: Deployment) -> None:
+    """Each rank killed in turn, ten times, under unpinned and pinned streams: no unpinned
+    stream fails (``test_elastic_dp``'s check, on a MoE group)."""
+    kill_in_turn_under_load(elastic_moe)
