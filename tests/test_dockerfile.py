@@ -92,7 +92,9 @@ def test_commands_used_by_the_manifests_exist_in_the_image() -> None:
     (cmd,) = [rest for keyword, rest in final_stage() if keyword == "CMD"]
     assert cmd.strip('[]"').split('"')[0] in scripts
     (bench,) = [o for o in render(K8S / "base" / "bench") if o["kind"] == "RayJob"]
-    assert shlex.split(bench["spec"]["entrypoint"])[0] in scripts
+    shell, flag, line = shlex.split(bench["spec"]["entrypoint"])  # bash -c 'exec roundgate ...'
+    assert (shell, flag) == ("bash", "-c") and shlex.split(line)[0] == "exec"
+    assert shlex.split(line)[1] in scripts
     # python -m roundgate.k8s.tools.nccl_tests in the preflight Job
     assert re.search(r'^    "k8s",$', setup, re.M)
     assert "/usr/local/bin/all_gather_perf" in text

@@ -187,7 +187,10 @@ def test_preflight_runs_our_command_and_parser(profile: str, tmp_path: Path) -> 
 def test_bench_job_targets_the_service_and_keeps_its_report(profile: str) -> None:
     job = one(profile, "bench", "RayJob")
     argv = shlex.split(job["spec"]["entrypoint"])
-    assert argv[:2] == ["roundgate", "bench"]
+    assert argv[:2] == ["bash", "-c"] and len(argv) == 3  # the key expands on the head
+    argv = shlex.split(argv[2])
+    assert argv[:3] == ["exec", "roundgate", "bench"]
+    assert argv[argv.index("--api-key") + 1] == "$ROUNDGATE_API_KEY"
     url, report = argv[argv.index("--url") + 1], argv[argv.index("--json") + 1]
     service = one("base", "serve", "RayService")["metadata"]["name"]
     assert url == f"http://{service}-serve-svc:{SERVE_PORT}"
@@ -207,6 +210,7 @@ def test_experiment_cluster_matches_the_service_cluster() -> None:
     service = one("base", "serve", "RayService")["spec"]["rayClusterConfig"]
     cluster = one("base", "experiment", "RayCluster")["spec"]
     assert cluster["rayVersion"] == service["rayVersion"]
+    assert cluster["authOptions"] == service["authOptions"]
     pairs = [
         (service["headGroupSpec"], cluster["headGroupSpec"]),
         *list(zip(service["workerGroupSpecs"], cluster["workerGroupSpecs"], strict=True)),
@@ -216,7 +220,9 @@ def test_experiment_cluster_matches_the_service_cluster() -> None:
         a, b = ours["template"]["spec"], theirs["template"]["spec"]
         assert a["volumes"] == b["volumes"]
         assert a.get("tolerations") == b.get("tolerations")
-        for key in ("image", "resources", "volumeMounts", "ports"):
+        for key in ("securityContext", "automountServiceAccountToken"):  # docs/security.md
+            assert a.get(key) == b.get(key), key
+        for key in ("image", "resources", "volumeMounts", "ports", "env", "securityContext"):
             assert a["containers"][0][key] == b["containers"][0][key], key
 
 

@@ -36,7 +36,7 @@ CRD_FILES = {
     "RayJob": "ray.io_rayjobs.yaml",
     "RayCluster": "ray.io_rayclusters.yaml",
 }
-CORE_KINDS = {"Job", "ConfigMap", "PersistentVolumeClaim", "Service"}
+CORE_KINDS = {"Job", "ConfigMap", "PersistentVolumeClaim", "Service", "Secret", "NetworkPolicy"}
 KUSTOMIZATIONS = sorted(
     p.parent.relative_to(K8S).as_posix() for p in K8S.rglob("kustomization.yaml")
 )
