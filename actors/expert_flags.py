@@ -8,16 +8,29 @@ deploy, not every rank's start.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from roundgate.actors.model.config import ModelConfig
 from roundgate.kernels.moe.placement import ExpertPlacement
 from roundgate.kernels.moe.placement_file import read_placement_file
 
-if TYPE_CHECKING:
-    from roundgate.actors.server_args import ServerArgs
+
+class ExpertFlags(Protocol):
+    """What the check reads of ``ServerArgs`` (a protocol: ``server_args`` imports this
+    module, so this one names no type of its)."""
+
+    model: str
+    model_config: ModelConfig
+    dp_size: int
+    enable_eplb: bool
+    num_redundant_experts: int
+    eplb_window_rounds: int
+    eplb_interval_rounds: int
+    expert_placement_file: str | None
+    eplb_load_file: str | None
 
 
-def check_expert_flags(args: ServerArgs) -> None:
+def check_expert_flags(args: ExpertFlags) -> None:
     """Raise ``ValueError`` naming the flag for an EPLB setting that cannot apply."""
     given = [
         flag
