@@ -120,8 +120,8 @@ class AppArgs(RouterArgs):
     elastic_dp: bool = Field(
         False,
         description="rank replicas outside a gang: a dead or hung rank costs only itself (its "
-        "group re-forms around it, its replacement joins at a round boundary); dense models, "
-        "fused deployments (docs/fault-tolerance.md)",
+        "group re-forms around it, its replacement joins at a round boundary); dense and MoE "
+        "models, fused deployments and each P/D role (docs/fault-tolerance.md)",
     )
     autoscaling: GroupAutoscaling | None = Field(
         None, description="Serve autoscaling in whole groups (``deployment/autoscaling.py``)"
@@ -186,7 +186,7 @@ class AppArgs(RouterArgs):
         missing = [role for role in ROLES if getattr(self, role) is None]
         if missing:
             raise ValueError(f"a P/D deployment needs both role sections; {missing[0]} is missing")
-        fused_only = {"num_groups": 1, "route_weights": None, "elastic_dp": False}
+        fused_only = {"num_groups": 1, "route_weights": None}
         for name in sorted(self.model_fields_set & set(fused_only)):
             if getattr(self, name) != fused_only[name]:
                 raise ValueError(

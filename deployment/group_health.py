@@ -8,11 +8,11 @@ ranks' ``roundgate_group_size``); it answers 503 only when no rank replica is ru
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from roundgate.actors.role import DisaggregationRole
 from roundgate.deployment.serve_context import RANK_DEPLOYMENT_OF
 
 SIZE_SERIES = "roundgate_group_size"
@@ -31,10 +31,16 @@ def group_sizes(exposition: str) -> dict[str, int]:
     return sizes
 
 
-def health_body(sizes: dict[str, int], dp_size: int, running: int, expected: int) -> dict[str, Any]:
+def health_body(
+    sizes: dict[str, int], dp_size: int | Callable[[str], int], running: int, expected: int
+) -> dict[str, Any]:
     """``{"status": "ok"}``, or ``"degraded"`` with the groups short of ranks and the rank
-    replicas Serve runs against those it should."""
-    short = {g: {"live": n, "expected": dp_size} for g, n in sorted(sizes.items()) if n < dp_size}
+    replicas Serve runs against those it should. ``dp_size``: every group's size, or a
+    group's by its id (P/D: each role's group has its own)."""
+    size_of = dp_size if callable(dp_size) else (lambda group: dp_size)
+    short = {
+        g: {"live": n, "expected": size_of(g)} for g, n in sorted(sizes.items()) if n < size_of(g)
+    }
     if not short and running >= expected:
         return {"status": "ok"}
     return {
@@ -45,14 +51,17 @@ def health_body(sizes: dict[str, int], dp_size: int, running: int, expected: int
 
 
 def running_rank_replicas() -> int:
-    """Rank replicas of the fused deployment Serve reports running."""
+    """Rank replicas Serve reports running: the fused deployment's, or both P/D roles'."""
     from ray import serve
 
+    running = 0
     for app in serve.status().applications.values():
-        ranks = app.deployments.get(RANK_DEPLOYMENT_OF[DisaggregationRole.FUSED])
-        if ranks is not None:
-            states = {
-                str(getattr(state, "value", state)): n for state, n in ranks.replica_states.items()
-            }
-            return states.get("RUNNING", 0)
-    return 0
+        for name in RANK_DEPLOYMENT_OF.values():
+            ranks = app.deployments.get(name)
+            if ranks is not None:
+                states = {
+                    str(getattr(state, "value", state)): n
+                    for state, n in ranks.replica_states.items()
+                }
+                running += states.get("RUNNING", 0)
+    return running

@@ -183,8 +183,18 @@ class Ingress:
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
         sizes = group_sizes((await exposition()).decode())
-        dp = self.engine_args.dp_size
-        return health_body(sizes, dp, running, self.app_args.num_groups * dp)
+        cfg = self.app_args
+        if not cfg.is_pd:
+            dp = self.engine_args.dp_size
+            return health_body(sizes, dp, running, cfg.num_groups * dp)
+        # P/D: each role is a group of its own size, its id naming the role (pd_app.py).
+        roles = {r.value: cfg.role_args(r).dp_size for r in PD_ROLES}
+        return health_body(
+            sizes,
+            lambda group: next((n for r, n in roles.items() if f"-{r}-" in group), 0),
+            running,
+            sum(roles.values()),
+        )
 
     def check_available(self) -> None:
         if time.monotonic() < self._degraded_until:

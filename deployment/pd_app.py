@@ -2,7 +2,9 @@
 
 Both are ``RankReplica`` (its role read from each group's ``--disaggregation-mode``), named
 ``PrefillRank`` and ``DecodeRank`` for health checks and metrics. Each role is a Serve gang of
-its ``dp_size`` ranks (its own DP group, restarted together); both join one P/D link
+its ``dp_size`` ranks (its own DP group, restarted together), or with ``elastic_dp`` an elastic
+group of plain replicas (seats and epochs of its own: a dead rank costs only itself, as in a
+fused deployment); both join one P/D link
 (``actors/replica/kv_link.py``) under an id drawn here, so a redeployed app never meets the old
 one's ranks. The prefill role routes a prompt to the rank with the fewest uncached tokens, the
 decode role to the least-loaded rank: by default on the ingress's guess (the cache-aware index
@@ -34,13 +36,26 @@ def build_roles(cfg: AppArgs) -> tuple[Any, Any]:
         link_id=uuid.uuid4().hex, num_prefill=prefill.dp_size, num_decode=decode.dp_size
     )
 
+    deployment = uuid.uuid4().hex[:12]
+
+    def elastic(role: DisaggregationRole, timeout_s: float) -> dict[str, Any] | None:
+        """The role's elastic spec (``elastic_dp``): its own seats and epochs, per deploy."""
+        if not cfg.elastic_dp:
+            return None
+        return {
+            "deployment": f"{deployment}-{role.value}",
+            "num_groups": 1,
+            "spread": cfg.gang_placement == "spread",
+            "window_s": min(2.0, max(0.5, timeout_s / 4)),
+        }
+
     def options(role: DisaggregationRole, dp_size: int, timeout_s: float) -> dict[str, Any]:
         return {
             "name": RANK_DEPLOYMENT_OF[role],
             "num_replicas": dp_size,
             "max_ongoing_requests": cfg.max_ongoing_requests,
             "ray_actor_options": cfg.rank_actor_options(*cfg.role_resources(role)),
-            **cfg.placement(dp_size, elastic=False),
+            **cfg.placement(dp_size, elastic=cfg.elastic_dp),
             "request_router_config": RequestRouterConfig(
                 request_router_class=ROUTER_CLASSES[cfg.pd_router(role)],
                 request_router_kwargs=cfg.pd_router_kwargs(role),
@@ -54,9 +69,18 @@ def build_roles(cfg: AppArgs) -> tuple[Any, Any]:
     prefill_app = serve.deployment(
         RankReplica,
         **options(DisaggregationRole.PREFILL, prefill.dp_size, prefill.collective_timeout_s),
-    ).bind(cfg.rank_args(DisaggregationRole.PREFILL), link=link)
+    ).bind(
+        cfg.rank_args(DisaggregationRole.PREFILL),
+        elastic(DisaggregationRole.PREFILL, prefill.collective_timeout_s),
+        link=link,
+    )
     decode_app = serve.deployment(
         RankReplica,
         **options(DisaggregationRole.DECODE, decode.dp_size, decode.collective_timeout_s),
-    ).bind(cfg.rank_args(DisaggregationRole.DECODE), link=link, prefill=prefill_app)
+    ).bind(
+        cfg.rank_args(DisaggregationRole.DECODE),
+        elastic(DisaggregationRole.DECODE, decode.collective_timeout_s),
+        link=link,
+        prefill=prefill_app,
+    )
     return prefill_app, decode_app

@@ -76,13 +76,19 @@ def test_each_role_gets_the_shared_flags_its_section_and_its_mode() -> None:
         ({"disaggregation_mode": "decode"}, "disaggregation_mode: a P/D deployment sets"),
         ({"router": "least-loaded"}, "router .least-loaded.: a P/D deployment routes with"),
         ({"num_groups": 2}, "num_groups applies to a fused deployment only"),
-        ({"elastic_dp": True}, "elastic_dp applies to a fused deployment only"),
         ({"decode": {"dp_size": 9}}, "decode role: --max-num-seqs (8) must be >= --dp-size (9)"),
     ],
 )
 def test_refusals_name_the_culprit(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace(")", r"\)")):
         AppArgs.model_validate(pd_args(**changes))
+
+
+def test_each_role_may_be_elastic() -> None:
+    """``elastic_dp`` on a P/D deployment: each role an elastic group of its own."""
+    cfg = AppArgs.model_validate(pd_args(elastic_dp=True, decode={"dp_size": 2}))
+    assert cfg.elastic_dp and cfg.is_pd
+    assert cfg.placement(2, cfg.elastic_dp) == {}  # plain replicas, no gang
 
 
 @pytest.mark.parametrize("name", ["pd.yaml", "local.yaml", "local-dp1.yaml"])
