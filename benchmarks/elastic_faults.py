@@ -168,7 +168,7 @@ def pd_fault(url: str, ns: argparse.Namespace) -> dict[str, Any]:
     for s in streams:
         s.started.wait(120)
     time.sleep(3.0)  # a steady window before the fault
-    victim = rank_stats(handle, 0)
+    victim = rank_stats(handle, ns.pd_rank)
     fault_at = time.monotonic()
     os.kill(victim["pid"], signal.SIGKILL)
     restarted_s = answered_s = None
@@ -178,7 +178,7 @@ def pd_fault(url: str, ns: argparse.Namespace) -> dict[str, Any]:
     while time.monotonic() - fault_at < 300 and (answered_s is None or restarted_s is None):
         if restarted_s is None:
             try:
-                if rank_stats(handle, 0)["pid"] != victim["pid"]:
+                if rank_stats(handle, ns.pd_rank)["pid"] != victim["pid"]:
                     restarted_s = time.monotonic() - fault_at
             except Exception:
                 pass
@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--pd-role", choices=("prefill", "decode"), default=None, help="P/D: the role to kill"
     )
+    p.add_argument("--pd-rank", type=int, default=0, help="P/D: which rank of the role to kill")
     ns = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
     from roundgate.deployment.local import (
