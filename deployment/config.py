@@ -112,6 +112,18 @@ class AppArgs(RouterArgs):
         1024, ge=1, description="requests one replica (ingress or rank) holds at once"
     )
     ingress_replicas: int = Field(1, ge=1, description="OpenAI front-door replicas")
+    max_background_responses: int = Field(
+        100,
+        ge=1,
+        description="Responses API background responses one ingress replica runs at once; "
+        "past it a background request is a 429 naming this limit",
+    )
+    background_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="a background response still running after this is failed (code "
+        "background_timeout) and its rank request cancelled",
+    )
     ingress_resources: dict[str, float] = Field(
         default_factory=dict,
         description="Ray custom resources each ingress replica needs (e.g. {head: 0.01} keeps "

@@ -130,7 +130,10 @@ class Ingress:
             **{f.name: getattr(self.app_args, f.name) for f in fields(GrammarLimits)}
         )
         # /v1/responses' ``previous_response_id``: this replica's, bounded (docs/responses-api.md).
-        self.responses = ResponseStore()
+        self.responses = ResponseStore(
+            max_background=self.app_args.max_background_responses,
+            background_timeout_s=self.app_args.background_timeout_s,
+        )
 
     # ---- request checks ------------------------------------------------------------------
 

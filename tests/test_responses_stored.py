@@ -239,3 +239,41 @@ def test_any_stream_query_but_false_is_the_openai_400(served: Served, value: str
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
     ok = served.http.get(f"/v1/responses/{made.id}", params={"stream": "false"})
     assert ok.status_code == 200 and ok.json()["id"] == made.id
+
+
+def test_the_101st_background_response_is_refused_by_name(served: Served) -> None:
+    """Background responses run as this replica's tasks, outside Serve's request count: at
+    the default limit of 100 running, the next is a 429 naming the limit, made before any
+    rank request; once one is cancelled there is room again."""
+    held: list[HeldStream] = []
+
+    def hold(message: GenerateRequest) -> HeldStream:
+        served.ranks.payloads.append(message)
+        held.append(HeldStream())
+        return held[-1]
+
+    served.ranks.remote = hold  # type: ignore[method-assign]
+    made = [served.client.responses.create(input=f"Story {i}", background=True) for i in range(100)]
+    assert len(held) == 100 and all(r.status == "queued" for r in made)
+    with pytest.raises(openai.RateLimitError) as refused:
+        served.client.responses.create(input="One more", background=True)
+    error = refused.value.body
+    assert error["code"] == "too_many_background_responses" and error["param"] == "background"
+    assert "max_background_responses 100" in error["message"]
+    assert len(held) == 100  # refused before any rank request
+    served.client.responses.cancel(made[0].id)
+    assert served.client.responses.create(input="Now", background=True).status == "queued"
+    for r in made[1:]:
+        served.client.responses.cancel(r.id)
+
+
+def test_a_background_response_past_its_timeout_fails_and_frees_its_rank(
+    served: Served,
+) -> None:
+    held = HeldStream()
+    served.ranks.remote = lambda message: held  # type: ignore[method-assign]
+    served.core.responses.background_timeout_s = 0.05
+    queued = served.client.responses.create(input="Write a long story.", background=True)
+    failed = poll(served, queued.id, lambda r: r.status != "queued")
+    assert failed.status == "failed" and failed.error.code == "background_timeout"
+    assert held.cancelled

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_STORED_RESPONSES = 1024
+MAX_BACKGROUND = 100
+BACKGROUND_TIMEOUT_S = 3600.0
 UNFINISHED = ("queued", "in_progress")
 
 
@@ -53,10 +55,19 @@ class ResponseStore:
     """Response id -> ``StoredResponse``; the least recently used finished one dropped past
     ``max_entries``."""
 
-    def __init__(self, max_entries: int = MAX_STORED_RESPONSES) -> None:
+    def __init__(
+        self,
+        max_entries: int = MAX_STORED_RESPONSES,
+        max_background: int = MAX_BACKGROUND,
+        background_timeout_s: float = BACKGROUND_TIMEOUT_S,
+    ) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self.max_entries = max_entries
+        # Background responses run as this replica's tasks, outside Serve's request count:
+        # bounded here (``max_background_responses``) and in time (``background_timeout_s``).
+        self.max_background = max_background
+        self.background_timeout_s = background_timeout_s
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
         # Background responses still running: id -> their task (for cancel).
         self.tasks: dict[str, asyncio.Task[None]] = {}

@@ -31,7 +31,10 @@ from roundgate.deployment.openai.logprobs import chat_logprobs, logprob_texts
 from roundgate.deployment.openai.protocol import ChatRequest, parse
 from roundgate.deployment.openai.response_body import ResponseBody
 from roundgate.deployment.openai.response_store import ResponseStore, StoredResponse
-from roundgate.deployment.openai.responses_background import run_in_background
+from roundgate.deployment.openai.responses_background import (
+    check_background_room,
+    run_in_background,
+)
 from roundgate.deployment.openai.responses_input import (
     chat_response_format,
     chat_tool_choice,
@@ -139,6 +142,8 @@ async def create_response(core: Ingress, request: Request) -> dict[str, Any] | S
     req = await core.read_request(request, ResponsesRequest)
     check_request(req)
     store: ResponseStore = core.responses
+    if req.background:
+        check_background_room(store)
     with responses_terms():
         conversation = previous_messages(store, req.previous_response_id)
         conversation += input_messages(req.input)

@@ -24,6 +24,20 @@ from roundgate.deployment.openai.response_store import ResponseStore, StoredResp
 logger = logging.getLogger(__name__)
 
 
+def check_background_room(store: ResponseStore) -> None:
+    """A 429 naming the limit when this replica runs ``max_background`` background responses
+    already (checked before the request's prompt is rendered or its rank request made)."""
+    if len(store.tasks) >= store.max_background:
+        raise APIError(
+            429,
+            f"this server runs {len(store.tasks)} background responses, its limit "
+            f"(max_background_responses {store.max_background}); retry when one has ended, "
+            "or cancel one",
+            param="background",
+            code="too_many_background_responses",
+        )
+
+
 def run_in_background(
     store: ResponseStore,
     body: ResponseBody,
@@ -42,7 +56,16 @@ def run_in_background(
 
     async def run() -> None:
         try:
-            await finish()
+            await asyncio.wait_for(finish(), store.background_timeout_s)
+        except TimeoutError:  # its rank request is cancelled with ``finish``
+            end(
+                "failed",
+                {
+                    "code": "background_timeout",
+                    "message": f"the response ran past background_timeout_s "
+                    f"({store.background_timeout_s:g} s)",
+                },
+            )
         except APIError as exc:
             end("failed", {"code": exc.code or exc.type, "message": exc.message})
         except asyncio.CancelledError:
