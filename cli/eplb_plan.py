@@ -70,6 +70,12 @@ def run(ns: argparse.Namespace) -> int:
         for flag, value, least in minimums:
             if value < least:
                 raise ValueError(f"{flag} must be >= {least}, got {value}")
+        if ns.dp_size % ns.num_nodes:
+            raise ValueError(f"--num-nodes {ns.num_nodes} does not divide --dp-size {ns.dp_size}")
+        if len(loads[0]) % ns.num_groups:
+            raise ValueError(
+                f"--num-groups {ns.num_groups} does not divide the {len(loads[0])} experts"
+            )
         layout, rows = plan(
             loads, ns.dp_size, ns.num_redundant_experts, ns.num_nodes, ns.num_groups
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+import torch
 from builders import make_args, make_request
 from model_driver import grow_pages, make_requests, make_runner, next_chunk
 
@@ -16,7 +17,7 @@ from roundgate.actors.control.kv_pool import KVPool
 from roundgate.actors.control.rank_loop import MAX_ABORTS, RankLoop
 from roundgate.actors.control.round import RoundPlan, RoundResult
 from roundgate.actors.control.scheduler import Scheduler
-from roundgate.actors.replica.elastic_forward import ElasticForward
+from roundgate.actors.replica.elastic_forward import ElasticForward, lost_peer
 from roundgate.gate.rows import RankRow, RoundView
 from roundgate.sim.cost_executor import CostExecutor
 from roundgate.sim.round_costs import TOY
@@ -90,12 +91,33 @@ def test_a_failed_collective_reforms_and_aborts_the_round() -> None:
     assert reforms == ["x"]
 
 
-def test_other_errors_are_not_a_lost_member() -> None:
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("bad token id"),
+        RuntimeError("mat1 and mat2 shapes cannot be multiplied"),  # a bug, not a peer
+        torch.OutOfMemoryError("CUDA out of memory"),  # the rank's own failure
+    ],
+)
+def test_the_rank_s_own_errors_are_not_a_lost_member(error: Exception) -> None:
+    """A local failure ends this rank as before: re-forming would make every member time
+    out and then fail the same round the same way."""
     reforms: list[str] = []
-    forward = ElasticForward(FailingRunner(ValueError("bad token id")), lambda: reforms.append("x"))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="bad token id"):
+    forward = ElasticForward(FailingRunner(error), lambda: reforms.append("x"))  # type: ignore[arg-type]
+    with pytest.raises(type(error)):
         forward.execute(RoundPlan(), [], None)  # type: ignore[arg-type]
     assert reforms == []
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:38025",
+        "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 20000ms for recv",
+    ],
+)
+def test_gloo_s_words_for_a_lost_peer_are_recognised(message: str) -> None:
+    assert lost_peer(RuntimeError(message))
 
 
 def test_a_runner_runs_the_same_plan_twice_to_the_same_tokens() -> None:

@@ -1123,3 +1123,43 @@ def test_steady_loads_move_nothing() -> None:
 def test_replace_layer(old, loads, replaced) -> None:
     assert replace_layer(old, loads, Layout(4, 4, 2)) == replaced
     assert MIN_GAIN == 0.02
+
+
+# ---- roundgate eplb-plan ----------------------------------------------------------------------
+
+
+def test_eplb_plan_writes_a_placement_file_the_deployment_accepts(tmp_path: Path, capsys) -> None:
+    from roundgate.cli.main import main as roundgate
+    from roundgate.kernels.moe.placement_file import write_loads_file
+
+    loads = tmp_path / "loads.json"
+    write_loads_file(loads, 100, [[100, 90, 5, 5, 5, 5, 5, 5], [10, 10, 10, 10, 10, 10, 10, 80]])
+    out = tmp_path / "placement.json"
+    argv = ["eplb-plan", str(loads), "-o", str(out), "--dp-size", "2"]
+    assert roundgate([*argv, "--num-redundant-experts", "2"]) == 0
+    placements = read_placement_file(out, Layout(8, 10, 2), 2)
+    # Layer 0's two hot experts get second copies, one on each rank.
+    assert copies_of(placements[0], 8)[:2] == [2, 2]
+    table = capsys.readouterr().out
+    assert "| 0 | 0.550 | 1.000 |" in table
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--num-nodes", "3"], "--num-nodes 3 does not divide --dp-size 4"),
+        (["--num-groups", "3"], "--num-groups 3 does not divide the 8 experts"),
+        (["--num-redundant-experts", "-1"], "--num-redundant-experts must be >= 0"),
+    ],
+)
+def test_eplb_plan_refusals_name_the_flag(tmp_path: Path, capsys, extra, message) -> None:
+    from roundgate.cli.main import main as roundgate
+    from roundgate.kernels.moe.placement_file import write_loads_file
+
+    loads = tmp_path / "loads.json"
+    write_loads_file(loads, 10, [[1.0] * 8])
+    with pytest.raises(SystemExit):
+        roundgate(
+            ["eplb-plan", str(loads), "-o", str(tmp_path / "p.json"), "--dp-size", "4", *extra]
+        )
+    assert message in capsys.readouterr().err

@@ -27,6 +27,26 @@ if TYPE_CHECKING:
 logger = logging.getLogger("roundgate.rank")
 
 
+# What gloo and NCCL say when a peer of a collective is gone or a collective timed out (gloo
+# raises a plain RuntimeError, "Connection closed by peer", "Connection reset by peer", "Timed
+# out waiting ... for recv operation", so the type alone cannot tell).
+_PEER_LOST = ("connection", "timed out", "timeout", "gloo", "nccl", "peer", "broken pipe")
+
+
+def lost_peer(exc: RuntimeError) -> bool:
+    """Whether a forward's ``exc`` is a collective that lost a member (re-form), not the
+    rank's own failure (out of memory, a CUDA error, a bug: those end the rank, as before,
+    instead of making every member re-form and fail the same way again)."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return False
+    if isinstance(exc, torch.distributed.DistError):
+        return True
+    text = str(exc).lower()
+    return any(word in text for word in _PEER_LOST)
+
+
 class ElasticForward:
     """``Executor``: the runner's ``execute``, re-forming the group when a collective fails."""
 
@@ -37,7 +57,9 @@ class ElasticForward:
     def execute(self, plan: RoundPlan, rows: Sequence[RankRow], view: RoundView) -> RoundResult:
         try:
             return self.runner.execute(plan, rows, view)
-        except RuntimeError as exc:  # gloo/NCCL: a peer reset, or the collective timed out
+        except RuntimeError as exc:
+            if not lost_peer(exc):
+                raise
             logger.warning("a MoE collective failed mid-round (%s): re-forming the group", exc)
             self.reform()
             raise RoundAborted(f"the group re-formed mid-round: {exc}") from exc

@@ -20,7 +20,13 @@ from typing import Any
 
 from roundgate.actors.control.gather import Gather, Packed, SingleRankGather
 from roundgate.actors.replica.epoch_group import form_group
-from roundgate.actors.replica.membership import Epoch, MembershipStore, joiners, next_epoch
+from roundgate.actors.replica.membership import (
+    Epoch,
+    Fenced,
+    MembershipStore,
+    joiners,
+    next_epoch,
+)
 
 # Re-forms one gather may go through before giving up (a member failing again mid re-form).
 MAX_REFORMS = 4
@@ -93,11 +99,24 @@ class ElasticGather:
     def reform(self, reason: str) -> None:
         """Agree on the next epoch (``Fenced`` propagates: this member must restart), form
         its group and tell the rank (also the rank's own call: a MoE collective failed
-        mid-forward, ``ElasticForward``)."""
-        self.epoch = next_epoch(self.store, self.epoch, self.window_s)
-        self.meeting = form_group(self.store, self.epoch, self.backend, self.timeout_s, self.host)
-        self._gather = self._new_gather()
-        self._joiner_seen = False
-        self._next_poll = 0.0
-        self.reforms[reason] += 1
-        self.on_reform(self.epoch, reason)
+        mid-forward, ``ElasticForward``). A member lost while the new group forms, or while
+        the rank re-homes a MoE model's experts over it (``on_reform`` runs collectives too),
+        moves the members left to the epoch after, up to ``MAX_REFORMS`` times."""
+        for attempt in range(MAX_REFORMS + 1):
+            self.epoch = next_epoch(self.store, self.epoch, self.window_s)
+            try:
+                self.meeting = form_group(
+                    self.store, self.epoch, self.backend, self.timeout_s, self.host
+                )
+                self._gather = self._new_gather()
+                self._joiner_seen = False
+                self._next_poll = 0.0
+                self.reforms[reason] += 1
+                self.on_reform(self.epoch, reason)
+                return
+            except Fenced:
+                raise
+            except RuntimeError:  # a collective of the new epoch failed: the next one
+                if attempt == MAX_REFORMS:
+                    raise
+                reason = "fault"

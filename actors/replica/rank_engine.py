@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from roundgate.actors.control.engine_core import EngineCore
 from roundgate.actors.control.gather import Gather
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from roundgate.actors.model.runner import ModelRunner
 
 logger = logging.getLogger("roundgate.rank")
+T = TypeVar("T")
 
 
 class GroupFailure(RuntimeError):
@@ -71,6 +73,8 @@ class RankEngine:
         self._stop = threading.Event()
         self._serving = threading.Event()  # set when the replica is ready: rounds may start
         self._thread: threading.Thread | None = None
+        # Work for the engine thread before the rounds start (``on_engine_thread``).
+        self._jobs: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
 
     async def build(self) -> EngineCore:
         """Start the engine thread and wait while it builds the engine (rounds wait for
@@ -98,7 +102,9 @@ class RankEngine:
         context = PolicyContext(row_rank, world_size, args.max_batch_size)
         self.core.loop.regroup(spec.build(args.policy_config, context), world_size)
         if args.model_config.is_moe and args.dp_size > 1:  # experts onto the new members
-            self.rehome = self.runner.regroup_experts(row_rank, world_size)
+            self.rehome = self.on_engine_thread(
+                lambda: self.runner.regroup_experts(row_rank, world_size)
+            )
             logger.info(
                 "rank %d: experts re-homed over %d members in %.3f s (%d transferred, %d read "
                 "from the model's files)",
@@ -108,6 +114,18 @@ class RankEngine:
                 self.rehome.experts_transferred,
                 self.rehome.experts_loaded,
             )
+
+    def on_engine_thread(self, job: Callable[[], T]) -> T:
+        """Run ``job`` on the engine thread and return its result: at once when called there
+        (a re-form inside a round), else handed to the thread while it waits for ``start``
+        (a group's first epoch, formed on the event loop). Torch work stays on the one
+        thread (the module docstring says why); the caller waits, as for any collective."""
+        here = threading.current_thread() is self._thread
+        if here or self._thread is None or self._serving.is_set():  # (nobody would take it)
+            return job()
+        done: Future[T] = Future()
+        self._jobs.put((job, done))
+        return done.result()
 
     def start(self, after_round: Callable[[RoundOutcome], None]) -> None:
         """Let the rounds run; ``after_round`` sees each outcome on the engine thread."""
@@ -134,7 +152,15 @@ class RankEngine:
             built.set_exception(exc)
             return
         built.set_result(core)
-        self._serving.wait()
+        while not self._serving.is_set():  # jobs for this thread until the rounds start
+            try:
+                job, done = self._jobs.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            try:
+                done.set_result(job())
+            except BaseException as exc:
+                done.set_exception(exc)
         self._run(core)
 
     def _run(self, core: EngineCore) -> None:
@@ -168,8 +194,8 @@ class RankEngine:
         self.deliver(request.stream_id or request.request_id, event)
 
     def _fail_all(self, error: BaseException) -> None:
-        for queue in self.streams.values():
-            queue.put_nowait(error)
+        for stream in self.streams.values():
+            stream.put_nowait(error)
 
     # ---- the request streams ---------------------------------------------------------------
 

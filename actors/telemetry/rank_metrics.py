@@ -86,7 +86,7 @@ class RankMetrics:
         self._seen_retractions = 0
         self._seen_aborts = 0
         self._seen_prefix = (0, 0)
-        self._seen_rebalances = 0
+        self._last_rebalance: RebalanceReport | None = None
         self._group = g
 
     def note_weight_path(self, path: str) -> None:
@@ -106,18 +106,21 @@ class RankMetrics:
             self.set.group_reforms.labels(*self._labels, reason).inc()
 
     def note_rehome(self, report: RehomeReport) -> None:
-        """A MoE group's expert re-home at a (re)formed epoch (``RankEngine.rehome``)."""
+        """A MoE group's expert re-home at a (re)formed epoch (``RankEngine.rehome``): its
+        duration on this rank; its counts (the group's, alike on every member) once, by the
+        epoch's first row."""
         s, r = self.set, self._labels
-        s.experts_rehomed.labels(*r, "member").inc(report.experts_transferred)
-        s.experts_rehomed.labels(*r, "files").inc(report.experts_loaded)
         s.expert_rehome_seconds.labels(*r).set(report.seconds)
+        if self.row_rank == 0:
+            s.experts_rehomed.labels(*r, "member").inc(report.experts_transferred)
+            s.experts_rehomed.labels(*r, "files").inc(report.experts_loaded)
 
     def note_rebalance(self, report: RebalanceReport | None) -> None:
         """The rank's last EPLB rebalance (``ExpertBalancer.last``), recorded once; rank 0
         exports it for the group (every rank computed the same placement)."""
-        if report is None or report.rebalances <= self._seen_rebalances:
-            return
-        self._seen_rebalances = report.rebalances
+        if report is None or report is self._last_rebalance:  # (a regroup's new balancer
+            return  # counts from 1 again: the report itself says whether it is new)
+        self._last_rebalance = report
         if not self.is_group_exporter:
             return
         s, g = self.set, self._group
