@@ -11,6 +11,7 @@ deployment (``pd_app``) takes the shared app's place for the rest of the session
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,6 +103,26 @@ class Deployment:
         self.ranks = serve.get_deployment_handle("RankReplica", app_name="roundgate")
         wait_ready(self.url)
 
+    def restore_after_faults(self) -> None:
+        """The default app again, after a module that killed rank replicas.
+
+        Ray Serve 2.60 can lose track of a replacement rank replica that started just before
+        a redeploy (its controller logs "Found stale ranks ... This should never happen"):
+        the replica stays alive, holding its CPUs, and later modules' replicas cannot be
+        scheduled. So the app is deleted first, and any rank replica of it still alive (one
+        of those) is killed, before the default app is deployed.
+        """
+        import ray
+        from ray import serve
+
+        serve.delete("roundgate")
+        prefixes = tuple(f"SERVE_REPLICA::roundgate#{name}#" for name in RANK_CLASSES)
+        for actor in ray.util.list_named_actors(all_namespaces=True):
+            if actor["name"].startswith(prefixes):
+                with contextlib.suppress(ValueError):  # (it ended meanwhile)
+                    ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]))
+        self.deploy()
+
     def rank_call(self, method: str, rank: int, timeout_s: float = 30.0) -> Any:
         from roundgate.actors.control.messages import RankTarget
 
@@ -116,6 +137,7 @@ def app(ray_cluster: None, local_config: dict[str, Any]) -> Deployment:
 
 
 REAL_MODEL = "smollm2-135m-instruct"
+RANK_CLASSES = ("RankReplica", "PrefillRank", "DecodeRank")  # the rank deployments' names
 
 
 @pytest.fixture(scope="session")

@@ -38,7 +38,7 @@ def elastic(app: Deployment) -> Iterator[Deployment]:
     try:
         yield app
     finally:
-        app.deploy()
+        app.restore_after_faults()
 
 
 def snapshot(app: Deployment, rank: int) -> dict[str, Any]:

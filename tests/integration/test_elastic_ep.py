@@ -46,7 +46,7 @@ def elastic_moe(app: Deployment, tmp_path_factory: pytest.TempPathFactory) -> It
     try:
         yield app
     finally:
-        app.deploy()
+        app.restore_after_faults()
 
 
 def rehomed(app: Deployment) -> dict[str, float]:

@@ -53,7 +53,7 @@ def elastic_pd(app: Deployment) -> Iterator[Any]:
     try:
         yield serve.get_deployment_handle("DecodeRank", app_name="roundgate")
     finally:
-        app.deploy()
+        app.restore_after_faults()
 
 
 def decode_stats(handle: Any, rank: int) -> dict[str, Any]:
