@@ -44,9 +44,10 @@ def plan(
 ) -> tuple[Layout, list[tuple[float, float]]]:
     """The layout the loads are placed on, and each layer's (blocks, placed) balancedness."""
     num_experts = len(loads[0])
-    layout = ExpertPlacement(num_experts, dp_size, 0, redundant).layout(num_nodes, num_groups)
-    if not layout.hierarchical:
-        layout = ExpertPlacement(num_experts, dp_size, 0, redundant).layout()
+    placement = ExpertPlacement(num_experts, dp_size, 0, redundant)
+    layout = placement.layout(num_nodes, num_groups)
+    if not layout.hierarchical:  # groups that do not divide over the nodes: flat
+        layout = placement.layout()
     blocks = [e * dp_size // num_experts for e in range(num_experts)]
     rows = []
     for layer in loads:

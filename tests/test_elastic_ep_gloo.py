@@ -14,16 +14,14 @@ with every expert held twice (``num_redundant_experts`` = the expert count) it r
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from family_models import build_family
 from model_driver import grow_pages, next_chunk
-from test_expert_parallel import TIMEOUT_S, free_port
+from test_expert_parallel import free_port, hf_greedy, run_ranks
 
 from roundgate.actors.control.config import PoolConfig
 from roundgate.actors.control.kv_pool import KVPool
@@ -70,15 +68,6 @@ class Server:
 
     def tokens(self) -> dict[int, list[int]]:
         return {i: list(r.output_token_ids) for i, r in self.requests.items()}
-
-
-def hf_greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(NEW_TOKENS):
-            logits = model(torch.tensor([ids])).logits[0, -1]
-            ids.append(int(logits.argmax()))
-    return ids[len(prompt) :]
 
 
 def gathered(servers_rows: list[RankRow]) -> list[RankRow]:
@@ -141,25 +130,14 @@ def test_a_group_loses_a_rank_serves_alone_and_regains_full_size(
 ) -> None:
     model = build_family(family)
     model.save_pretrained(tmp_path / family)
-    context = mp.start_processes(
-        _main,
-        args=(str(tmp_path / family), [free_port() for _ in range(3)], str(tmp_path), redundant),
-        nprocs=3,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + TIMEOUT_S
-    while not context.join(timeout=1):  # True once all have ended (False: one of them did)
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"elastic EP processes did not finish in {TIMEOUT_S}s (deadlock?)")
+    ports = [free_port() for _ in range(3)]
+    run_ranks(_main, (str(tmp_path / family), ports, str(tmp_path), redundant), 3, "elastic EP")
     survivor = torch.load(tmp_path / "p0.pt", weights_only=False)
     joiner = torch.load(tmp_path / "p2.pt", weights_only=False)
     # Every request served across the re-forms equals transformers' greedy decode.
     for tokens in (survivor["tokens"], joiner["tokens"]):
         for i, got in tokens.items():
-            want = hf_greedy(model, PROMPTS[i])[: len(got)]
+            want = hf_greedy(model, PROMPTS[i], NEW_TOKENS)[: len(got)]
             assert got == want, f"request {i} differs from transformers"
     assert len(survivor["tokens"][0]) == NEW_TOKENS
     alone, rejoined = survivor["alone"], survivor["rejoined"]

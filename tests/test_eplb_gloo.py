@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from family_models import build_family
 from model_driver import grow_pages, next_chunk
-from test_expert_parallel import TIMEOUT_S, free_port
+from test_expert_parallel import free_port, hf_greedy, run_ranks
 
 from roundgate.actors.control.config import PoolConfig
 from roundgate.actors.control.kv_pool import KVPool
@@ -121,15 +120,6 @@ def _rank_main(rank: int, model: str, port: int, out_dir: str, redundant: int) -
         dist.destroy_process_group()
 
 
-def hf_greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(NEW_TOKENS):
-            logits = model(torch.tensor([ids])).logits[0, -1]
-            ids.append(int(logits.argmax()))
-    return ids[len(prompt) :]
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize(("family", "redundant"), [("deepseek_v3", 2), ("qwen3_moe", 0)])
 def test_rebalance_live_keeps_outputs_and_evens_load(
@@ -137,21 +127,9 @@ def test_rebalance_live_keeps_outputs_and_evens_load(
 ) -> None:
     model = skewed(family)
     model.save_pretrained(tmp_path / family)
-    context = mp.start_processes(
-        _rank_main,
-        args=(str(tmp_path / family), free_port(), str(tmp_path), redundant),
-        nprocs=2,
-        join=False,
-        start_method="spawn",
+    run_ranks(
+        _rank_main, (str(tmp_path / family), free_port(), str(tmp_path), redundant), 2, "EPLB ranks"
     )
-    import time
-
-    deadline = time.monotonic() + TIMEOUT_S
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"EPLB ranks did not finish in {TIMEOUT_S}s (deadlock?)")
     results = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     for rank, got in enumerate(results):
         eplb_tokens, reports = got["eplb"]
@@ -159,7 +137,9 @@ def test_rebalance_live_keeps_outputs_and_evens_load(
         assert static_reports == []
         assert eplb_tokens == static_tokens, f"rank {rank}: EPLB changed greedy output"
         for i, tokens in eplb_tokens.items():
-            assert tokens == hf_greedy(model, PROMPTS[i]), f"request {i} differs from HF"
+            assert tokens == hf_greedy(model, PROMPTS[i], NEW_TOKENS), (
+                f"request {i} differs from HF"
+            )
         # A rebalance every INTERVAL rounds (at the start of the round after), identical on
         # both ranks.
         assert len(reports) == (NUM_ROUNDS - 1) // INTERVAL

@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -100,6 +101,29 @@ def _rank_main(rank: int, model: str, port: int, out_dir: str, kernels: str) -> 
         dist.destroy_process_group()
 
 
+def run_ranks(main: Any, args: tuple[Any, ...], nprocs: int, what: str) -> None:
+    """Spawn ``nprocs`` processes of ``main(index, *args)`` and wait for all of them; past
+    ``TIMEOUT_S`` kill them and fail naming ``what`` (a hung collective would wait forever).
+    ``join`` is True once all have ended (False: one of them did, or the second passed)."""
+    context = mp.start_processes(main, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + TIMEOUT_S
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"{what} did not finish in {TIMEOUT_S}s (deadlock?)")
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], new_tokens: int) -> list[int]:
+    """transformers' own greedy continuation of ``prompt``: the reference token ids."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt) :]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -122,19 +146,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path: Path, model: str, kernels: s
     if model != "tiny-moe":
         build_family(model).save_pretrained(tmp_path / model)
         model = str(tmp_path / model)
-    context = mp.start_processes(
-        _rank_main,
-        args=(model, free_port(), str(tmp_path), kernels),
-        nprocs=2,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + TIMEOUT_S
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"expert-parallel ranks did not finish in {TIMEOUT_S}s (deadlock?)")
+    run_ranks(_rank_main, (model, free_port(), str(tmp_path), kernels), 2, "expert-parallel ranks")
 
     expected = run_rounds(ModelRunner(moe_args(model, 1)), rank=None)
     for rank in (0, 1):

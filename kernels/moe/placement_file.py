@@ -28,12 +28,7 @@ FLAG = "--expert-placement-file"
 
 def read_placement_file(path: str | Path, layout: Layout, num_layers: int) -> list[Placement]:
     """Each MoE layer's placement from ``path``, checked against ``layout``."""
-    try:
-        body = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ValueError(f"{FLAG} {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{FLAG} {path}: not JSON ({exc})") from None
+    body = _read_json(path, FLAG)
     layers = body.get("layers") if isinstance(body, dict) else None
     if not isinstance(layers, list) or not all(isinstance(x, list) for x in layers):
         raise ValueError(f"{FLAG} {path}: needs a 'layers' list of per-layer lists")
@@ -88,12 +83,7 @@ def write_loads_file(path: str | Path, rounds: int, loads: Sequence[Sequence[flo
 
 def read_loads_file(path: str | Path) -> list[list[float]]:
     """The per-layer logical expert loads in ``path`` (the culprit named if malformed)."""
-    try:
-        body = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ValueError(f"loads file {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"loads file {path}: not JSON ({exc})") from None
+    body = _read_json(path, "loads file")
     layers = body.get("layers") if isinstance(body, dict) else None
     if not isinstance(layers, list) or not layers:
         raise ValueError(f"loads file {path}: needs a non-empty 'layers' list")
@@ -117,3 +107,14 @@ def read_loads_file(path: str | Path) -> list[list[float]]:
             )
         out.append([float(x) for x in layer])
     return out
+
+
+def _read_json(path: str | Path, what: str) -> object:
+    """``path``'s JSON; a ``ValueError`` naming ``what`` and the path when it cannot be read
+    or is not JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{what} {path}: not JSON ({exc})") from None
