@@ -105,6 +105,12 @@ class ServerArgs:
         DisaggregationRole.FUSED,
         choices=DISAGGREGATION_MODES,
     )
+    handoff_timeout_s: float = _flag(
+        "prefill role: a handoff no decode rank has asked for after this many seconds is "
+        "released, its pages unpinned (its ingress died or left it); a decode rank asking "
+        "later fails that request. vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT, same default",
+        480.0,
+    )
     device: str = _flag("compute device", "auto", choices=DEVICES)
     attention_backend: str = _flag("paged attention backend", "auto", choices=ATTENTION_BACKENDS)
     moe_backend: str = _flag("MoE dispatch/combine backend", "auto", choices=MOE_BACKENDS)
@@ -224,6 +230,7 @@ class ServerArgs:
         for flag, value in (
             ("--collective-timeout-s", self.collective_timeout_s),
             ("--max-grammar-compile-s", self.max_grammar_compile_s),
+            ("--handoff-timeout-s", self.handoff_timeout_s),
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"{flag} must be a number > 0, got {value!r}")

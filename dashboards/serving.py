@@ -193,6 +193,13 @@ def _transfer() -> list[Panel]:
             [(rate("roundgate_kv_transfer_failures_total", RANK, by_role), legend)],
             unit="none",
         ),
+        graph(
+            "Handoffs released unclaimed",
+            "Handoffs a prefill rank released after --handoff-timeout-s with no decode rank "
+            "asking for them (their ingress died holding them), per second.",
+            [(rate("roundgate_pd_handoffs_expired_total", RANK, by_role), legend)],
+            unit="none",
+        ),
     ]
 
 

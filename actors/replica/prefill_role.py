@@ -4,18 +4,22 @@
 turns it into a ``Handoff`` (its pages pinned here); ``send_kv``, called by the decode rank
 that reserved pages for it, sends those pages over that pair of the P/D link
 (``roundgate.actors.replica.pd_pairs``) and unpins them, whatever happened. A request that ends at
-its first token (or is refused) comes back whole instead.
+its first token (or is refused) comes back whole instead. A handoff no decode rank asks for
+within ``--handoff-timeout-s`` (its ingress died holding it) is released here on its own
+(``roundgate.actors.control.handoff_expiry``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from roundgate.actors.control.handoff import Handoff
+from roundgate.actors.control.handoff_expiry import HandoffExpiry
 from roundgate.actors.control.messages import GenerateChunk, GenerateRequest, RankTarget
 from roundgate.actors.control.rank_loop import RoundOutcome
 from roundgate.actors.replica import pd_pairs
@@ -50,6 +54,12 @@ class PrefillRole:
         self.link: pd_pairs.LinkPairs | None = None  # joined at ``start``
         # Fault injection for tests and drills: the next sends report a failure instead.
         self.num_faults = 0
+        # Pinned handoffs' deadlines: written by the engine thread (``after_round``) and the
+        # event loop (transfers ending, the expiry task), hence the lock.
+        self.expiry = HandoffExpiry(engine.args.handoff_timeout_s)
+        self.clock: Callable[[], float] = time.monotonic
+        self._expiry_lock = threading.Lock()
+        self._expiry_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Join the P/D link (its decode ranks are awaited once)."""
@@ -68,14 +78,56 @@ class PrefillRole:
             self.link.incarnation,
             self.link_spec.link_id,
         )
+        self._expiry_task = asyncio.get_running_loop().create_task(self._expire_orphans())
 
     def after_round(self, outcome: RoundOutcome) -> None:
         core = self.engine.core
+        now = self.clock()
         for handoff in outcome.handoffs:
+            # Its deadline first: once delivered, a decode rank may claim it at once.
+            with self._expiry_lock:
+                self.expiry.pinned(handoff.request_id, now)
             if not self.engine.deliver(handoff.request_id, handoff):
                 # Its caller went away: nobody will send these pages.
+                self._claim(handoff.request_id)
                 core.release_handoff(handoff.request_id)
         self.transfers.set_waiting(core.connector.num_waiting_for_decode)
+
+    def expire(self, now: float) -> list[str]:
+        """Release the handoffs pinned past ``--handoff-timeout-s`` at ``now`` (those no
+        transfer ended meanwhile); their ids."""
+        with self._expiry_lock:
+            expired = self.expiry.expired(now)
+        if not expired:
+            return []
+        for request_id in expired:
+            logger.warning(
+                "handoff %s: no decode rank asked for its pages in %.0f s "
+                "(--handoff-timeout-s); released",
+                request_id,
+                self.expiry.timeout_s,
+            )
+            self.engine.core.release_handoff(request_id)
+        self.transfers.expired(len(expired))
+        self.wake()
+        return expired
+
+    async def _expire_orphans(self) -> None:
+        """Check the deadlines a few times per timeout (at most once a second); rounds are
+        no clock for this, as a group with nothing else to do runs none."""
+        period = min(1.0, self.expiry.timeout_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                self.expire(self.clock())
+            except Exception:  # never let the task die quietly: the next tick tries again
+                logger.exception("releasing expired handoffs failed")
+
+    def _claim(self, request_id: str) -> bool:
+        """Take ``request_id`` off the expiry clock; False when it expired already (its
+        release is queued: its pages must not be read)."""
+        with self._expiry_lock:
+            return self.expiry.ended(request_id)
 
     async def prefill(self, message: GenerateRequest) -> PrefillResult:
         """Prefill ``message``; its ``Handoff``, or its whole answer when it needs no decode."""
@@ -103,7 +155,8 @@ class PrefillRole:
             logger.info("send_kv for %s: made by an earlier process of this rank", order.request_id)
             return 0
         core = self.engine.core
-        ok = core.connector.is_pinned(order.request_id)
+        # Claimed before the pages are read, so the expiry cannot release them mid-send.
+        ok = self._claim(order.request_id) and core.connector.is_pinned(order.request_id)
         if ok and self.num_faults > 0:
             self.num_faults -= 1
             ok = False
@@ -131,6 +184,7 @@ class PrefillRole:
 
     async def release_handoff(self, order: ReleaseHandoff) -> None:
         """Unpin a handoff no decode rank will take (idempotent)."""
+        self._claim(order.request_id)
         self.engine.core.release_handoff(order.request_id)
         self.wake()
 

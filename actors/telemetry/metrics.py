@@ -350,6 +350,13 @@ class RankMetricSet:
             ROLE,
             registry=r,
         )
+        self.pd_handoffs_expired = Counter(
+            _n("pd_handoffs_expired"),
+            "Handoffs a prefill rank released on its own: no decode rank asked for their "
+            "pages within --handoff-timeout-s (their ingress died or left them)",
+            ROLE,
+            registry=r,
+        )
         self.pd_waiting = Gauge(
             _n("rank_pd_waiting_requests"),
             "Requests waiting for decode capacity: prefilled handoffs holding their pages until "

@@ -15,7 +15,9 @@ class TransferMetrics:
         self._time = metrics.kv_transfer_time.labels(*labels)
         self._failures = metrics.kv_transfer_failures.labels(*labels)
         self._waiting = metrics.pd_waiting.labels(*labels)
+        self._expired = metrics.pd_handoffs_expired.labels(*labels)
         self._waiting.set(0)
+        self._expired.inc(0)
         self._failures.inc(0)  # the series exists (at 0) from the start, for rate()
 
     def transferred(self, num_pages: int, num_bytes: int, seconds: float) -> None:
@@ -25,6 +27,9 @@ class TransferMetrics:
 
     def failed(self) -> None:
         self._failures.inc()
+
+    def expired(self, count: int) -> None:
+        self._expired.inc(count)
 
     def set_waiting(self, count: int) -> None:
         self._waiting.set(count)
