@@ -8,6 +8,7 @@ passes the config's ``args``; they are validated (pydantic ``AppArgs``, which bu
 import uuid
 from typing import Any
 
+import ray
 from fastapi import Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -20,6 +21,7 @@ from roundgate.actors.replica.rank_replica import RankReplica
 from roundgate.actors.role import DisaggregationRole
 from roundgate.deployment.config import AppArgs
 from roundgate.deployment.ingress import Ingress
+from roundgate.deployment.ingress_placement import INGRESS_CPUS, check_head_room, ingress_resources
 from roundgate.deployment.openai.api import api, json_body
 from roundgate.deployment.openai.chat import create_chat_completion
 from roundgate.deployment.openai.chat_batch import create_batch_chat_completion
@@ -169,14 +171,19 @@ def build_app(args: dict[str, Any]) -> Application:
     """Validate ``args`` and bind the ingress to ``num_groups`` gangs of ``dp_size`` ranks
     (P/D: to a prefill group and a decode group, ``roundgate.deployment.pd_app``)."""
     cfg = AppArgs.of(args)  # validated here, once: the object itself goes to every replica
+    resources = ingress_resources(
+        cfg.ingress_resources, "ingress_resources" in cfg.model_fields_set, cfg.gang_placement
+    )
+    if ray.is_initialized():
+        check_head_room(resources, cfg.ingress_replicas, ray.nodes())
     ingress = serve.deployment(
         OpenAIServer,
         name="OpenAIServer",
         num_replicas=cfg.ingress_replicas,
         max_ongoing_requests=cfg.max_ongoing_requests,
         ray_actor_options={
-            "num_cpus": 0.25,
-            **({"resources": dict(cfg.ingress_resources)} if cfg.ingress_resources else {}),
+            "num_cpus": INGRESS_CPUS,
+            **({"resources": resources} if resources else {}),
         },
     )
     if cfg.is_pd:
