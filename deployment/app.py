@@ -45,6 +45,7 @@ from roundgate.deployment.openai.tokenization import (
 )
 from roundgate.deployment.pd_app import build_roles
 from roundgate.deployment.request_metrics import exposition
+from roundgate.deployment.response_store_actor import shared_responses
 from roundgate.deployment.routing.routers import ROUTER_CLASSES
 from roundgate.deployment.serve_context import RANK_DEPLOYMENT_OF
 
@@ -67,12 +68,17 @@ class OpenAIServer:
             DisaggregationRole.PREFILL: prefill,
             DisaggregationRole.DECODE: decode,
         }
-        self.core = Ingress(app_args, {r: h for r, h in handles.items() if h is not None})
+        self.core = Ingress(
+            app_args,
+            {r: h for r, h in handles.items() if h is not None},
+            responses=shared_responses(),  # every ingress replica's one store
+        )
 
     def __del__(self) -> None:
         """Serve's shutdown hook (a replaced or scaled-down replica)."""
         if hasattr(self, "core"):
             self.core.metrics.close()
+            self.core.prepare.close()
 
     @api.get("/health")
     async def health(self) -> dict[str, Any]:
@@ -142,19 +148,19 @@ class OpenAIServer:
         ``?stream`` is read here, not declared: FastAPI's own 422 is not the OpenAI body."""
         self.core.check_auth(request)
         stream = request.query_params.get("stream")
-        return retrieve_response(self.core.responses, response_id, stream)
+        return await retrieve_response(self.core.responses, response_id, stream)
 
     @api.post("/v1/responses/{response_id}/cancel")
     async def cancel_response(self, response_id: str, request: Request) -> dict[str, Any]:
         """Stop a background response that has not ended."""
         self.core.check_auth(request)
-        return await cancel_response(self.core.responses, response_id)
+        return await cancel_response(self.core.responses, self.core.background, response_id)
 
     @api.delete("/v1/responses/{response_id}")
     async def delete_response(self, response_id: str, request: Request) -> dict[str, Any]:
         """Forget a stored response (cancelling it if it still runs)."""
         self.core.check_auth(request)
-        return delete_response(self.core.responses, response_id)
+        return await delete_response(self.core.responses, self.core.background, response_id)
 
     @api.post("/v1/chat/completions/batch")
     async def chat_batch(self, request: Request) -> dict[str, Any]:

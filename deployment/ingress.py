@@ -26,15 +26,18 @@ from roundgate.actors.control.messages import GenerateRequest
 from roundgate.actors.control.request import SamplingParams
 from roundgate.actors.pd_roles import PD_ROLES
 from roundgate.actors.role import DisaggregationRole
+from roundgate.deployment.group_health import CachedRead, running_rank_replicas
 from roundgate.deployment.openai.api import read_json
 from roundgate.deployment.openai.choices import Choice, Delta, RequestFailed, merge
 from roundgate.deployment.openai.errors import APIError
 from roundgate.deployment.openai.grammar_limits import GrammarLimits, check_grammar
 from roundgate.deployment.openai.logprobs import TokenTexts
+from roundgate.deployment.openai.prepare import Preparer
 from roundgate.deployment.openai.protocol import parse
-from roundgate.deployment.openai.response_store import ResponseStore
+from roundgate.deployment.openai.responses_background import BackgroundResponses
 from roundgate.deployment.openai.sampling import GenerateBody, check_logprobs, sampling_params
 from roundgate.deployment.openai.server_load import ServerLoad
+from roundgate.deployment.openai.stored_responses import StoredResponses
 from roundgate.deployment.pd_route import PDRoute
 from roundgate.deployment.request_metrics import RequestRecorder
 from roundgate.deployment.resume import RankStream, ResumeFailed, ResumePolicy, Resumer
@@ -80,9 +83,12 @@ class Ingress:
         self,
         app_args: AppArgs | dict[str, Any],
         handles: Mapping[DisaggregationRole, DeploymentHandle],
+        responses: StoredResponses | None = None,
     ) -> None:
         """``app_args``: the bound ``AppArgs``; ``handles``: each rank deployment's handle, by
-        the role it serves (``FUSED``; P/D: ``PREFILL`` and ``DECODE``)."""
+        the role it serves (``FUSED``; P/D: ``PREFILL`` and ``DECODE``); ``responses``: the
+        Responses store every ingress replica shares (default: one in this process, for an
+        ingress without Ray)."""
         from roundgate.actors.model.generation_config import read_generation_config
         from roundgate.actors.model.tokenizer import load_tokenizer, stop_token_ids
         from roundgate.deployment.config import AppArgs
@@ -110,6 +116,9 @@ class Ingress:
         self._degraded_until = 0.0
         self._health: str | None = None  # why the ranks are not healthy, or None
         self._health_at = -HEALTH_CACHE_S
+        # Elastic /health's count of running rank replicas: one controller read per
+        # HEALTH_CACHE_S however many clients ask, off the event loop.
+        self._running_ranks = CachedRead(running_rank_replicas, HEALTH_CACHE_S)
         self.metrics = RequestRecorder(self.model_name)
         self.load = ServerLoad()  # GET /load: generation requests in flight here
         # Where a rank request goes: the fused ranks' ``generate``, or P/D's two roles.
@@ -126,13 +135,17 @@ class Ingress:
         # the resumed tokens to the decode rank (docs/fault-tolerance.md).
         self.resume_policy = ResumePolicy()
         self.token_texts = TokenTexts(self.tokenizer)
+        self.prepare = Preparer()  # renders and tokenizations, off the event loop
         self.grammar_limits = GrammarLimits(
             **{f.name: getattr(self.app_args, f.name) for f in fields(GrammarLimits)}
         )
-        # /v1/responses' ``previous_response_id``: this replica's, bounded (docs/responses-api.md).
-        self.responses = ResponseStore(
+        # /v1/responses: the store every replica shares (docs/responses-api.md), and this
+        # replica's background responses (bounded per replica).
+        self.responses = responses or StoredResponses()
+        self.background = BackgroundResponses(
+            self.responses,
             max_background=self.app_args.max_background_responses,
-            background_timeout_s=self.app_args.background_timeout_s,
+            timeout_s=self.app_args.background_timeout_s,
         )
 
     # ---- request checks ------------------------------------------------------------------
@@ -169,15 +182,21 @@ class Ingress:
             )
 
     async def elastic_health(self) -> dict[str, Any]:
-        """An elastic deployment's ``/health`` body; 503 only when no rank replica runs."""
-        from roundgate.deployment.group_health import (
-            group_sizes,
-            health_body,
-            running_rank_replicas,
-        )
+        """An elastic deployment's ``/health`` body; 503 when no rank replica runs, or when
+        the Serve controller cannot say (read at most every ``HEALTH_CACHE_S``)."""
+        from roundgate.deployment.group_health import group_sizes, health_body
         from roundgate.deployment.request_metrics import exposition
 
-        running = await asyncio.to_thread(running_rank_replicas)
+        try:
+            running = await self._running_ranks.get()
+        except Exception as exc:  # the controller away or failing: a 503 naming it
+            raise APIError(
+                503,
+                "cannot read the rank replicas' status from the Serve controller "
+                f"({type(exc).__name__}); retry shortly",
+                code="controller_unavailable",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            ) from None
         if running == 0:
             raise APIError(
                 503,

@@ -272,7 +272,7 @@ def test_a_background_response_past_its_timeout_fails_and_frees_its_rank(
 ) -> None:
     held = HeldStream()
     served.ranks.remote = lambda message: held  # type: ignore[method-assign]
-    served.core.responses.background_timeout_s = 0.05
+    served.core.background.timeout_s = 0.05
     queued = served.client.responses.create(input="Write a long story.", background=True)
     failed = poll(served, queued.id, lambda r: r.status != "queued")
     assert failed.status == "failed" and failed.error.code == "background_timeout"

@@ -7,7 +7,9 @@ system message, ``input`` items the messages, ``max_output_tokens`` the
 ``/v1/chat/completions`` does: the model's chat template, the same sampling checks and one
 rank request. The answer's text comes back as output items
 (``roundgate.deployment.openai.responses_stream``). ``previous_response_id`` continues a
-conversation kept in the ingress's bounded ``ResponseStore``; ``background`` runs it there
+conversation kept in the Responses store every ingress replica shares
+(``roundgate.deployment.openai.stored_responses``); ``background`` runs it as a task of this
+replica, readable and cancellable through any
 (``roundgate.deployment.openai.responses_background``).
 
 Errors have the OpenAI envelope, their ``param`` named in the Responses request's terms
@@ -30,11 +32,7 @@ from roundgate.deployment.openai.errors import APIError
 from roundgate.deployment.openai.logprobs import chat_logprobs, logprob_texts
 from roundgate.deployment.openai.protocol import ChatRequest, parse
 from roundgate.deployment.openai.response_body import ResponseBody
-from roundgate.deployment.openai.response_store import ResponseStore, StoredResponse
-from roundgate.deployment.openai.responses_background import (
-    check_background_room,
-    run_in_background,
-)
+from roundgate.deployment.openai.response_store import MAX_ENTRY_BYTES, StoredResponse
 from roundgate.deployment.openai.responses_input import (
     chat_response_format,
     chat_tool_choice,
@@ -48,6 +46,7 @@ from roundgate.deployment.openai.responses_request import (
 )
 from roundgate.deployment.openai.responses_stream import OutputItems, stream_response
 from roundgate.deployment.openai.sse import drain
+from roundgate.deployment.openai.stored_responses import StoredResponses
 from roundgate.deployment.serve_context import new_request_id
 
 # A chat request's field -> the Responses field it came from (for error ``param``s).
@@ -105,19 +104,29 @@ def chat_request(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatR
 # ---- the route ----------------------------------------------------------------------------
 
 
-def previous_messages(store: ResponseStore, response_id: str | None) -> list[dict[str, Any]]:
+async def previous_messages(
+    store: StoredResponses, response_id: str | None
+) -> list[dict[str, Any]]:
     """The stored conversation ``previous_response_id`` continues; a 404 naming it."""
     if response_id is None:
         return []
-    stored = store.get(response_id)
+    stored = await store.get(response_id)
     if stored is None:
         raise APIError(
             404,
-            f"Response with id {response_id!r} not found: this ingress replica keeps its "
-            f"{store.max_entries} most recently used stored responses in memory (not those "
-            "sent with store: false, nor those of another replica or before a restart)",
+            f"Response with id {response_id!r} not found: the server keeps its most recently "
+            "used stored responses (not those sent with store: false, nor those deleted)",
             param="previous_response_id",
             code="response_not_found",
+        )
+    if stored.conversation_bytes is not None:
+        raise APIError(
+            400,
+            f"Response with id {response_id!r} has a conversation of "
+            f"{stored.conversation_bytes} bytes, more than the server keeps "
+            f"({MAX_ENTRY_BYTES} per response): resend the history in input",
+            param="previous_response_id",
+            code="conversation_too_large",
         )
     if not stored.messages:
         raise APIError(
@@ -141,11 +150,11 @@ async def create_response(core: Ingress, request: Request) -> dict[str, Any] | S
     the answer as output items (streamed as events, whole, or queued in the background)."""
     req = await core.read_request(request, ResponsesRequest)
     check_request(req)
-    store: ResponseStore = core.responses
+    store = core.responses
     if req.background:
-        check_background_room(store)
+        core.background.check_room()
     with responses_terms():
-        conversation = previous_messages(store, req.previous_response_id)
+        conversation = await previous_messages(store, req.previous_response_id)
         conversation += input_messages(req.input)
         chat = chat_request(req, conversation)
         tools = None if chat.tool_choice == "none" else chat.tools
@@ -155,11 +164,12 @@ async def create_response(core: Ingress, request: Request) -> dict[str, Any] | S
     output = OutputItems(bool(tools), 1 if req.parallel_tool_calls is False else None)
     body = ResponseBody(f"resp_{rid}", core.model_name, req, output, choices)
 
-    def keep(final: dict[str, Any]) -> None:
+    async def keep(final: dict[str, Any]) -> None:
         if req.store:
             turn = (*conversation, output.assistant_message())
             stored = StoredResponse(messages=turn, body=final, background=bool(req.background))
-            store.put(final["id"], stored)
+            # A background response's end is its owner's: kept unless cancelled meanwhile.
+            await (store.finish if req.background else store.put)(final["id"], stored)
 
     def logprobs_of(ids: list[int], lps: list | None) -> list | None:
         return logprob_items(core, ids, lps) if req.wants_logprobs else None
@@ -171,11 +181,11 @@ async def create_response(core: Ingress, request: Request) -> dict[str, Any] | S
         incomplete = choice.finish_reason == "length"
         output.feed(choice.text, final=True, incomplete=incomplete, logprobs=lps)
         final = body("incomplete" if output.incomplete else "completed")
-        keep(final)
+        await keep(final)
         return final
 
     if req.background:
-        return run_in_background(store, body, finish)
+        return await core.background.start(body, finish)
     if req.stream:
         return stream_response(deltas, output, body, keep, logprobs_of)
     return await finish()

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -23,6 +24,7 @@ from roundgate.deployment.openai.errors import APIError
 from roundgate.deployment.openai.tool_calls import ToolStream
 
 Event = dict[str, Any]
+logger = logging.getLogger(__name__)
 # ``body(status, error)``: the response object as it stands (output and usage once done).
 BodyOf = Callable[[str, dict[str, Any] | None], dict[str, Any]]
 
@@ -211,13 +213,14 @@ def stream_response(
     deltas: AsyncIterator[Delta],
     output: OutputItems,
     body: BodyOf,
-    on_done: Callable[[dict[str, Any]], None],
+    on_done: Callable[[dict[str, Any]], Awaitable[None]],
     logprobs_of: Callable[[list[int], list[Any] | None], list[Any] | None],
 ) -> StreamingResponse:
     """The Responses event stream: ``response.created`` and ``response.in_progress``, the
     items' events as text arrives, then ``response.completed`` (``response.incomplete`` when
     ``max_output_tokens`` ended it). An error after the headers went out travels as an
-    ``error`` event and ``response.failed``. ``on_done`` gets the final response;
+    ``error`` event and ``response.failed``. ``on_done`` stores the final response (a store
+    that fails it is logged: the client has its answer, a later GET of it is a 404);
     ``logprobs_of(token_ids, logprobs)``: a delta's logprobs in the Responses shape (None
     when not asked for)."""
     numbers = itertools.count()
@@ -244,7 +247,10 @@ def stream_response(
             yield sse(event)
         status = "incomplete" if output.incomplete else "completed"
         final_body = body(status, None)
-        on_done(final_body)
+        try:
+            await on_done(final_body)
+        except APIError as exc:
+            logger.warning("streamed response %s not stored: %s", final_body["id"], exc.message)
         yield sse({"type": f"response.{status}", "response": final_body})
 
     return StreamingResponse(events(), media_type="text/event-stream")
