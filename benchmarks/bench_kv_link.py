@@ -46,7 +46,7 @@ def _peer(rank: int, init: str, ns: dict[str, Any], out: Any) -> None:
             config.num_layers, pages, page_size, config.num_kv_heads, config.head_dim,
             torch.float32, torch.device("cpu"),
         )  # fmt: skip
-    link = KVLink(open_store(init, rank, 2, 60), rank, 2, "gloo", 60)
+    link = KVLink(open_store(init, 2, 60), rank, 2, "gloo", 60)
     rng = random.Random(ns["seed"])
     per_request = -(-ns["prompt_len"] // page_size)
     times, sizes = [], []

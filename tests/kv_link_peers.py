@@ -37,9 +37,10 @@ def run_peer(
 ) -> None:
     """For each cache layout (``latent`` or not), run ``steps`` in order over one link: each is
     ``{"send": [...], "dst_pages": [...]}`` seen from both ends (rank 0 sends, rank 1
-    receives); ``send: None`` sends a failure notice."""
+    receives); ``send: None`` sends a failure notice; ``{"header": [status, num_pages]}``
+    instead of ``send`` sends that header alone, as a broken or hostile peer would."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    store = open_store(init_method, link_rank, 2, 20)
+    store = open_store(init_method, 2, 20)
     link = KVLink(store, link_rank, 2, "gloo", timeout_s=20)
     tags = iter(range(1, 10_000))
     by_layout: dict[bool, list[Any]] = {}
@@ -48,6 +49,11 @@ def run_peer(
         results = by_layout[latent] = []
         for step in steps:
             tag = next(tags)
+            if link_rank == 0 and "header" in step:
+                header = torch.tensor(step["header"], dtype=torch.int64)
+                link.group.send([header], 1, tag).wait()
+                results.append(0)
+                continue
             if link_rank == 0:
                 pages = step["send"]
                 results.append(link.send(None if pages is None else cache, pages or [], 1, tag))

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from roundgate.actors.replica import group_wake
-from roundgate.actors.replica.group_wake import FifoWake, GroupWake, StoreWake
+from roundgate.actors.replica import group_wake, guarded_store
+from roundgate.actors.replica.group_wake import FifoWake, GroupWake, open_group_wake
+from roundgate.actors.replica.rendezvous import Meeting
 
 WORLD = 3
 # How long a test waits for a condition before failing (a deadline, not a speed): far below
@@ -25,11 +26,10 @@ def group(request: pytest.FixtureRequest, tmp_path) -> Iterator[list[GroupWake]]
     if request.param == "fifo":
         wakes: list[GroupWake] = [FifoWake("g1", r, WORLD, str(tmp_path)) for r in range(WORLD)]
         yield wakes
-    else:
-        import torch.distributed as dist
-
-        server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        wakes = [StoreWake("127.0.0.1", server.port, "roundgate/wake/g1") for _ in range(WORLD)]
+    else:  # a multi-node group's: rank 0's guarded store, reached with the group's token
+        server = guarded_store.serve("127.0.0.1", 0, DEADLINE_S)
+        meeting = Meeting(f"tcp://127.0.0.1:{server.port}", "gloo", guarded_store.new_token())
+        wakes = [open_group_wake(meeting, "g1", r, WORLD) for r in range(WORLD)]
         yield wakes
         del server
     for wake in wakes:

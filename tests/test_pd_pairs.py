@@ -89,9 +89,10 @@ def test_pairs_form_on_demand_and_outlive_a_restarted_prefill_rank(host: str | N
 
         # A published process that never forms its end (it hung): that transfer fails alone,
         # within the link's timeout, and the next one with the live process arrives.
+        live = live_record(server, p2)
         TorchStore(server).put(
             presence_key(SPEC.link_id, DisaggregationRole.PREFILL, 0),
-            Presence("hung", second_init(server, p2)).encode(),
+            Presence("hung", live.init_method, live.token).encode(),
         )
         decode.order("hung", [1], 5)
         what, why = answer(out, "decode")
@@ -106,12 +107,12 @@ def test_pairs_form_on_demand_and_outlive_a_restarted_prefill_rank(host: str | N
         with_empty(out)
 
 
-def second_init(server: dist.TCPStore, incarnation: str) -> str:
-    """The live prefill process's meeting point, read from its record."""
+def live_record(server: dist.TCPStore, incarnation: str) -> Presence:
+    """The live prefill process's record: where its pairs meet, and its token."""
     text = TorchStore(server).get(presence_key(SPEC.link_id, DisaggregationRole.PREFILL, 0))
     record = Presence.decode(text or "")
     assert record.incarnation == incarnation
-    return record.init_method
+    return record
 
 
 def with_empty(out: Any) -> None:

@@ -153,7 +153,7 @@ class ElasticMembership:
         """What a new epoch resets (on the engine thread, or before rounds start)."""
         assert self.gather is not None
         channel = open_group_wake(
-            self.gather.meeting.init_method,
+            self.gather.meeting,
             f"{epoch.group}-e{epoch.number}",
             epoch.rank,
             epoch.world_size,

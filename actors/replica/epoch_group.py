@@ -9,7 +9,6 @@ destroyed, for the same reason).
 
 from __future__ import annotations
 
-import json
 import time
 
 from roundgate.actors.replica import rendezvous
@@ -32,8 +31,7 @@ def form_group(
     key = meeting_key(epoch)
     if epoch.rank == 0:
         meeting = rendezvous.choose_meeting(f"{epoch.group}-e{epoch.number}", backend, host)
-        value = json.dumps({"init_method": meeting.init_method, "backend": backend})
-        store.put_if_absent(key, value)
+        store.put_if_absent(key, meeting.encode())
     deadline = time.monotonic() + timeout_s
     while (value := store.get(key)) is None:
         if time.monotonic() >= deadline:
@@ -42,8 +40,7 @@ def form_group(
                 f"in {timeout_s:g}s"
             )
         time.sleep(POLL_S)
-    obj = json.loads(value)
-    meeting = rendezvous.Meeting(obj["init_method"], obj["backend"])
+    meeting = rendezvous.Meeting.decode(value)
     leave_group()
     rendezvous.join(meeting, epoch.rank, epoch.world_size, timeout_s)
     return meeting

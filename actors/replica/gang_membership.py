@@ -53,7 +53,7 @@ class GangMembership:
         else:
             meeting = await asyncio.to_thread(rendezvous.lookup, gang_id, timeout)
         await asyncio.to_thread(rendezvous.join, meeting, rank, world_size, timeout)
-        wake = GroupPause(open_group_wake(meeting.init_method, gang_id, rank, world_size))
+        wake = GroupPause(open_group_wake(meeting, gang_id, rank, world_size))
         return cls(rank, world_size, gang_id, device, wake)
 
     @property

@@ -14,8 +14,9 @@ Two transports, both a blocking wait with no polling:
 
 - ``FifoWake`` (single node): one named pipe per rank in the temp directory. No socket at all,
   as the file rendezvous of single-node groups.
-- ``StoreWake`` (multi-node): keys in a ``torch.distributed`` TCP store on rank 0's node;
-  ``wait`` blocks in the store server.
+- ``StoreWake`` (multi-node): keys in the group's guarded TCP store on rank 0's node
+  (``guarded_store``: its address only, behind the group's token); ``wait`` blocks in the
+  store server.
 """
 
 from __future__ import annotations
@@ -28,10 +29,19 @@ import tempfile
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from roundgate.actors.replica import guarded_store
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
+
+    from roundgate.actors.replica.rendezvous import Meeting
 
 # How often a paused rank looks at its stop flag (the replica is shutting down).
 STOP_CHECK_S = 1.0
+# How long a rank's wake clients try to reach rank 0's store (it is up: the group has met).
+CONNECT_S = 300.0  # torch's own default for a store client
 
 
 class GroupWake(Protocol):
@@ -116,15 +126,13 @@ class StoreWake:
     """Keys in a TCP store: ``wake`` sets ``{prefix}/{epoch}``, ``wait`` blocks on it.
 
     The store's client serializes its calls, and a ``wait`` holds it until the key shows up,
-    so waking (any thread) goes through a client of its own.
+    so waking (any thread) goes through a client of its own: ``waiter`` and ``waker`` are two
+    clients of the same store (each behind the group's token when served).
     """
 
-    def __init__(self, host: str, port: int, prefix: str) -> None:
-        import torch.distributed as dist
-
+    def __init__(self, waiter: Store, waker: Store, prefix: str) -> None:
         self.prefix = prefix
-        self._waiter = dist.TCPStore(host, port, is_master=False, wait_for_workers=False)
-        self._waker = dist.TCPStore(host, port, is_master=False, wait_for_workers=False)
+        self._waiter, self._waker = waiter, waker
         self._lock = threading.Lock()
 
     def _key(self, epoch: int) -> str:
@@ -148,13 +156,19 @@ class StoreWake:
         """Nothing to release: the clients close with the process."""
 
 
-def open_group_wake(init_method: str, gang_id: str, rank: int, world_size: int) -> GroupWake:
-    """The wake of a group that met at ``init_method`` (``file://``: one node; ``tcp://``:
-    rank 0's store, which also serves the wake keys)."""
-    if init_method.startswith("file://"):
+def open_group_wake(meeting: Meeting, gang_id: str, rank: int, world_size: int) -> GroupWake:
+    """The wake of a group that met at ``meeting`` (``file://``: one node; ``tcp://``: rank
+    0's guarded store, which also serves the wake keys, to the group's token only)."""
+    if meeting.init_method.startswith("file://"):
         return FifoWake(gang_id, rank, world_size)
-    host, _, port = init_method.removeprefix("tcp://").rpartition(":")
-    return StoreWake(host, int(port), f"roundgate/wake/{gang_id}")
+    host, port = guarded_store.split_tcp(meeting.init_method)
+    # A wait may block for as long as the group stays idle: the clients' own timeout only
+    # bounds connecting (each wait passes its own).
+    waiter, waker = (
+        guarded_store.guard(guarded_store.connect(host, port, CONNECT_S), meeting.token)
+        for _ in range(2)
+    )
+    return StoreWake(waiter, waker, f"roundgate/wake/{gang_id}")
 
 
 class StopFlag(Protocol):

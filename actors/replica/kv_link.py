@@ -14,6 +14,11 @@ and, when the status is ``OK``, the pages ``[parts, layers, pages, page_size, he
 cannot send (its pages are gone, an injected fault) sends the header alone with ``FAILED``,
 so the receiver learns it at once instead of waiting out the timeout, and the pair stays in
 step for the next transfer.
+
+The receiver trusts a header no further than its own reservation: an unknown status, a
+negative count or more pages than it reserved fails that transfer before anything is
+allocated (a peer's header never sizes a buffer beyond what the request reserved), and the
+rank goes on with its other transfers.
 """
 
 from __future__ import annotations
@@ -74,9 +79,16 @@ class KVLink:
     """This rank's end of the P/D link: send pages to a peer, or receive them into pages."""
 
     def __init__(
-        self, store: dist.Store, link_rank: int, world_size: int, backend: str, timeout_s: float
+        self,
+        store: dist.Store,
+        link_rank: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+        *,
+        name: str = "KV link",
     ) -> None:
-        self.link_rank, self.world_size = link_rank, world_size
+        self.link_rank, self.world_size, self.name = link_rank, world_size, name
         self.timeout = timedelta(seconds=timeout_s)
         if backend == "gloo":
             options = dist.ProcessGroupGloo._Options()
@@ -112,20 +124,33 @@ class KVLink:
     def receive(self, cache: PagedKVCache, page_ids: Sequence[int], src: int, tag: int) -> int:
         """Receive ``len(page_ids)`` pages from link rank ``src`` into ``page_ids`` of
         ``cache``; returns the bytes. ``TransferFailed`` when the sender reports a failure,
-        sends another page count, or nothing arrives within the link's timeout."""
+        sends a header its reservation does not allow, another page count, or nothing arrives
+        within the link's timeout."""
         header = self._header(0, 0)
         self._wait(self.group.recv([header], src, tag), "receive", src, tag)
         status, count = (int(x) for x in header.tolist())
-        if status != OK:
-            raise TransferFailed(f"link rank {src} could not send the KV pages (tag {tag})")
+        reserved = len(page_ids)
+        if status == FAILED:
+            raise TransferFailed(
+                f"{self.name}: link rank {src} could not send the KV pages (tag {tag})"
+            )
+        if status != OK or not 0 <= count <= reserved:
+            # Refused before allocating: the payload (if the peer sends one) is left
+            # unreceived, and only that sender's transfer waits out its timeout.
+            raise TransferFailed(
+                f"{self.name}: refused link rank {src}'s header (status {status}, {count} "
+                f"pages) for {reserved} reserved pages (tag {tag}): "
+                + ("unknown status" if status != OK else "page count out of range")
+            )
         shape = PageShape.of(cache)
         payload = torch.empty(shape.payload(count), dtype=shape.dtype, device=self.device)
-        # Taken even when the count is wrong: a payload left unreceived would hold the
-        # sender until its timeout.
+        # Taken even when the count is short: a payload left unreceived would hold the
+        # sender until its timeout (its size is within the reservation).
         self._wait(self.group.recv([payload], src, tag), "receive", src, tag)
-        if count != len(page_ids):
+        if count != reserved:
             raise TransferFailed(
-                f"link rank {src} sent {count} pages, {len(page_ids)} were reserved (tag {tag})"
+                f"{self.name}: link rank {src} sent {count} pages, {reserved} were reserved "
+                f"(tag {tag})"
             )
         cache.write_pages(page_ids, payload)
         return payload.numel() * payload.element_size()
@@ -138,16 +163,15 @@ class KVLink:
             work.wait(self.timeout)
         except Exception as exc:  # gloo raises RuntimeError on a timeout or a closed peer
             raise TransferFailed(
-                f"KV {verb} with link rank {peer} (tag {tag}) failed: {exc}"
+                f"{self.name}: KV {verb} with link rank {peer} (tag {tag}) failed: {exc}"
             ) from exc
 
 
-def open_store(init_method: str, link_rank: int, world_size: int, timeout_s: float) -> dist.Store:
-    """The link's rendezvous store: a file on one node, or TCP on link rank 0's node."""
-    timeout = timedelta(seconds=timeout_s)
-    if init_method.startswith("file://"):
-        store: dist.Store = dist.FileStore(init_method[len("file://") :], world_size)
-        store.set_timeout(timeout)
-        return store
-    host, port = init_method[len("tcp://") :].rsplit(":", 1)
-    return dist.TCPStore(host, int(port), world_size, link_rank == 0, timeout)
+def open_store(init_method: str, world_size: int, timeout_s: float) -> dist.Store:
+    """A link's store for tests and benchmarks on one host: a file (``file://``). Served
+    pairs meet in the prefill process's guarded store (``pd_pairs``)."""
+    if not init_method.startswith("file://"):
+        raise ValueError(f"open_store takes a file:// init method, got {init_method!r}")
+    store = dist.FileStore(init_method[len("file://") :], world_size)
+    store.set_timeout(timedelta(seconds=timeout_s))
+    return store

@@ -11,9 +11,11 @@ This is how KV-transfer libraries connect too (Mooncake, NIXL: point to point pe
 
 Presence: every process publishes a record under the link id, its role and its rank in the
 rendezvous store (Ray's KV store when served): its incarnation, and for a prefill process
-where its pairs meet (a file prefix when the deployment is on one node, its own TCP store
-otherwise). A decode rank reads the record of the prefill rank that made a handoff before it
-asks for the pages: a record of another incarnation means the process that held them is gone
+where its pairs meet (a file prefix when the deployment is on one node, otherwise its own
+guarded TCP store: on its node's address only, every key behind a token drawn by the process
+and published in that record, so only a reader of Ray's KV can form a pair with it). A
+decode rank reads the record of the prefill rank that made a handoff before it asks for the
+pages: a record of another incarnation means the process that held them is gone
 (``SourceLost``), which the ingress treats as a lost rank (the request is prefilled again),
 not as the request's own failure.
 
@@ -32,10 +34,11 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch.distributed as dist
 
+from roundgate.actors.replica import guarded_store
 from roundgate.actors.replica.kv_link import KVLink, TransferFailed
 from roundgate.actors.replica.pd_messages import LinkSpec
 from roundgate.actors.role import DisaggregationRole
@@ -59,10 +62,12 @@ class SourceLost(TransferFailed):
 
 @dataclass(frozen=True, slots=True)
 class Presence:
-    """One link member's record: its process's incarnation and (prefill) where pairs meet."""
+    """One link member's record: its process's incarnation and (prefill) where pairs meet,
+    with the token its store asks of them (TCP)."""
 
     incarnation: str
     init_method: str = ""
+    token: str = ""
 
     def encode(self) -> str:
         return json.dumps(asdict(self))
@@ -101,21 +106,20 @@ class LinkPairs:
         self._pairs: dict[int, tuple[str, KVLink]] = {}
         self._locks: dict[int, threading.Lock] = {}
         self._guard = threading.Lock()
-        self._server: dist.Store | None = None
-        self._clients: dict[str, dist.Store] = {}
-        init_method = ""
+        self._server: dist.Store | None = None  # the prefill end's store, behind its token
+        self._clients: dict[tuple[str, str], dist.Store] = {}  # by (address, token)
+        init_method, token = "", ""
         if role is DisaggregationRole.PREFILL:
             if host is None:  # one node: pairs meet through files, no listening socket
                 init_method = "file://" + os.path.join(
                     tempfile.gettempdir(), f"roundgate-pd-{spec.link_id}-{self.incarnation}"
                 )
             else:
-                timeout = timedelta(seconds=timeout_s)
-                self._server = dist.TCPStore(
-                    host, 0, None, True, timeout, wait_for_workers=False, use_libuv=True
-                )
-                init_method = f"tcp://{host}:{self._server.port}"
-        self.presence = Presence(self.incarnation, init_method)
+                token = guarded_store.new_token()
+                server = guarded_store.serve(host, 0, timeout_s)
+                self._server = guarded_store.guard(server, token)
+                init_method = f"tcp://{host}:{server.port}"
+        self.presence = Presence(self.incarnation, init_method, token)
         store.put(presence_key(spec.link_id, role, rank), self.presence.encode())
 
     @property
@@ -190,30 +194,34 @@ class LinkPairs:
     def _form(self, peer_rank: int, peer_incarnation: str) -> KVLink:
         if self.role is DisaggregationRole.PREFILL:
             prefill, decode = (self.rank, self.incarnation), (peer_rank, peer_incarnation)
-            init_method = self.presence.init_method
+            meets = self.presence
         else:
             prefill, decode = (peer_rank, peer_incarnation), (self.rank, self.incarnation)
-            init_method = self.current(peer_rank, peer_incarnation).init_method
+            meets = self.current(peer_rank, peer_incarnation)
         pair = f"p{prefill[0]}.{prefill[1]}-d{decode[0]}.{decode[1]}"
         me = PREFILL_END if self.role is DisaggregationRole.PREFILL else DECODE_END
-        return KVLink(self._pair_store(init_method, pair), me, 2, self.backend, self.timeout_s)
+        store = self._pair_store(meets, pair)
+        return KVLink(store, me, 2, self.backend, self.timeout_s, name=f"pair {pair}")
 
-    def _pair_store(self, init_method: str, pair: str) -> Any:
-        timeout = timedelta(seconds=self.timeout_s)
+    def _pair_store(self, meets: Presence, pair: str) -> dist.Store:
+        """The pair's store: its own file (one node), or its keys in the prefill process's
+        guarded store, reached with the token of the record the pair was formed from."""
+        init_method = meets.init_method
         if init_method.startswith("file://"):
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
             store = dist.FileStore(f"{init_method[len('file://') :]}-{pair}", 2)
-            store.set_timeout(timeout)
+            store.set_timeout(timedelta(seconds=self.timeout_s))
             return store
         if self._server is not None:
             base: dist.Store = self._server
         else:
             with self._guard:  # one client per prefill process, shared by its pairs
-                base = self._clients.get(init_method)
+                base = self._clients.get((init_method, meets.token))
                 if base is None:
-                    host, port = init_method[len("tcp://") :].rsplit(":", 1)
-                    base = dist.TCPStore(host, int(port), None, False, timeout)
-                    self._clients[init_method] = base
+                    host, port = guarded_store.split_tcp(init_method)
+                    client = guarded_store.connect(host, port, self.timeout_s)
+                    base = guarded_store.guard(client, meets.token)
+                    self._clients[(init_method, meets.token)] = base
         return dist.PrefixStore(pair + "/", base)
 
     @property
