@@ -35,7 +35,12 @@ async def create_chat_completion(
     req = await core.read_request(request, ChatRequest, body)
     # ``tool_choice: none``: the tools are neither rendered nor parsed.
     tools = None if req.tool_choice == "none" else req.tools
-    ids = req.truncated(chat_prompt_ids(core.tokenizer, req.messages, tools, chat_options(req)))
+    # Rendered on a prepare thread: a Jinja render holds whatever thread runs it, and the
+    # loop drives every other stream of this replica (``roundgate.deployment.openai.prepare``).
+    rendered = await core.prepare.run(
+        chat_prompt_ids, core.tokenizer, req.messages, tools, chat_options(req)
+    )
+    ids = req.truncated(rendered)
     max_tokens = req.max_completion_tokens or req.max_tokens
     rid, created = new_request_id(), int(time.time())
     check_beam_request(req)

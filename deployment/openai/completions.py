@@ -19,6 +19,7 @@ from roundgate.deployment.openai.logprobs import (
     logprob_texts,
     vllm_prompt_logprobs,
 )
+from roundgate.deployment.openai.prompt_limits import check_prompt_count, num_prompts_of
 from roundgate.deployment.openai.protocol import CompletionRequest
 from roundgate.deployment.openai.sse import drain, stream
 from roundgate.deployment.serve_context import new_request_id
@@ -30,7 +31,13 @@ async def create_completion(
     """The route's body: each prompt's ids, one rank request per prompt, the answer
     (``body``: the JSON when ``/invocations`` has read it already)."""
     req = await core.read_request(request, CompletionRequest, body)
-    prompts = [req.truncated(ids) for ids in prompt_ids(req, core.tokenizer)]
+    # Counted before any prompt is tokenized; tokenized on a prepare thread, off the loop that
+    # drives this replica's other streams (``roundgate.deployment.openai.prepare``).
+    cap = core.app_args.max_prompts_per_request
+    check_prompt_count(num_prompts_of(req.prompt), req.n, cap, "prompt")
+    prompts = [
+        req.truncated(ids) for ids in await core.prepare.run(prompt_ids, req, core.tokenizer)
+    ]
     # ``max_tokens: 0`` scores the prompt: the rank generates one token, which is dropped.
     max_tokens = 1 if req.max_tokens == 0 else (req.max_tokens or 16)
     rid, created = new_request_id(), int(time.time())
@@ -41,7 +48,7 @@ async def create_completion(
     else:
         choices, deltas = core.generate_each(rid, prompts, req, max_tokens, "prompt")
     # After ``generate_each``'s checks: an id outside the vocabulary is a 400, not a decode error.
-    echoes = echo_texts(req, prompts, core.tokenizer) if req.echo else None
+    echoes = await core.prepare.run(echo_texts, req, prompts, core.tokenizer) if req.echo else None
     texts = core.token_texts
     named = logprob_texts(texts, req.return_tokens_as_token_ids)  # how logprobs name tokens
 

@@ -49,13 +49,16 @@ class DetokenizeRequest(BaseModel):
 
 
 async def tokenize_route(core: Ingress, request: Request) -> dict[str, Any]:
-    """The ``/tokenize`` route's body."""
-    return tokenize(core, await core.read_request(request, TokenizeRequest))
+    """The ``/tokenize`` route's body, rendered and tokenized on a prepare thread (off the
+    loop that drives this replica's streams: ``roundgate.deployment.openai.prepare``)."""
+    req = await core.read_request(request, TokenizeRequest)
+    return await core.prepare.run(tokenize, core, req)
 
 
 async def detokenize_route(core: Ingress, request: Request) -> dict[str, Any]:
-    """The ``/detokenize`` route's body."""
-    return detokenize(core, await core.read_request(request, DetokenizeRequest))
+    """The ``/detokenize`` route's body, decoded on a prepare thread."""
+    req = await core.read_request(request, DetokenizeRequest)
+    return await core.prepare.run(detokenize, core, req)
 
 
 def tokenize(core: Ingress, req: TokenizeRequest) -> dict[str, Any]:
