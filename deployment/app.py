@@ -79,7 +79,6 @@ class OpenAIServer:
         if hasattr(self, "core"):
             self.core.metrics.close()
             self.core.prepare.close()
-            self.core.prepare.close()
 
     @api.get("/health")
     async def health(self) -> dict[str, Any]:

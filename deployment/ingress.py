@@ -33,7 +33,6 @@ from roundgate.deployment.openai.errors import APIError
 from roundgate.deployment.openai.grammar_limits import GrammarLimits, check_grammar
 from roundgate.deployment.openai.logprobs import TokenTexts
 from roundgate.deployment.openai.prepare import Preparer
-from roundgate.deployment.openai.prepare import Preparer
 from roundgate.deployment.openai.protocol import parse
 from roundgate.deployment.openai.responses_background import BackgroundResponses
 from roundgate.deployment.openai.sampling import GenerateBody, check_logprobs, sampling_params
@@ -136,7 +135,6 @@ class Ingress:
         # the resumed tokens to the decode rank (docs/fault-tolerance.md).
         self.resume_policy = ResumePolicy()
         self.token_texts = TokenTexts(self.tokenizer)
-        self.prepare = Preparer()  # renders and tokenizations, off the event loop
         self.prepare = Preparer()  # renders and tokenizations, off the event loop
         self.grammar_limits = GrammarLimits(
             **{f.name: getattr(self.app_args, f.name) for f in fields(GrammarLimits)}
