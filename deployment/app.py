@@ -187,6 +187,10 @@ def build_app(args: dict[str, Any]) -> Application:
         name="OpenAIServer",
         num_replicas=cfg.ingress_replicas,
         max_ongoing_requests=cfg.max_ongoing_requests,
+        # Bounded at the proxies, not on the ingress's handle to the ranks: a rank handle's
+        # backpressure error inside the ingress would read as a group failure (a 503 for
+        # everyone while the group "restarts"), the proxy's is this request's 503 alone.
+        max_queued_requests=cfg.max_queued_requests,
         ray_actor_options={
             "num_cpus": INGRESS_CPUS,
             **({"resources": resources} if resources else {}),

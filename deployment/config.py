@@ -112,6 +112,13 @@ class AppArgs(RouterArgs):
         1024, ge=1, description="requests one replica (ingress or rank) holds at once"
     )
     ingress_replicas: int = Field(1, ge=1, description="OpenAI front-door replicas")
+    max_queued_requests: int = Field(
+        -1,
+        ge=-1,
+        description="requests each HTTP proxy queues for the ingress once every ingress "
+        "replica holds max_ongoing_requests; past it a request is a 503 at once (Serve's "
+        "backpressure). -1: no limit",
+    )
     max_background_responses: int = Field(
         100,
         ge=1,
@@ -179,6 +186,11 @@ class AppArgs(RouterArgs):
         except TypeError as exc:
             raise ValueError(f"bad engine arguments: {exc}") from exc
         self._server_args = args
+        if self.max_queued_requests == 0:
+            raise ValueError(
+                "max_queued_requests must be -1 (no limit) or >= 1; 0 would refuse every "
+                "request that waits"
+            )
         _check_resources("resources_per_rank", self.resources_per_rank)
         _check_resources("ingress_resources", self.ingress_resources)
         if self.autoscaling is not None:

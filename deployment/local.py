@@ -45,6 +45,10 @@ def load_config(path: Path) -> dict[str, Any]:
     apps = (cfg or {}).get("applications") or []
     if len(apps) != 1 or "args" not in apps[0]:
         raise ValueError(f"--config {path}: expected one application with args")
+    try:
+        http_options(cfg)  # refused here, before Ray starts
+    except ValueError as exc:
+        raise ValueError(f"--config {path}: {exc}") from exc
     return cfg
 
 
@@ -162,7 +166,6 @@ def deploy(
     already built, else built here)."""
     from ray import serve
 
-    http = cfg.get("http_options") or {}
     app_cfg = cfg["applications"][0]
     if app is None:
         app = build(cfg, overrides)
@@ -170,7 +173,7 @@ def deploy(
         # The config's proxies (``HeadOnly``: one HTTP door, on the head node; Serve's default
         # puts one on every node, so a lost node would drop the connections it took).
         proxy_location=cfg.get("proxy_location"),
-        http_options={"host": http.get("host", "127.0.0.1"), "port": int(http.get("port", 8000))},
+        http_options=http_options(cfg),
     )
     return serve.run(
         app,
@@ -178,6 +181,25 @@ def deploy(
         route_prefix=app_cfg.get("route_prefix", "/"),
         blocking=blocking,
     )
+
+
+def http_options(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Serve's HTTP options from the config's ``http_options``: host, port, and the request
+    timeout (``request_timeout_s``: seconds after which the proxy ends a request, a stream
+    included, with a 408; absent: none), checked here so a bad value names its key."""
+    http = cfg.get("http_options") or {}
+    options: dict[str, Any] = {
+        "host": http.get("host", "127.0.0.1"),
+        "port": int(http.get("port", 8000)),
+    }
+    timeout = http.get("request_timeout_s")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(
+                f"http_options.request_timeout_s must be a number of seconds > 0, got {timeout!r}"
+            )
+        options["request_timeout_s"] = float(timeout)
+    return options
 
 
 def config_url(cfg: dict[str, Any]) -> str:
