@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from test_group_wake import ONE_CYCLE_S, one_cycle
 
-from roundgate.actors.replica import guarded_store, rendezvous
+from roundgate.actors.replica import group_wake, guarded_store, rendezvous
 from roundgate.actors.replica.group_wake import open_group_wake
 from roundgate.actors.replica.kv_link import KVLink, TransferFailed
 from roundgate.actors.replica.membership import TorchStore
@@ -130,7 +131,8 @@ def test_the_store_keeps_the_groups_keys_from_an_outsider() -> None:
     assert not wrong.check(["roundgate/x"])  # a guessed token names other keys
 
 
-def test_an_outsider_can_neither_wake_nor_watch_the_group() -> None:
+def test_an_outsider_can_neither_wake_nor_watch_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(group_wake, "STOP_CHECK_S", ONE_CYCLE_S)
     server = guarded_store.serve(NODE_IP, 0, DEADLINE_S)
     meeting = rendezvous.Meeting(
         f"tcp://{NODE_IP}:{server.port}", "gloo", guarded_store.new_token()
@@ -144,20 +146,6 @@ def test_an_outsider_can_neither_wake_nor_watch_the_group() -> None:
     assert stranger.get("roundgate/wake/g/1") == b"1"  # its own key, not the group's
     rank1.wake(2)
     assert not stranger.check(["roundgate/wake/g/2"])  # a member's wake is not visible
-
-
-def one_cycle(wake: Any, epoch: int) -> bool:
-    """One wait of pause ``epoch`` that gives up at its first stop check: True only if a
-    wake for it is already there (``StoreWake.wait`` finds a present key at once)."""
-
-    class StopAfterOne(threading.Event):
-        reads = 0
-
-        def is_set(self) -> bool:
-            self.reads += 1
-            return self.reads > 1
-
-    return wake.wait(epoch, StopAfterOne())
 
 
 def test_a_prefill_store_forms_pairs_with_members_only() -> None:
@@ -191,7 +179,7 @@ def test_a_prefill_store_forms_pairs_with_members_only() -> None:
 
     # A decode rank that read the prefill's record (token included) forms its pair.
     decode = LinkPairs(spec, DisaggregationRole.DECODE, 0, presence, timeout_s=DEADLINE_S)
-    prefill.timeout_s = DEADLINE_S
+    prefill.timeout_s = DEADLINE_S  # the outsider's wait is over: members get the full bound
     formed: dict[str, Any] = {}
     ends = [
         threading.Thread(target=lambda: formed.update(p=prefill.pair_with(0, decode.incarnation))),
