@@ -17,6 +17,7 @@ serve config's keys (``engine_arg_names``) are derived from it.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from roundgate.actors import kv_budget
+from roundgate.actors.control.speculative_config import SpeculativeConfig, check_speculative
 from roundgate.actors.expert_flags import check_expert_flags
 from roundgate.actors.model.config import ModelConfig
 from roundgate.actors.model.resolve import resolve_model_config
@@ -105,6 +107,12 @@ class ServerArgs:
         DisaggregationRole.FUSED,
         choices=DISAGGREGATION_MODES,
     )
+    speculative_config: str | None = _flag(
+        'speculative decoding, vLLM\'s JSON: {"method": "ngram", '
+        '"num_speculative_tokens": k, "prompt_lookup_min": .., "prompt_lookup_max": ..} '
+        "(docs/speculative.md); a serve config may give the object itself",
+        None,
+    )
     handoff_timeout_s: float = _flag(
         "prefill role: a handoff no decode rank has asked for after this many seconds is "
         "released, its pages unpinned (its ingress died or left it); a decode rank asking "
@@ -180,6 +188,8 @@ class ServerArgs:
     prefill_policy_name: str = field(init=False, compare=False, repr=False)
     policy_config: object = field(init=False, compare=False, repr=False)
     model_config: ModelConfig = field(init=False, compare=False, repr=False)
+    # ``speculative_config`` parsed (None: no speculation).
+    speculative: SpeculativeConfig | None = field(init=False, compare=False, repr=False)
 
     def __init__(self, **values: Any) -> None:
         given = dict(values.pop("policy_flags", None) or {})
@@ -256,6 +266,10 @@ class ServerArgs:
         self._validate_policy()
         object.__setattr__(self, "max_model_len", self._context_length())
         check_expert_flags(self)
+        speculative = check_speculative(self.speculative_config, self.disaggregation_mode)
+        object.__setattr__(self, "speculative", speculative)
+        if isinstance(self.speculative_config, Mapping):  # a serve config's object, as text
+            object.__setattr__(self, "speculative_config", json.dumps(self.speculative_config))
         self._size_kv_pool()
         if self.chat_template is not None and not Path(self.chat_template).is_file():
             raise ValueError(f"--chat-template {self.chat_template}: no such file")

@@ -37,11 +37,16 @@ PROMPTS = [
 
 
 def llamacpp_command(
-    port: int, threads: int, slots: int | None = None, f32_cache: bool = False
+    port: int,
+    threads: int,
+    slots: int | None = None,
+    f32_cache: bool = False,
+    spec_ngram: int = 0,
 ) -> list[str]:
     """llama.cpp's server (``llamacpp_server.py`` in its own venv) on the default model's GGUF:
     ``slots`` concurrent requests with 512 tokens of context each (None: the script's
-    defaults); ``f32_cache``: a float32 KV cache."""
+    defaults); ``f32_cache``: a float32 KV cache; ``spec_ngram``: its n-gram speculation
+    with that many drafts."""
     command = [
         str(LLAMACPP_PYTHON),
         str(SERVER_SCRIPT),
@@ -53,4 +58,6 @@ def llamacpp_command(
     ]
     if slots is not None:
         command += ["--parallel", str(slots), "--ctx", str(slots * 512)]
+    if spec_ngram:
+        command += ["--spec-ngram", str(spec_ngram)]
     return command + (["--f32-cache"] if f32_cache else [])

@@ -294,6 +294,27 @@ def _experts() -> list[Panel]:
     ]
 
 
+def _speculative() -> list[Panel]:
+    by = "group, dp_rank"
+    drafts = rate("roundgate_spec_decode_draft_tokens_total", RANK, by)
+    accepted = rate("roundgate_spec_decode_accepted_tokens_total", RANK, by)
+    verifies = rate("roundgate_spec_decode_verifies_total", RANK, by)
+    return [
+        ratio_graph(
+            "Draft acceptance rate",
+            "Per rank: the share of draft tokens verification kept (--speculative-config). "
+            "Low on plain chat (little to copy), high on answers that repeat their prompt.",
+            [(f"{accepted} / {drafts}", "{{group}} rank {{dp_rank}}")],
+        ),
+        graph(
+            "Tokens per verification",
+            "Per rank: tokens one verifying decode yields, the kept drafts plus its own one "
+            "(1 = speculation bought nothing; at most num_speculative_tokens + 1).",
+            [(f"1 + {accepted} / {verifies}", "{{group}} rank {{dp_rank}}")],
+        ),
+    ]
+
+
 def build() -> Dashboard:
     """The gate dashboard builder."""
     return dashboard(
@@ -306,5 +327,6 @@ def build() -> Dashboard:
             ("Ranks", _ranks()),
             ("Round time", _round_time()),
             ("Experts (EPLB)", _experts()),
+            ("Speculative decoding", _speculative()),
         ],
     )

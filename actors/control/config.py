@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from roundgate.actors.control.speculative_config import SpeculativeConfig
 from roundgate.actors.role import DisaggregationRole
 
 
@@ -49,6 +50,8 @@ class SchedulerConfig:
     # Decodes and prefill chunks in one round (else a round with prefill runs it alone).
     enable_mixed_prefill_decode: bool = False
     disaggregation_mode: DisaggregationRole = DisaggregationRole.FUSED
+    # Speculative decoding's drafts (None: every decode is one token).
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -70,6 +73,7 @@ class SchedulerConfig:
             enable_prefix_caching=args.enable_prefix_caching,
             enable_mixed_prefill_decode=args.enable_mixed_prefill_decode,
             disaggregation_mode=args.disaggregation_mode,
+            speculative=getattr(args, "speculative", None),
         )
 
     def replace(self, **changes: Any) -> SchedulerConfig:

@@ -114,6 +114,26 @@ class KVPool:
             return True
         return self.extend(owner, num_tokens) is not None
 
+    def truncate(self, owner: Hashable, num_tokens: int) -> int:
+        """Give back ``owner``'s pages past those ``num_tokens`` tokens need (a verification
+        that rejected drafts written into them); returns how many. Only the owner's own
+        unkeyed tail can go: a page holding a rejected draft's K/V was never keyed."""
+        pages = self._owned.get(owner)
+        if pages is None:
+            return 0
+        keep = self.pages_for(num_tokens)
+        refs = self._refs
+        dropped = 0
+        while len(pages) > keep:
+            page = pages[-1]
+            if refs[page] != 1 or page in self._key_of:
+                break  # shared or keyed: it holds real tokens; leave it
+            pages.pop()
+            refs[page] = 0
+            self._free.append(page)
+            dropped += 1
+        return dropped
+
     def free(self, owner: Hashable) -> int:
         """Let go of all of ``owner``'s pages; returns how many it held.
 

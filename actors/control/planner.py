@@ -19,6 +19,7 @@ from roundgate.actors.control.prefix_cache import PrefixCache
 from roundgate.actors.control.queues import RequestQueues
 from roundgate.actors.control.request import Request, RequestStatus
 from roundgate.actors.control.round import RoundPlan, ScheduledChunk
+from roundgate.actors.control.speculation import Speculator
 from roundgate.actors.role import DisaggregationRole
 from roundgate.gate.permission import ALLOW_ALL, Permission
 
@@ -56,6 +57,12 @@ class RoundPlanner:
         # The rank's KV connector; on a decode rank its reservations replace prefill.
         self.connector = connector
         self.is_decode_rank = config.disaggregation_mode is DisaggregationRole.DECODE
+        # Draft tokens for decodes (speculative decoding), or None.
+        self.speculator = (
+            Speculator(config.speculative, config.max_model_len)
+            if config.speculative is not None
+            else None
+        )
         self.num_retractions = 0
         # New-prompt and chunk counts of recent prefill rounds (SGLang's max_prefill_bs).
         self.prefill_sizes: deque[int] = deque(maxlen=PREFILL_SIZE_WINDOW)
@@ -142,6 +149,7 @@ class RoundPlanner:
         # ScheduledChunk(...) without its keyword-parsing __new__: one is built per decode per
         # round, a visible share of the rank-round (benchmarks/bench_control_plane.py).
         make_chunk = tuple.__new__
+        speculator = self.speculator
         used = 0
         i = 0
         num_running = len(running)  # changes only by retraction, in the slow branch below
@@ -173,9 +181,18 @@ class RoundPlanner:
                 num_running = len(running)
                 if req.status is _RETRACTED:
                     break
-            append(make_chunk(ScheduledChunk, (req, computed, 1, False)))
+            num_tokens = 1
+            if speculator is not None:
+                # Drafts ride in the decode chunk (verified by the same forward), only where
+                # the budget and the pool have room for them: never a retraction for a draft.
+                drafts = speculator.drafts_for(req, budget - used - 1)
+                if drafts and not grow(req.request_id, need + len(drafts)):
+                    drafts = ()
+                req.drafts = drafts
+                num_tokens += len(drafts)
+            append(make_chunk(ScheduledChunk, (req, computed, num_tokens, False)))
             req.num_computed_tokens = computed + 1
-            used += 1
+            used += num_tokens
             i += 1
         return used
 

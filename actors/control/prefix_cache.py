@@ -115,6 +115,18 @@ class PrefixCache:
             for i in range(first, last):
                 register(pages[i], keys[i])
 
+    def keep_decoded_pages(self, req: Request, since: int) -> None:
+        """Key every page a verification filled: those whose last token lies in
+        ``[since, req.num_computed_tokens)`` (one round may accept tokens across several
+        page boundaries, which ``keep_last_page`` would not see)."""
+        page_size = self.pool.page_size
+        first, last = since // page_size, req.num_computed_tokens // page_size
+        if first == last or len(req.page_ids) < last:
+            return
+        keys = extend_keys(req.page_keys, req.token_ids, last * page_size, page_size)
+        for i in range(first, last):
+            self.pool.register(req.page_ids[i], keys[i])
+
     def keep_last_page(self, req: Request) -> None:
         """Key the page a request's decodes just filled, if its computed tokens end on a
         page boundary. Called when it needs its next page, finishes or is aborted: each

@@ -214,6 +214,9 @@ class Request:
     # tokens are this request's own earlier output, streamed by a rank that died. They count toward
     # ``max_tokens`` and seeded draws, penalties and the grammar see them as output.
     num_resumed_tokens: int = 0
+    # This round's draft tokens (speculative decoding): set by the planner with the decode
+    # chunk that verifies them, cleared when the round's result is applied.
+    drafts: tuple[int, ...] = ()
     # The prompt never changes after construction, so its length is stored, not recounted:
     # the scheduler reads it for every running request every round.
     num_prompt_tokens: int = field(init=False)

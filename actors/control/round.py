@@ -21,8 +21,10 @@ class RoundKind(enum.StrEnum):
 class ScheduledChunk(NamedTuple):
     """``num_tokens`` tokens of one request, starting at position ``start``.
 
-    A decode is a chunk of one token (the last sampled one). A prefill chunk extends the
-    prompt; only the chunk that reaches the end of the prompt produces a sample.
+    A decode is a chunk of one token (the last sampled one), or under speculative decoding
+    that token and the request's drafts (``request.drafts``), verified in one forward. A
+    prefill chunk extends the prompt; only the chunk that reaches the end of the prompt
+    produces a sample.
 
     A named tuple rather than a frozen dataclass: one is built per running request per round,
     and a tuple is immutable too but several times cheaper to construct.
@@ -44,7 +46,11 @@ class ScheduledChunk(NamedTuple):
 
     @property
     def token_ids(self) -> list[int]:
-        return self.request.token_ids(self.start, self.end)
+        req = self.request
+        drafts = req.drafts
+        if not drafts or self.is_prefill:
+            return req.token_ids(self.start, self.end)
+        return req.token_ids(self.start, self.end - len(drafts)) + list(drafts)
 
 
 @dataclass(slots=True)
@@ -82,7 +88,12 @@ class RoundPlan:
             return
         for chunk in chunks:
             if chunk.request is req:
-                req.num_computed_tokens -= chunk.num_tokens
+                # A verify chunk counted only its first token computed (its drafts count
+                # once verification keeps them).
+                req.num_computed_tokens -= chunk.num_tokens - (
+                    0 if chunk.is_prefill else len(req.drafts)
+                )
+        req.drafts = ()
         chunks[:] = [c for c in chunks if c.request is not req]
         self._counts = None
 
@@ -155,6 +166,11 @@ class RoundResult:
     # request_id -> logprobs of the prompt tokens this round's chunk of it predicted (in
     # order), for requests with ``sampling.prompt_logprobs``; empty otherwise.
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    # Speculative decoding: request_id -> the drafts verification kept, in order; they come
+    # before the request's ``sampled`` token (absent: none kept, or no drafts).
+    accepted: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Their logprobs, for requests that asked for them.
+    accepted_logprobs: dict[str, tuple[TokenLogprobs, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -288,7 +288,7 @@ class Scheduler:
         # share of the rank-round (benchmarks/bench_control_plane.py).
         make_event = tuple.__new__
         append_token = Request.append_token  # unbound: no bound method built per token
-        for req, start, num_tokens, _ in plan.chunks:
+        for req, start, num_tokens, is_prefill in plan.chunks:
             # RETRACTED and every finished status sort at or after RETRACTED.
             if req.status >= _RETRACTED:
                 continue
@@ -296,6 +296,8 @@ class Scheduler:
             # asked of every running request every round.
             if start + num_tokens < req.num_prompt_tokens + len(req.output_token_ids):
                 continue
+            if req.drafts and self._apply_verified(req, start, result, events, max_len):
+                continue  # it finished on a kept draft
             token = sampled[req.request_id]
             if logprobs and req.request_id in logprobs:  # only the requests that asked
                 req.output_logprobs.append(logprobs[req.request_id])
@@ -308,6 +310,8 @@ class Scheduler:
                 continue
             if finished:
                 self.retire(req)
+            elif num_tokens > 1 and not is_prefill:  # a verification: pages made exact
+                self._after_verify(req, start)
             append(make_event(TokenEvent, (req, token, finished)))
         if result.forks and not hands_off:
             self._fork(plan, result, events)
@@ -358,6 +362,39 @@ class Scheduler:
         for req in finished:
             self.retire(req)
         return finished
+
+    def _apply_verified(
+        self,
+        req: Request,
+        start: int,
+        result: RoundResult,
+        events: list[TokenEvent],
+        max_len: int | None,
+    ) -> bool:
+        """Append the drafts verification kept (each computed: its K/V was written at its
+        position), before the round's own token; True when one of them finished ``req``."""
+        drafts, req.drafts = req.drafts, ()
+        rid = req.request_id
+        kept = result.accepted.get(rid, ())
+        self.planner.speculator.verified(len(drafts), len(kept))
+        kept_logprobs = result.accepted_logprobs.get(rid)
+        for i, token in enumerate(kept):
+            if kept_logprobs is not None:
+                req.output_logprobs.append(kept_logprobs[i])
+            req.num_computed_tokens += 1
+            finished = req.append_token(token, max_len)
+            events.append(TokenEvent(req, token, finished))
+            if finished:
+                self.retire(req)
+                return True
+        return False
+
+    def _after_verify(self, req: Request, start: int) -> None:
+        """A verification's pages made exact: those of rejected drafts given back, the
+        pages its kept drafts filled keyed (prefix caching)."""
+        self.pool.truncate(req.request_id, req.num_tokens)
+        if self.prefix.enabled:
+            self.prefix.keep_decoded_pages(req, start)
 
     def retire(self, req: Request) -> None:
         """A running request finished: its last full page keyed (a finished answer stays

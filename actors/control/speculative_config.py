@@ -13,9 +13,12 @@ given, the other bound equal to the one given.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from roundgate.actors.role import DisaggregationRole
 
 METHODS = ("ngram", "mtp", "draft_model")
 # More drafts than this buys nothing measurable (acceptance decays geometrically) and makes
@@ -105,3 +108,41 @@ def parse_speculative_config(value: Mapping[str, Any]) -> SpeculativeConfig:
     return SpeculativeConfig(
         method=method, num_speculative_tokens=k, prompt_lookup_min=low, prompt_lookup_max=high
     )
+
+
+# Parsed and checked, but no rank can run them yet: refused by name rather than ignored.
+NOT_BUILT = {
+    "mtp": "the DeepSeek next-n (MTP) layer is not loaded yet",
+    "draft_model": "a draft model on the rank is not built yet",
+}
+
+
+def check_speculative(
+    value: str | Mapping[str, Any] | None, role: DisaggregationRole
+) -> SpeculativeConfig | None:
+    """``--speculative-config`` (JSON text, or the object from a serve config) as a
+    ``SpeculativeConfig``; None when unset. Refused, naming the flag: bad JSON, a bad field,
+    a method not built yet, and a prefill rank (it never decodes: its decode ranks
+    speculate)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--speculative-config is not JSON: {exc.msg}") from None
+    try:
+        config = parse_speculative_config(value)
+    except ValueError as exc:
+        raise ValueError(f"--speculative-config: {exc}") from None
+    if config.method in NOT_BUILT:
+        raise ValueError(
+            f"--speculative-config: method {config.method}: {NOT_BUILT[config.method]} "
+            "(method ngram runs on any model)"
+        )
+    if role is DisaggregationRole.PREFILL:
+        raise ValueError(
+            "--speculative-config applies to fused and decode ranks; a prefill rank "
+            "(--disaggregation-mode prefill) never decodes"
+        )
+    return config

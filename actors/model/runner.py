@@ -36,6 +36,7 @@ from roundgate.actors.model.llamacpp_arith import fuse_layers, use_llamacpp_arit
 from roundgate.actors.model.prompt_logprobs import prompt_rows, score_rows
 from roundgate.actors.model.round_sampling import sample_round
 from roundgate.actors.model.runner_config import RunnerConfig
+from roundgate.actors.model.spec_rounds import Verdicts, VerifyRows, verify_drafts, verify_rows
 from roundgate.actors.role import DisaggregationRole
 from roundgate.actors.server_args import ServerArgs
 from roundgate.gate.rows import RankRow, RoundView, read_rows
@@ -222,17 +223,26 @@ class ModelRunner:
         # scheduler never plans a position past the context (it finishes requests there).
         failed: dict[str, str] = {}
         prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
+        verdicts = None
         chunks = plan.chunks
         if chunks:
             # Prompt positions to score: looked for only in rounds that extend a prompt.
             found = prompt_rows(chunks) if plan.num_extends else None
-            if found is None:
-                logits = self.forward(chunks, low_latency)
+            # Draft positions to verify: only under speculative decoding.
+            drafted = verify_rows(chunks) if self.runner_config.speculative else None
+            extra = (found.rows if found else []) + (drafted.rows if drafted else [])
+            if extra:
+                logits = self.forward(chunks, low_latency, extra)
             else:
-                logits = self.forward(chunks, low_latency, found.rows)
-                prompt_logprobs = score_rows(logits[len(chunks) :], found)
-                logits = logits[: len(chunks)]
-            picks = [i for i, c in enumerate(chunks) if c.samples]
+                logits = self.forward(chunks, low_latency)
+            scored = len(chunks) + (len(found.rows) if found else 0)
+            if found is not None:
+                prompt_logprobs = score_rows(logits[len(chunks) : scored], found)
+            if drafted is not None:
+                verdicts = self._verify(logits, scored, drafted, chunks, failed)
+            logits = logits[: len(chunks)]
+            verifying = set(drafted.chunks) if drafted is not None else ()
+            picks = [i for i, c in enumerate(chunks) if c.samples and i not in verifying]
             if picks:
                 requests = [chunks[i].request for i in picks]
                 sampled, logprobs, forks = self._sample(logits[picks], requests, failed)
@@ -246,7 +256,44 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         cost = time.perf_counter() - started
-        return RoundResult(sampled, cost, logprobs, forks, failed, prompt_logprobs)
+        result = RoundResult(sampled, cost, logprobs, forks, failed, prompt_logprobs)
+        if verdicts is not None:
+            sampled.update(verdicts.sampled)
+            logprobs.update(verdicts.logprobs)
+            result.accepted = verdicts.accepted
+            result.accepted_logprobs = verdicts.accepted_logprobs
+        return result
+
+    def _verify(
+        self,
+        logits: torch.Tensor,
+        at: int,
+        drafted: VerifyRows,
+        chunks: Sequence[ScheduledChunk],
+        failed: dict[str, str],
+    ) -> Verdicts:
+        """The drafts' verdicts (``roundgate.actors.model.spec_rounds``); as with sampling, a
+        request whose verification raises fails alone."""
+        requests = [chunks[i].request for i in drafted.chunks]
+        last = logits[drafted.chunks]
+        earlier = logits[at:]
+        try:
+            return verify_drafts(last, earlier, requests, self.generator)
+        except Exception:
+            logger.exception("batched verification failed; verifying request by request")
+        out = Verdicts({}, {}, {}, {})
+        row = 0
+        for i, req in enumerate(requests):
+            d = len(req.drafts)
+            try:
+                one = verify_drafts(last[i : i + 1], earlier[row : row + d], [req], self.generator)
+            except Exception as exc:
+                failed[req.request_id] = f"sampling failed: {exc}"
+            else:
+                for mine, theirs in zip(out, one, strict=True):
+                    mine.update(theirs)
+            row += d
+        return out
 
     def _sample(
         self, logits: torch.Tensor, requests: list[Request], failed: dict[str, str]

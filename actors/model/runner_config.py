@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from roundgate.actors.control.speculative_config import SpeculativeConfig
 from roundgate.actors.model.config import ModelConfig
 from roundgate.actors.role import DisaggregationRole
 from roundgate.actors.server_args import ServerArgs
@@ -42,6 +43,8 @@ class RunnerConfig:
     eplb_interval_rounds: int
     expert_placement_file: str | None
     eplb_load_file: str | None
+    # Speculative decoding (``--speculative-config``): the rank verifies drafts.
+    speculative: SpeculativeConfig | None = None
 
     @classmethod
     def of(cls, args: ServerArgs) -> RunnerConfig:

@@ -270,6 +270,22 @@ class RankMetricSet:
             _n("rank_retractions"), "Requests retracted under KV pressure", RANK, registry=r
         )
         self.aborts = Counter(_n("rank_aborts"), "Requests aborted on the rank", RANK, registry=r)
+        self.spec_verifies = Counter(
+            _n("spec_decode_verifies"),
+            "Speculative decoding: decodes that verified at least one draft token",
+            RANK,
+            registry=r,
+        )
+        self.spec_draft_tokens = Counter(
+            _n("spec_decode_draft_tokens"), "Draft tokens verified", RANK, registry=r
+        )
+        self.spec_accepted_tokens = Counter(
+            _n("spec_decode_accepted_tokens"),
+            "Draft tokens verification kept (the acceptance rate: this over draft tokens; "
+            "tokens per verification: 1 + this over verifies)",
+            RANK,
+            registry=r,
+        )
         self.local_prefill_rounds = Counter(
             _n("rank_prefill_rounds"), "Rounds in which this rank extended", RANK, registry=r
         )

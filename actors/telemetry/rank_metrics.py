@@ -69,6 +69,12 @@ class RankMetrics:
         self._waiting = s.waiting.labels(*r)
         self._kv = s.kv_occupancy.labels(*r)
         self._retractions = s.retractions.labels(*r)
+        self._spec = (
+            s.spec_verifies.labels(*r),
+            s.spec_draft_tokens.labels(*r),
+            s.spec_accepted_tokens.labels(*r),
+        )
+        self._seen_spec = (0, 0, 0)
         self._aborts = s.aborts.labels(*r)
         self._prefix_queries = s.prefix_cache_queries.labels(*r)
         self._prefix_hits = s.prefix_cache_hits.labels(*r)
@@ -210,6 +216,14 @@ class RankMetrics:
         if scheduler.num_retractions > self._seen_retractions:
             self._retractions.inc(scheduler.num_retractions - self._seen_retractions)
             self._seen_retractions = scheduler.num_retractions
+        speculator = scheduler.planner.speculator
+        if speculator is not None:
+            stats = speculator.stats
+            now = (stats.verifies, stats.drafts, stats.accepted)
+            if now != self._seen_spec:
+                for counter, new, old in zip(self._spec, now, self._seen_spec, strict=True):
+                    counter.inc(new - old)
+                self._seen_spec = now
         if scheduler.num_aborts > self._seen_aborts:
             self._aborts.inc(scheduler.num_aborts - self._seen_aborts)
             self._seen_aborts = scheduler.num_aborts

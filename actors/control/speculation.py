@@ -1,0 +1,75 @@
+"""Which drafts a decoding request verifies this round, and what verification kept.
+
+The planner asks ``drafts_for`` for every decoding request; the scheduler reports each
+verification back (``verified``). Drafts are capped so a verification never runs past what
+the request may still emit: at most ``max_tokens - emitted - 1`` (a verification emits the
+kept drafts plus one token), and never a position past the context. A request with a
+grammar decodes without drafts: its matcher advances one token at a time and is not rolled
+back here (vLLM checks drafts against the grammar's mask; that is future work).
+
+Under attention DP ``k`` is the group's: every rank caps at the same ``k`` and verifies in
+the round's one forward (a verify chunk is a decode chunk of ``1 + drafts`` tokens), so no
+rank runs an extra forward and the MoE collectives stay in lockstep.
+
+Pure: no torch, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from roundgate.actors.control.ngram_drafts import propose_ngram
+from roundgate.actors.control.request import Request
+from roundgate.actors.control.speculative_config import SpeculativeConfig
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Totals since the rank started (the metrics export their increase)."""
+
+    verifies: int = 0  # decode chunks that carried at least one draft
+    drafts: int = 0  # drafts verified
+    accepted: int = 0  # drafts kept
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafts if self.drafts else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Tokens a verification yields on average: the kept drafts plus its own one."""
+        return 1 + self.accepted / self.verifies if self.verifies else 1.0
+
+
+class Speculator:
+    """One rank's draft source and its acceptance counts."""
+
+    def __init__(self, config: SpeculativeConfig, max_model_len: int | None) -> None:
+        if config.method != "ngram":
+            raise ValueError(f"speculative method {config.method}: not built yet")
+        self.config = config
+        self.max_model_len = max_model_len
+        self.stats = SpecStats()
+
+    def drafts_for(self, req: Request, room: int) -> tuple[int, ...]:
+        """Up to ``min(k, room)`` drafts for ``req``'s next round (``room``: tokens the
+        round's budget has left beyond its one decode token); ``()`` for none."""
+        sampling = req.sampling
+        if sampling.grammar is not None:
+            return ()
+        emitted = len(req.output_token_ids) + req.num_resumed_tokens
+        limit = min(self.config.k, room, sampling.max_tokens - emitted - 1)
+        if self.max_model_len is not None:
+            limit = min(limit, self.max_model_len - req.num_tokens)
+        if limit <= 0:
+            return ()
+        config = self.config
+        history = req.prompt_token_ids + req.output_token_ids
+        return propose_ngram(history, config.prompt_lookup_min, config.prompt_lookup_max, limit)
+
+    def verified(self, num_drafts: int, num_accepted: int) -> None:
+        if num_drafts:
+            stats = self.stats
+            stats.verifies += 1
+            stats.drafts += num_drafts
+            stats.accepted += num_accepted
