@@ -64,6 +64,17 @@ logger = logging.getLogger("roundgate.ingress")
 Body = TypeVar("Body", bound=BaseModel)
 
 
+def serve_replica_id() -> str | None:
+    """This Serve replica's unique id (the owner of its background responses in the shared
+    store: the id in Serve's logs and actor name), or None outside a replica."""
+    try:
+        from ray import serve
+
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # not in a Serve replica (the ingress's own tests)
+        return None
+
+
 class FusedRoute:
     """The fused ranks' deployment: one ``generate`` stream per rank request (P/D's route
     over both roles: ``roundgate.deployment.pd_route``)."""
@@ -146,6 +157,7 @@ class Ingress:
             self.responses,
             max_background=self.app_args.max_background_responses,
             timeout_s=self.app_args.background_timeout_s,
+            owner=serve_replica_id(),
         )
 
     # ---- request checks ------------------------------------------------------------------

@@ -18,6 +18,7 @@ each call is atomic).
 from __future__ import annotations
 
 import logging
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,16 +49,21 @@ class ResponseStoreActor:
     """The shared store's actor: ``ResponseStore``'s calls, each written through to the
     snapshot before it answers."""
 
-    def __init__(self, snapshot_path: str | None = None) -> None:
+    def __init__(self, snapshot_path: str | None = None, snapshot: bool = True) -> None:
+        """``snapshot_path``: the SQLite file (default: in the Ray session's directory);
+        ``snapshot``: False keeps the table in memory only (a benchmark's baseline)."""
+        self.incarnation = uuid.uuid4().hex  # a new one after each restart
         path = Path(snapshot_path) if snapshot_path else session_snapshot_path()
+        path = path if snapshot else None
         self.store = ResponseStore(journal=path is not None)
         self.snapshot = ResponseSnapshot(path) if path is not None else None
         if self.snapshot is not None:
             loaded = self.snapshot.load_into(self.store)
             logger.info("response store: %d responses reloaded from %s", loaded, path)
 
-    def ping(self) -> int:
-        return len(self.store)
+    def ping(self) -> str:
+        """This incarnation of the actor (a restart answers another)."""
+        return self.incarnation
 
     def get(self, response_id: str) -> StoredResponse | None:
         return self._saved(self.store.get(response_id))  # a lease may have expired
