@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 STORE_ACTOR_NAME = "roundgate-response-store"
 STORE_NAMESPACE = "roundgate"
-SNAPSHOT_FILE = "roundgate_responses.sqlite"
+SNAPSHOT_FILE = "roundgate-responses.sqlite"
 STARTUP_TIMEOUT_S = 60.0
 logger = logging.getLogger(__name__)
 
