@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/goodput_matrix.py --out out/matrix.jsonl [--workers 2]
         [--seeds 0,1,2] [--dp 8,128] [--workloads chat,bursty] [--loads below,near,past]
+        [--spec off,k2a0.7]
     .venv/bin/python benchmarks/goodput_matrix.py --out out/matrix.jsonl --report
 
 Each cell (``goodput_matrix_cells``) runs every registered policy at its simulate defaults and
@@ -42,7 +43,13 @@ def run(ns: argparse.Namespace) -> None:
         for line in ns.out.read_text().splitlines():
             r = json.loads(line)
             done.add((r["cell"], r["arm"], r["seed"]))
-    cells = [Cell(w, dp, load) for dp in ns.dp for w in ns.workloads for load in ns.loads]
+    cells = [
+        Cell(w, dp, load, "" if spec == "off" else spec)
+        for dp in ns.dp
+        for w in ns.workloads
+        for load in ns.loads
+        for spec in ns.spec
+    ]
     jobs = [
         (cell, arm, seed)
         for cell in cells
@@ -149,8 +156,8 @@ def _x(value: float | None) -> str:
 
 
 def _order(cell: str) -> tuple:
-    workload, dp, load = cell.split("/")
-    return (int(dp[2:]), WORKLOAD_NAMES.index(workload), list(LOADS).index(load))
+    workload, dp, load, *spec = cell.split("/")
+    return (int(dp[2:]), WORKLOAD_NAMES.index(workload), list(LOADS).index(load), spec)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -161,6 +168,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dp", type=lambda s: [int(v) for v in s.split(",")], default=[8, 128])
     p.add_argument("--workloads", type=lambda s: s.split(","), default=list(WORKLOAD_NAMES))
     p.add_argument("--loads", type=lambda s: s.split(","), default=list(LOADS))
+    p.add_argument(
+        "--spec",
+        type=lambda s: s.split(","),
+        default=["off"],
+        help="speculative decoding per cell: off, or kKaA (K drafts, acceptance A), e.g. "
+        "off,k2a0.7",
+    )
     p.add_argument(
         "--policies",
         type=lambda s: s.split(","),

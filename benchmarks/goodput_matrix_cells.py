@@ -11,6 +11,7 @@ with the group size; the closed-loop long-prefill regime varies its clients inst
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,9 +23,12 @@ from roundgate.sim.regimes import REGIMES
 from roundgate.sim.report import summarize
 from roundgate.sim.round_costs import PRESETS
 from roundgate.sim.spec import SimSpec, simulate
+from roundgate.sim.speculation import SpecSim
 from roundgate.sim.workload import WORKLOADS, WorkloadSpec, generate
 
 COSTS = "h100-dsv3"
+# One MTP draft step: one decoder layer of DeepSeek-V3's 61 (benchmarks/spec_sim.py).
+MTP_DRAFT_SHARE = 1 / 61
 LOADS = {"below": 0.35, "near": 0.8, "past": 1.2}
 # Requests a second each workload sustains under ``none`` at dp=8 (see the module docstring).
 SATURATION_RPS = {"chat": 34.0, "agentic": 1.25, "reasoning": 3.75, "bursty": 34.0}
@@ -52,10 +56,23 @@ class Cell:
     workload: str
     dp: int
     load: str
+    # Speculative decoding, ``kKaA`` (K drafts per decode, each kept with chance A, priced as
+    # DeepSeek's MTP: a draft step 1/61 of a decode forward); "" for none.
+    spec: str = ""
 
     @property
     def key(self) -> str:
-        return f"{self.workload}/dp{self.dp}/{self.load}"
+        base = f"{self.workload}/dp{self.dp}/{self.load}"
+        return f"{base}/{self.spec}" if self.spec else base
+
+    @property
+    def speculation(self) -> SpecSim | None:
+        if not self.spec:
+            return None
+        found = re.fullmatch(r"k(\d+)a([0-9.]+)", self.spec)
+        if found is None:
+            raise ValueError(f"--spec {self.spec!r}: expected kKaA, e.g. k2a0.7")
+        return SpecSim(int(found[1]), float(found[2]), MTP_DRAFT_SHARE)
 
     @property
     def slo(self) -> Slo:
@@ -119,7 +136,13 @@ def run_arm(cell: Cell, arm: Arm, seed: int) -> dict[str, Any]:
     args, arrivals, clients = _spec(cell, seed)
     given = dict(arm.flags)
     spec = SimSpec(
-        args, arrivals, PRESETS[COSTS], seed=seed, concurrency=clients, itl_slo_ms=cell.slo.itl_ms
+        args,
+        arrivals,
+        PRESETS[COSTS],
+        seed=seed,
+        concurrency=clients,
+        itl_slo_ms=cell.slo.itl_ms,
+        speculation=cell.speculation,
     ).with_policy(arm.policy, given)
     result = simulate(spec)
     summary = summarize(result)

@@ -2,7 +2,7 @@
 llama.cpp's own n-gram speculation on the same GGUF, cores and prompts.
 
     .venv/bin/python benchmarks/speculative_live.py [--runs off k2 k4 llamacpp llamacpp-k4]
-        [--max-tokens 128] [--threads 2]
+        [--max-tokens 256] [--threads 2]
 
 Servers, one at a time on the same port: ``off``, ``k2``, ``k4``: ``deployment/configs/
 local.yaml`` (SmolLM2-135M-Instruct, two ranks of one thread each, the gate on) with
@@ -14,8 +14,8 @@ llama.cpp's server from ``.venv-llamacpp`` (``make llamacpp``) with ``--threads`
 Workloads, chat completions through each server's chat template, greedy, ``max_tokens``
 output tokens, the same prompts for every server:
 
-- ``copy``: "rewrite this code with one change" over eight short Python functions: answers
-  that repeat most of their prompt;
+- ``copy``: "rewrite this module with one change" (rename one of its eight short functions),
+  the module in the prompt: answers that repeat most of their prompt;
 - ``chat``: eight open questions: little to copy.
 
 Each workload runs at concurrency 1 (three requests, one after another) and 8 (eight at
@@ -58,9 +58,11 @@ FUNCTIONS = [
     "        out.append(item)\n    return out",
     "def fahrenheit(celsius):\n    return celsius * 9 / 5 + 32",
 ]
+MODULE = "\n\n".join(FUNCTIONS)
 COPY = [
-    f"Rewrite this code with one change: add a docstring. Output only the code.\n\n{f}"
-    for f in FUNCTIONS
+    f"Here is a Python module:\n\n```python\n{MODULE}\n```\n\nRewrite the module with one "
+    f"change: rename the function `{name}` to `{name}_v2`. Output the whole module."
+    for name in (f.split("(")[0].removeprefix("def ") for f in FUNCTIONS)
 ]
 CHAT = [
     "Why is the sky blue?",
@@ -76,15 +78,15 @@ WORKLOADS = {"copy": COPY, "chat": CHAT}
 OURS = {"off": None, "k2": 2, "k4": 4}
 
 
-def start(run: str, threads: int, folder: Path) -> subprocess.Popen:
+def start(run: str, port: int, threads: int, folder: Path) -> subprocess.Popen:
     if run.startswith("llamacpp"):
         if not LLAMACPP_PYTHON.exists():
             raise SystemExit(f"{LLAMACPP_PYTHON} is missing: run `make llamacpp`")
         k = int(run.split("-k")[1]) if "-k" in run else 0
-        command = llamacpp_command(PORT, threads, slots=8, spec_ngram=k)
+        command = llamacpp_command(port, threads, slots=8, spec_ngram=k)
         return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     cfg = yaml.safe_load((REPO / "deployment" / "configs" / "local.yaml").read_text())
-    cfg["http_options"]["port"] = PORT
+    cfg["http_options"]["port"] = port
     k = OURS[run]
     if k is not None:
         cfg["applications"][0]["args"]["speculative_config"] = {
@@ -179,15 +181,16 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", nargs="+", default=["off", "k2", "k4", "llamacpp", "llamacpp-k4"])
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
     ns = parser.parse_args(argv)
-    url = f"http://127.0.0.1:{PORT}"
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for run in ns.runs:
-            process = start(run, ns.threads, Path(tmp))
+        for i, run in enumerate(ns.runs):
+            # A port per server: one stopping may still hold its port a while.
+            url = f"http://127.0.0.1:{PORT + i}"
+            process = start(run, PORT + i, ns.threads, Path(tmp))
             try:
                 wait_ready(url, process)
                 results[run] = measure(url, ns.max_tokens)

@@ -46,6 +46,7 @@ from roundgate.sim.round_costs import PRESETS, RoundCosts
 from roundgate.sim.scenarios import SCENARIOS, format_rows, replay
 from roundgate.sim.sessions import SESSION_WORKLOADS
 from roundgate.sim.spec import SimSpec, simulate
+from roundgate.sim.speculation import add_spec_args
 from roundgate.sim.steady import describe
 from roundgate.sim.workload import ARRIVALS, LENGTH_DISTS, WORKLOADS
 
@@ -238,6 +239,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "same GPUs) and --max-num-seqs per rank is kept (docs/pd.md)",
     )
     add_expert_args(p)
+    add_spec_args(p)
     g = p.add_argument_group("goodput and regime")
     add_slo_args(g)
     g.add_argument(

@@ -27,6 +27,7 @@ from roundgate.sim.round_costs import COST_FIELDS, RoundCosts, load_costs
 from roundgate.sim.router import RouterSpec
 from roundgate.sim.sessions import SESSION_WORKLOADS, SessionSpec
 from roundgate.sim.spec import SimSpec, Workload, arrivals_of
+from roundgate.sim.speculation import spec_of
 from roundgate.sim.workload import WORKLOADS, WorkloadSpec
 
 COST_FLAGS = COST_FIELDS
@@ -204,6 +205,7 @@ def sim_specs(ns: argparse.Namespace, **overrides: Any) -> list[SimSpec]:
         max_rounds=given.get("max_rounds"),
         keep_timeline=given.get("plot") is not None,
         experts=expert_spec(given, given["costs"], group["dp_size"]),
+        speculation=spec_of(given),
     )
     drawn = arrivals_of(spec)
     return [replace(spec, args=args[policy], workload=drawn) for policy in policies]

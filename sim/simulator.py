@@ -27,6 +27,7 @@ from roundgate.sim.records import KIND_CODES, POINT_CODES, SimResult, Timeline
 from roundgate.sim.round_costs import RoundCosts
 from roundgate.sim.router import Router
 from roundgate.sim.sessions import arrival_source
+from roundgate.sim.speculation import SpecSim
 
 FAST_MAX_ROUNDS = 4096  # at most this many rounds in one fast-forward step
 
@@ -48,8 +49,12 @@ class GroupSimulator:
         keep_timeline: bool = True,
         fast_forward: bool = True,
         experts: ExpertSpec | None = None,
+        speculation: SpecSim | None = None,
+        seed: int = 0,
     ) -> None:
         self.args = args
+        # Drafts on every decode, kept at a rate (sim/speculation.py); None: none.
+        self.speculation = speculation
         # The MoE layers' expert load (None: every rank at the mean load, the preset's price).
         self.experts = experts
         self.costs = costs
@@ -58,7 +63,7 @@ class GroupSimulator:
         self.keep_timeline = keep_timeline
         self.fast_forward = fast_forward
         self.clock = 0.0
-        self.loops = cost_loops(args, costs, self._now)
+        self.loops = cost_loops(args, costs, self._now, speculation, seed)
         self.schedulers = [loop.scheduler for loop in self.loops]
         self._begins = [loop.begin for loop in self.loops]
         self._finishes = [loop.finish for loop in self.loops]
@@ -96,6 +101,7 @@ class GroupSimulator:
             self.fast_forward
             and self.timeline is None
             and self._balancer is None
+            and self.speculation is None  # a verification's yield is drawn round by round
             and fast_forward.supported(self.loops)
         )
         # Collections: each rank's requests until its next one (sim/round_costs.py).

@@ -22,6 +22,7 @@ from roundgate.sim.round_costs import TOY, RoundCosts
 from roundgate.sim.router import RouterSpec
 from roundgate.sim.sessions import SESSION_WORKLOADS, SessionSpec, make_sessions, max_prompt_tokens
 from roundgate.sim.simulator import GroupSimulator
+from roundgate.sim.speculation import SpecSim
 from roundgate.sim.workload import WorkloadSpec, generate
 
 # What a run sends: a seeded synthetic workload (or a trace), multi-turn sessions, or a list
@@ -49,6 +50,8 @@ class SimSpec:
     itl_slo_ms: float = float("inf")
     # The MoE layers' expert popularity and placement (None: priced at the mean expert load).
     experts: ExpertSpec | None = None
+    # Speculative decoding: drafts per decode, their acceptance and cost (None: none).
+    speculation: SpecSim | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.concurrency < 1:
@@ -131,6 +134,8 @@ def simulate(spec: SimSpec, on_round: Callable[[int, int], None] | None = None) 
         spec.policy,
         keep_timeline=spec.keep_timeline,
         experts=spec.experts,
+        speculation=spec.speculation,
+        seed=spec.seed,
     )
     return sim.run(
         arrivals,

@@ -85,3 +85,35 @@ def test_vllm_shaped_configs_parse_with_vllms_defaults() -> None:
 def test_each_refusal_names_the_field(value: Any, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         parse_speculative_config(value)
+
+
+def test_a_request_whose_drafts_miss_pauses_its_drafts_longer_each_time() -> None:
+    from roundgate.actors.control.request import Request, SamplingParams
+    from roundgate.actors.control.speculation import MAX_PAUSE_ROUNDS, Speculator
+
+    config = parse_speculative_config({"method": "ngram", "num_speculative_tokens": 2})
+    speculator = Speculator(replace_lookup(config), max_model_len=None)
+    req = Request("r", [4, 5, 4, 5, 4, 5, 4], SamplingParams(max_tokens=500))
+
+    def drafting_rounds(rounds: int) -> list[bool]:
+        return [bool(speculator.drafts_for(req, 8)) for _ in range(rounds)]
+
+    assert drafting_rounds(1) == [True]
+    pauses = []
+    for _ in range(9):  # misses in a row: 1, 2, 4 ... rounds without drafts, capped
+        speculator.verified(req, 2, 0)
+        rounds = drafting_rounds(MAX_PAUSE_ROUNDS + 1)
+        pauses.append(rounds.index(True))
+    assert pauses == [1, 2, 4, 8, 16, 32, 64, 64, 64]
+    speculator.verified(req, 2, 1)  # a kept draft: every round again, and the next miss is 1
+    assert drafting_rounds(3) == [True] * 3
+    speculator.verified(req, 2, 0)
+    assert drafting_rounds(2) == [False, True]
+    assert speculator.stats.verifies == 11 and speculator.stats.accepted == 1
+
+
+def replace_lookup(config: SpeculativeConfig) -> SpeculativeConfig:
+    """The config with a 1..2 lookup (the test's short history)."""
+    from dataclasses import replace
+
+    return replace(config, prompt_lookup_min=1, prompt_lookup_max=2)

@@ -217,6 +217,10 @@ class Request:
     # This round's draft tokens (speculative decoding): set by the planner with the decode
     # chunk that verifies them, cleared when the round's result is applied.
     drafts: tuple[int, ...] = ()
+    # Verifications in a row that kept none of this request's drafts, and the rounds it
+    # still decodes without drafts because of them (``Speculator``'s back-off).
+    draft_misses: int = 0
+    draft_pause: int = 0
     # The prompt never changes after construction, so its length is stored, not recounted:
     # the scheduler reads it for every running request every round.
     num_prompt_tokens: int = field(init=False)

@@ -376,7 +376,7 @@ class Scheduler:
         drafts, req.drafts = req.drafts, ()
         rid = req.request_id
         kept = result.accepted.get(rid, ())
-        self.planner.speculator.verified(len(drafts), len(kept))
+        self.planner.speculator.verified(req, len(drafts), len(kept))
         kept_logprobs = result.accepted_logprobs.get(rid)
         for i, token in enumerate(kept):
             if kept_logprobs is not None:

@@ -7,6 +7,14 @@ kept drafts plus one token), and never a position past the context. A request wi
 grammar decodes without drafts: its matcher advances one token at a time and is not rolled
 back here (vLLM checks drafts against the grammar's mask; that is future work).
 
+Drafts that verification keeps cost little; drafts it rejects cost a verify forward over
+tokens that yield nothing, which on a rank whose forward time grows with its tokens (a CPU,
+a large batch on a GPU) makes decoding slower than without drafts. So a request whose
+verification kept none of its drafts decodes without drafts for a while, twice as long after
+each such miss in a row (1, 2, 4 ... up to ``MAX_PAUSE_ROUNDS`` rounds), and from the next
+kept draft on drafts every round again: text with nothing to copy soon stops paying for
+lookups, and a copied passage is picked up within a few rounds.
+
 Under attention DP ``k`` is the group's: every rank caps at the same ``k`` and verifies in
 the round's one forward (a verify chunk is a decode chunk of ``1 + drafts`` tokens), so no
 rank runs an extra forward and the MoE collectives stay in lockstep.
@@ -21,6 +29,10 @@ from dataclasses import dataclass
 from roundgate.actors.control.ngram_drafts import propose_ngram
 from roundgate.actors.control.request import Request
 from roundgate.actors.control.speculative_config import SpeculativeConfig
+
+# The longest run of draft-free rounds after misses in a row: ~1.5 % of rounds spent on
+# rejected drafts, where nothing is ever kept.
+MAX_PAUSE_ROUNDS = 64
 
 
 @dataclass(slots=True)
@@ -44,11 +56,14 @@ class SpecStats:
 class Speculator:
     """One rank's draft source and its acceptance counts."""
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int | None) -> None:
+    def __init__(
+        self, config: SpeculativeConfig, max_model_len: int | None, backoff: bool = True
+    ) -> None:
         if config.method != "ngram":
             raise ValueError(f"speculative method {config.method}: not built yet")
         self.config = config
         self.max_model_len = max_model_len
+        self.backoff = backoff  # pause a request's drafts after misses (the module doc)
         self.stats = SpecStats()
 
     def drafts_for(self, req: Request, room: int) -> tuple[int, ...]:
@@ -57,19 +72,33 @@ class Speculator:
         sampling = req.sampling
         if sampling.grammar is not None:
             return ()
+        if req.draft_pause:
+            req.draft_pause -= 1
+            return ()
         emitted = len(req.output_token_ids) + req.num_resumed_tokens
         limit = min(self.config.k, room, sampling.max_tokens - emitted - 1)
         if self.max_model_len is not None:
             limit = min(limit, self.max_model_len - req.num_tokens)
         if limit <= 0:
             return ()
+        return self.propose(req, limit)
+
+    def propose(self, req: Request, limit: int) -> tuple[int, ...]:
+        """At most ``limit`` drafts continuing ``req``: prompt lookup over its history."""
         config = self.config
         history = req.prompt_token_ids + req.output_token_ids
         return propose_ngram(history, config.prompt_lookup_min, config.prompt_lookup_max, limit)
 
-    def verified(self, num_drafts: int, num_accepted: int) -> None:
-        if num_drafts:
-            stats = self.stats
-            stats.verifies += 1
-            stats.drafts += num_drafts
-            stats.accepted += num_accepted
+    def verified(self, req: Request, num_drafts: int, num_accepted: int) -> None:
+        """``req``'s verification kept ``num_accepted`` of its ``num_drafts`` drafts."""
+        if not num_drafts:
+            return
+        stats = self.stats
+        stats.verifies += 1
+        stats.drafts += num_drafts
+        stats.accepted += num_accepted
+        if num_accepted:
+            req.draft_misses = 0
+        elif self.backoff:
+            req.draft_pause = min(1 << req.draft_misses, MAX_PAUSE_ROUNDS)
+            req.draft_misses = min(req.draft_misses + 1, MAX_PAUSE_ROUNDS.bit_length())
