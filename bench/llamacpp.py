@@ -42,10 +42,11 @@ def llamacpp_command(
     slots: int | None = None,
     f32_cache: bool = False,
     spec_ngram: int = 0,
+    ctx_per_slot: int = 512,
 ) -> list[str]:
     """llama.cpp's server (``llamacpp_server.py`` in its own venv) on the default model's GGUF:
-    ``slots`` concurrent requests with 512 tokens of context each (None: the script's
-    defaults); ``f32_cache``: a float32 KV cache; ``spec_ngram``: its n-gram speculation
+    ``slots`` concurrent requests with ``ctx_per_slot`` tokens of context each (None: the
+    script's defaults); ``f32_cache``: a float32 KV cache; ``spec_ngram``: its n-gram speculation
     with that many drafts."""
     command = [
         str(LLAMACPP_PYTHON),
@@ -57,7 +58,7 @@ def llamacpp_command(
         str(threads),
     ]
     if slots is not None:
-        command += ["--parallel", str(slots), "--ctx", str(slots * 512)]
+        command += ["--parallel", str(slots), "--ctx", str(slots * ctx_per_slot)]
     if spec_ngram:
         command += ["--spec-ngram", str(spec_ngram)]
     return command + (["--f32-cache"] if f32_cache else [])

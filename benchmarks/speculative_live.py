@@ -9,7 +9,7 @@ local.yaml`` (SmolLM2-135M-Instruct, two ranks of one thread each, the gate on) 
 ``speculative_config`` unset or ``{"method": "ngram", "num_speculative_tokens": K,
 "prompt_lookup_min": 2, "prompt_lookup_max": 5}``; ``llamacpp`` and ``llamacpp-kK``:
 llama.cpp's server from ``.venv-llamacpp`` (``make llamacpp``) with ``--threads`` threads and
-8 slots, without and with its ``ngram_simple`` speculation (K drafts).
+8 slots of 1,024 tokens, without and with its ``ngram_simple`` speculation (K drafts).
 
 Workloads, chat completions through each server's chat template, greedy, ``max_tokens``
 output tokens, the same prompts for every server:
@@ -83,7 +83,8 @@ def start(run: str, port: int, threads: int, folder: Path) -> subprocess.Popen:
         if not LLAMACPP_PYTHON.exists():
             raise SystemExit(f"{LLAMACPP_PYTHON} is missing: run `make llamacpp`")
         k = int(run.split("-k")[1]) if "-k" in run else 0
-        command = llamacpp_command(port, threads, slots=8, spec_ngram=k)
+        # 1,024 tokens a slot: a copy prompt (~270 tokens) and its answer fit.
+        command = llamacpp_command(port, threads, slots=8, spec_ngram=k, ctx_per_slot=1024)
         return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     cfg = yaml.safe_load((REPO / "deployment" / "configs" / "local.yaml").read_text())
     cfg["http_options"]["port"] = port

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from roundgate.actors.control.ngram_drafts import propose_ngram
 from roundgate.actors.control.speculative_config import (
@@ -117,3 +119,25 @@ def replace_lookup(config: SpeculativeConfig) -> SpeculativeConfig:
     from dataclasses import replace
 
     return replace(config, prompt_lookup_min=1, prompt_lookup_max=2)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    history=st.lists(st.integers(0, 3), min_size=0, max_size=40),
+    cut=st.integers(0, 40),
+    bounds=st.tuples(st.integers(1, 4), st.integers(0, 3)),
+    k=st.integers(1, 6),
+)
+def test_the_index_proposes_what_the_scan_proposes(history, cut, bounds, k) -> None:
+    """Grown in two steps (as a request's history grows between rounds), the index's drafts
+    equal the reference scan's after each step."""
+    from roundgate.actors.control.ngram_drafts import NgramIndex
+
+    min_n, extra = bounds
+    max_n = min_n + extra
+    index = NgramIndex(min_n, max_n)
+    cut = min(cut, len(history))
+    index.extend(history[:cut])
+    assert index.propose(k) == propose_ngram(history[:cut], min_n, max_n, k)
+    index.extend(history[cut:])
+    assert index.propose(k) == propose_ngram(history, min_n, max_n, k)

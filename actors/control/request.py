@@ -221,6 +221,8 @@ class Request:
     # still decodes without drafts because of them (``Speculator``'s back-off).
     draft_misses: int = 0
     draft_pause: int = 0
+    # The request's n-gram index for prompt lookup (``NgramIndex``), built on first use.
+    draft_index: Any = field(default=None, repr=False)
     # The prompt never changes after construction, so its length is stored, not recounted:
     # the scheduler reads it for every running request every round.
     num_prompt_tokens: int = field(init=False)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roundgate.actors.control.ngram_drafts import propose_ngram
+from roundgate.actors.control.ngram_drafts import NgramIndex
 from roundgate.actors.control.request import Request
 from roundgate.actors.control.speculative_config import SpeculativeConfig
 
@@ -84,10 +84,18 @@ class Speculator:
         return self.propose(req, limit)
 
     def propose(self, req: Request, limit: int) -> tuple[int, ...]:
-        """At most ``limit`` drafts continuing ``req``: prompt lookup over its history."""
-        config = self.config
-        history = req.prompt_token_ids + req.output_token_ids
-        return propose_ngram(history, config.prompt_lookup_min, config.prompt_lookup_max, limit)
+        """At most ``limit`` drafts continuing ``req``: prompt lookup over its history, from
+        the request's index (grown by the tokens it gained since its last lookup)."""
+        index = req.draft_index
+        if index is None:
+            config = self.config
+            index = req.draft_index = NgramIndex(config.prompt_lookup_min, config.prompt_lookup_max)
+            index.extend(req.prompt_token_ids)
+        seen = len(index.tokens) - req.num_prompt_tokens
+        output = req.output_token_ids
+        if seen < len(output):
+            index.extend(output[seen:])
+        return index.propose(limit)
 
     def verified(self, req: Request, num_drafts: int, num_accepted: int) -> None:
         """``req``'s verification kept ``num_accepted`` of its ``num_drafts`` drafts."""
