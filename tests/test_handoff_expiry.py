@@ -114,6 +114,19 @@ def hand_off(role: PrefillRole, core: EngineCore, request_id: str) -> None:
     role.after_round(outcome)
 
 
+def send_order(request_id: str) -> SendKV:
+    """A decode rank's ``send_kv`` for ``request_id`` to this prefill process."""
+    return SendKV(
+        request_id=request_id,
+        page_ids=(0, 1, 2),
+        dst_rank=0,
+        dst_incarnation="d1",
+        tag=1,
+        dp_rank=0,
+        source_incarnation="p1",
+    )
+
+
 def expired_count(metrics: RankMetricSet) -> float:
     return metrics.pd_handoffs_expired.labels("g", "m", "0", "prefill")._value.get()
 
@@ -140,15 +153,7 @@ def test_a_decode_rank_asking_after_the_release_fails_that_request_without_readi
     hand_off(role, core, "late")
     now[0] += TIMEOUT_S + 1
     role.expire(now[0])
-    order = SendKV(
-        request_id="late",
-        page_ids=(0, 1, 2),
-        dst_rank=0,
-        dst_incarnation="d1",
-        tag=1,
-        dp_rank=0,
-        source_incarnation="p1",
-    )
+    order = send_order("late")
     assert asyncio.run(role.send_kv(order)) == 0
     assert role.link.pair.sent == [None]  # told the receiver it failed; no page was read
 
@@ -157,15 +162,7 @@ def test_a_handoff_claimed_in_time_is_never_released_by_the_clock() -> None:
     role, core, metrics, now = make_role()
     hand_off(role, core, "sent")
     hand_off(role, core, "dropped")
-    order = SendKV(
-        request_id="sent",
-        page_ids=(0, 1, 2),
-        dst_rank=0,
-        dst_incarnation="d1",
-        tag=1,
-        dp_rank=0,
-        source_incarnation="p1",
-    )
+    order = send_order("sent")
     assert asyncio.run(role.send_kv(order)) > 0
     assert role.link.pair.sent == ["the KV cache"]
     asyncio.run(role.release_handoff(ReleaseHandoff(request_id="dropped", dp_rank=0)))
