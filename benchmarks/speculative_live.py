@@ -2,9 +2,9 @@
 llama.cpp's own n-gram speculation on the same GGUF, cores and prompts.
 
     .venv/bin/python benchmarks/speculative_live.py [--runs off k2 k4 llamacpp llamacpp-k4]
-        [--max-tokens 256] [--threads 2]
+        [--max-tokens 256] [--threads 2] [--repeats 3] [--logs DIR]
 
-Servers, one at a time on the same port: ``off``, ``k2``, ``k4``: ``deployment/configs/
+Servers, one at a time, each on a port of its own: ``off``, ``k2``, ``k4``: ``deployment/configs/
 local.yaml`` (SmolLM2-135M-Instruct, two ranks of one thread each, the gate on) with
 ``speculative_config`` unset or ``{"method": "ngram", "num_speculative_tokens": K,
 "prompt_lookup_min": 2, "prompt_lookup_max": 5}``; ``llamacpp`` and ``llamacpp-kK``:
@@ -19,10 +19,11 @@ output tokens, the same prompts for every server:
 - ``chat``: eight open questions: little to copy.
 
 Each workload runs at concurrency 1 (three requests, one after another) and 8 (eight at
-once), after one warm-up request per rank. Reported per server, workload and concurrency:
-output tok/s (output tokens over the wall time of the run) and ITL p50 over requests, where a
-request's ITL is ``(last token time - first token time) / (tokens - 1)`` (a chunk that carries
-several tokens counts each). Prints one table; ``--json`` keeps every figure.
+once), after one warm-up request per rank, ``--repeats`` times in turn (3). Reported per
+server, workload and concurrency, from the median run by output tok/s: output tok/s (output
+tokens over the wall time of the run) and ITL p50 over requests, where a request's ITL is
+``(last token time - first token time) / (tokens - 1)``. Prints one table; ``--json`` keeps
+every run's tok/s too.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def start(run: str, port: int, threads: int, folder: Path) -> subprocess.Popen:
         k = int(run.split("-k")[1]) if "-k" in run else 0
         # 1,024 tokens a slot: a copy prompt (~270 tokens) and its answer fit.
         command = llamacpp_command(port, threads, slots=8, spec_ngram=k, ctx_per_slot=1024)
-        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = (folder / f"{run}.log").open("w")
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     cfg = yaml.safe_load((REPO / "deployment" / "configs" / "local.yaml").read_text())
     cfg["http_options"]["port"] = port
     k = OURS[run]
@@ -156,12 +158,20 @@ async def workload(url: str, prompts: list[str], concurrency: int, max_tokens: i
     }
 
 
-def measure(url: str, max_tokens: int) -> dict[str, Any]:
+def measure(url: str, max_tokens: int, repeats: int) -> dict[str, Any]:
+    """Each workload and concurrency ``repeats`` times in turn; the median run of each (by
+    output tok/s) is kept, every run's figure beside it."""
     asyncio.run(workload(url, CHAT, 2, 8))  # warm-up: one request per rank
+    runs: dict[str, list[dict]] = {}
+    for _ in range(repeats):
+        for name, prompts in WORKLOADS.items():
+            for c in (1, 8):
+                run = asyncio.run(workload(url, prompts, c, max_tokens))
+                runs.setdefault(f"{name}-c{c}", []).append(run)
     row: dict[str, Any] = {}
-    for name, prompts in WORKLOADS.items():
-        for c in (1, 8):
-            row[f"{name}-c{c}"] = asyncio.run(workload(url, prompts, c, max_tokens))
+    for cell, results in runs.items():
+        ordered = sorted(results, key=lambda r: r["out_tok_s"])
+        row[cell] = ordered[len(ordered) // 2] | {"runs": [r["out_tok_s"] for r in results]}
     return row
 
 
@@ -184,17 +194,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", nargs="+", default=["off", "k2", "k4", "llamacpp", "llamacpp-k4"])
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each cell (median)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--logs", type=Path, default=None, help="keep the servers' logs here")
     ns = parser.parse_args(argv)
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        folder = ns.logs or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         for i, run in enumerate(ns.runs):
             # A port per server: one stopping may still hold its port a while.
             url = f"http://127.0.0.1:{PORT + i}"
-            process = start(run, PORT + i, ns.threads, Path(tmp))
+            process = start(run, PORT + i, ns.threads, folder)
             try:
                 wait_ready(url, process)
-                results[run] = measure(url, ns.max_tokens)
+                results[run] = measure(url, ns.max_tokens, ns.repeats)
             finally:
                 stop(process)
             print(f"{run}: {json.dumps(results[run])}", flush=True)

@@ -141,3 +141,23 @@ def test_the_index_proposes_what_the_scan_proposes(history, cut, bounds, k) -> N
     assert index.propose(k) == propose_ngram(history[:cut], min_n, max_n, k)
     index.extend(history[cut:])
     assert index.propose(k) == propose_ngram(history, min_n, max_n, k)
+
+
+def test_a_request_drafts_at_most_one_more_than_it_last_kept() -> None:
+    from roundgate.actors.control.request import Request, SamplingParams
+    from roundgate.actors.control.speculation import Speculator
+
+    config = parse_speculative_config(
+        {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
+    )
+    speculator = Speculator(config, max_model_len=None)
+    req = Request("r", [4, 5, 6, 7, 8, 9] * 3 + [4], SamplingParams(max_tokens=500))
+    assert len(speculator.drafts_for(req, 8)) == 4  # k to start with
+    speculator.verified(req, 4, 1)  # one kept: two next time
+    assert len(speculator.drafts_for(req, 8)) == 2
+    speculator.verified(req, 2, 2)  # all kept: one more
+    assert len(speculator.drafts_for(req, 8)) == 3
+    speculator.verified(req, 3, 3)
+    speculator.verified(req, 4, 4)  # never past k
+    assert len(speculator.drafts_for(req, 8)) == 4
+    assert len(speculator.drafts_for(req, 1)) == 1  # the round's room still caps it

@@ -221,6 +221,8 @@ class Request:
     # still decodes without drafts because of them (``Speculator``'s back-off).
     draft_misses: int = 0
     draft_pause: int = 0
+    # The most drafts its next verification carries (0: ``num_speculative_tokens``).
+    draft_cap: int = 0
     # The request's n-gram index for prompt lookup (``NgramIndex``), built on first use.
     draft_index: Any = field(default=None, repr=False)
     # The prompt never changes after construction, so its length is stored, not recounted:

@@ -9,11 +9,18 @@ back here (vLLM checks drafts against the grammar's mask; that is future work).
 
 Drafts that verification keeps cost little; drafts it rejects cost a verify forward over
 tokens that yield nothing, which on a rank whose forward time grows with its tokens (a CPU,
-a large batch on a GPU) makes decoding slower than without drafts. So a request whose
-verification kept none of its drafts decodes without drafts for a while, twice as long after
-each such miss in a row (1, 2, 4 ... up to ``MAX_PAUSE_ROUNDS`` rounds), and from the next
-kept draft on drafts every round again: text with nothing to copy soon stops paying for
-lookups, and a copied passage is picked up within a few rounds.
+a large batch on a GPU) makes decoding slower than without drafts. So each request paces its
+own drafts:
+
+- **how many**: a verification carries at most one draft more than the last one kept (all
+  kept: one more, up to ``k``; some rejected: the kept count plus one), so a request wastes
+  at most about one draft token per verification beyond those it keeps;
+- **how often**: a request whose verification kept none of its drafts decodes without drafts
+  for a while, twice as long after each such miss in a row (1, 2, 4 ... up to
+  ``MAX_PAUSE_ROUNDS`` rounds), and from its next kept draft drafts every round again.
+
+Text with nothing to copy soon stops paying for lookups; a copied passage is picked up
+within a few rounds and reaches ``k`` drafts a verification after ``k`` full ones.
 
 Under attention DP ``k`` is the group's: every rank caps at the same ``k`` and verifies in
 the round's one forward (a verify chunk is a decode chunk of ``1 + drafts`` tokens), so no
@@ -63,7 +70,7 @@ class Speculator:
             raise ValueError(f"speculative method {config.method}: not built yet")
         self.config = config
         self.max_model_len = max_model_len
-        self.backoff = backoff  # pause a request's drafts after misses (the module doc)
+        self.backoff = backoff  # each request paces its own drafts (the module doc)
         self.stats = SpecStats()
 
     def drafts_for(self, req: Request, room: int) -> tuple[int, ...]:
@@ -76,7 +83,7 @@ class Speculator:
             req.draft_pause -= 1
             return ()
         emitted = len(req.output_token_ids) + req.num_resumed_tokens
-        limit = min(self.config.k, room, sampling.max_tokens - emitted - 1)
+        limit = min(req.draft_cap or self.config.k, room, sampling.max_tokens - emitted - 1)
         if self.max_model_len is not None:
             limit = min(limit, self.max_model_len - req.num_tokens)
         if limit <= 0:
@@ -105,6 +112,10 @@ class Speculator:
         stats.verifies += 1
         stats.drafts += num_drafts
         stats.accepted += num_accepted
+        if self.backoff:
+            k = self.config.k
+            cap = req.draft_cap or k
+            req.draft_cap = min(k, cap + 1) if num_accepted == num_drafts else num_accepted + 1
         if num_accepted:
             req.draft_misses = 0
         elif self.backoff:
