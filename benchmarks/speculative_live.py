@@ -140,7 +140,10 @@ def itl(result: dict) -> float | None:
 
 
 async def workload(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
-    async with httpx.AsyncClient(timeout=600) as client:
+    # No kept-alive connections: llama.cpp's HTTP server closes one after a few requests, and
+    # a request sent on it as it closes is lost ("Server disconnected").
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         started = time.perf_counter()
         if concurrency == 1:
             results = [await one(client, url, p, max_tokens) for p in prompts[:3]]
