@@ -5,12 +5,15 @@ prompts, and exports its acceptance per rank in ``/metrics``."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from roundgate.actors.telemetry.metrics_hub import PUSH_INTERVAL_S
 
 MODEL = "smollm2-135m-instruct"
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2}
@@ -49,13 +52,24 @@ def complete_all(url: str) -> list[dict[str, Any]]:
 
 
 def spec_counters(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics", timeout=30).raise_for_status().text
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name.startswith("roundgate_spec_decode_") and s.name.endswith("_total"):
-                totals[s.name] = totals.get(s.name, 0.0) + s.value
-    return totals
+    """The group's speculative-decoding totals, once some rank has reported a kept draft.
+
+    Ranks push their series to the metrics hub every second (``PUSH_INTERVAL_S``), so a
+    scrape right after the last answer may still read the rounds before it: read again for
+    a few pushes before reporting what is there."""
+    deadline = time.monotonic() + 10 * PUSH_INTERVAL_S
+    while True:
+        text = httpx.get(f"{url}/metrics", timeout=30).raise_for_status().text
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name.startswith("roundgate_spec_decode_") and s.name.endswith("_total"):
+                    totals[s.name] = totals.get(s.name, 0.0) + s.value
+        if totals.get("roundgate_spec_decode_accepted_tokens_total") or (
+            time.monotonic() > deadline
+        ):
+            return totals
+        time.sleep(PUSH_INTERVAL_S / 2)
 
 
 @pytest.fixture(scope="module")
