@@ -56,6 +56,13 @@ class EplbConfig:
     num_groups: int = 1  # the router's expert groups (hierarchical placement over nodes)
     load_file: str | None = None  # --eplb-load-file: rank 0 writes each window's loads here
 
+    @classmethod
+    def of(cls, flags: Any, num_groups: int) -> EplbConfig:
+        """The settings from a rank's flags (a ``RunnerConfig``) and its model's router."""
+        return cls(
+            flags.eplb_window_rounds, flags.eplb_interval_rounds, num_groups, flags.eplb_load_file
+        )
+
 
 @dataclass(frozen=True)
 class RebalanceReport:

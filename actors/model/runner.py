@@ -36,7 +36,7 @@ from roundgate.actors.model.llamacpp_arith import fuse_layers, use_llamacpp_arit
 from roundgate.actors.model.prompt_logprobs import prompt_rows, score_rows
 from roundgate.actors.model.round_sampling import sample_round
 from roundgate.actors.model.runner_config import RunnerConfig
-from roundgate.actors.model.spec_rounds import Verdicts, VerifyRows, verify_drafts, verify_rows
+from roundgate.actors.model.spec_rounds import verify_round, verify_rows
 from roundgate.actors.role import DisaggregationRole
 from roundgate.actors.server_args import ServerArgs
 from roundgate.gate.rows import RankRow, RoundView, read_rows
@@ -118,8 +118,9 @@ class ModelRunner:
             expert_maps=_placement_file(runner_config, self.placement),
         )
         # --enable-eplb: expert load counted each round, experts re-placed every interval.
+        self.eplb = EplbConfig.of(runner_config, config.router.n_group)
         self.balancer = (
-            ExpertBalancer(self.model, self._eplb_config(runner_config), group, self.device)
+            ExpertBalancer(self.model, self.eplb, group, self.device)
             if runner_config.enable_eplb and world > 1 and not deferred
             else None
         )
@@ -239,7 +240,7 @@ class ModelRunner:
             if found is not None:
                 prompt_logprobs = score_rows(logits[len(chunks) : scored], found)
             if drafted is not None:
-                verdicts = self._verify(logits, scored, drafted, chunks, failed)
+                verdicts = verify_round(logits, scored, drafted, chunks, self.generator, failed)
             logits = logits[: len(chunks)]
             verifying = set(drafted.chunks) if drafted is not None else ()
             picks = [i for i, c in enumerate(chunks) if c.samples and i not in verifying]
@@ -258,42 +259,8 @@ class ModelRunner:
         cost = time.perf_counter() - started
         result = RoundResult(sampled, cost, logprobs, forks, failed, prompt_logprobs)
         if verdicts is not None:
-            sampled.update(verdicts.sampled)
-            logprobs.update(verdicts.logprobs)
-            result.accepted = verdicts.accepted
-            result.accepted_logprobs = verdicts.accepted_logprobs
+            verdicts.apply_to(result)
         return result
-
-    def _verify(
-        self,
-        logits: torch.Tensor,
-        at: int,
-        drafted: VerifyRows,
-        chunks: Sequence[ScheduledChunk],
-        failed: dict[str, str],
-    ) -> Verdicts:
-        """The drafts' verdicts (``roundgate.actors.model.spec_rounds``); as with sampling, a
-        request whose verification raises fails alone."""
-        requests = [chunks[i].request for i in drafted.chunks]
-        last = logits[drafted.chunks]
-        earlier = logits[at:]
-        try:
-            return verify_drafts(last, earlier, requests, self.generator)
-        except Exception:
-            logger.exception("batched verification failed; verifying request by request")
-        out = Verdicts({}, {}, {}, {})
-        row = 0
-        for i, req in enumerate(requests):
-            d = len(req.drafts)
-            try:
-                one = verify_drafts(last[i : i + 1], earlier[row : row + d], [req], self.generator)
-            except Exception as exc:
-                failed[req.request_id] = f"sampling failed: {exc}"
-            else:
-                for mine, theirs in zip(out, one, strict=True):
-                    mine.update(theirs)
-            row += d
-        return out
 
     def _sample(
         self, logits: torch.Tensor, requests: list[Request], failed: dict[str, str]
@@ -494,19 +461,11 @@ class ModelRunner:
         )
         if rc.enable_eplb:
             self.balancer = (
-                ExpertBalancer(self.model, self._eplb_config(rc), group, self.device)
+                ExpertBalancer(self.model, self.eplb, group, self.device)
                 if world_size > 1
                 else None
             )
         return report
-
-    def _eplb_config(self, rc: RunnerConfig) -> EplbConfig:
-        return EplbConfig(
-            rc.eplb_window_rounds,
-            rc.eplb_interval_rounds,
-            self.config.router.n_group,
-            rc.eplb_load_file,
-        )
 
     def drop_parked(self, request_id: str) -> None:
         """Forget a retracted request's host KV (it was aborted while parked)."""

@@ -16,16 +16,19 @@ speculative sampling's rejection rule would (``roundgate.actors.model.spec_verif
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
 from roundgate.actors.control.request import Request, TokenLogprobs
-from roundgate.actors.control.round import ScheduledChunk
+from roundgate.actors.control.round import RoundResult, ScheduledChunk
 from roundgate.actors.model.round_sampling import history
 from roundgate.actors.model.sampling import sample
 from roundgate.actors.model.spec_verify import accept_greedy
+
+logger = logging.getLogger("roundgate.runner")
 
 
 class VerifyRows(NamedTuple):
@@ -41,6 +44,13 @@ class Verdicts(NamedTuple):
     accepted: dict[str, tuple[int, ...]]
     accepted_logprobs: dict[str, tuple[TokenLogprobs, ...]]
 
+    def apply_to(self, result: RoundResult) -> None:
+        """Put the verdicts in the round's result, beside the plain samples."""
+        result.sampled.update(self.sampled)
+        result.logprobs.update(self.logprobs)
+        result.accepted = self.accepted
+        result.accepted_logprobs = self.accepted_logprobs
+
 
 def verify_rows(chunks: Sequence[ScheduledChunk]) -> VerifyRows | None:
     """The round's verify chunks (decodes carrying drafts), or None when there are none."""
@@ -53,6 +63,40 @@ def verify_rows(chunks: Sequence[ScheduledChunk]) -> VerifyRows | None:
             rows.extend(range(offset, offset + len(req.drafts)))
         offset += num_tokens
     return VerifyRows(found, rows) if found else None
+
+
+def verify_round(
+    logits: torch.Tensor,
+    at: int,
+    drafted: VerifyRows,
+    chunks: Sequence[ScheduledChunk],
+    generator: torch.Generator,
+    failed: dict[str, str],
+) -> Verdicts:
+    """The round's verdicts from its logits (each chunk's last row, then the extra rows; the
+    draft positions' start at ``at``). As with sampling, the batch is verified in one call,
+    and only when that raises request by request: a request whose verification raises fails
+    alone (``failed``)."""
+    requests = [chunks[i].request for i in drafted.chunks]
+    last = logits[drafted.chunks]
+    earlier = logits[at:]
+    try:
+        return verify_drafts(last, earlier, requests, generator)
+    except Exception:
+        logger.exception("batched verification failed; verifying request by request")
+    out = Verdicts({}, {}, {}, {})
+    row = 0
+    for i, req in enumerate(requests):
+        d = len(req.drafts)
+        try:
+            one = verify_drafts(last[i : i + 1], earlier[row : row + d], [req], generator)
+        except Exception as exc:
+            failed[req.request_id] = f"sampling failed: {exc}"
+        else:
+            for mine, theirs in zip(out, one, strict=True):
+                mine.update(theirs)
+        row += d
+    return out
 
 
 def verify_drafts(
