@@ -1,0 +1,278 @@
+"""The block-FP8 GEMM against its torch references, the quantize step's rounding, ``Fp8Linear``
+and the FP8 weight bytes of DeepSeek-V3 per rank.
+
+Without a GPU the Triton kernels run under Triton's interpreter (``kernel_device``), on tiny
+shapes that still cover ``N`` and ``K`` off multiples of 128, each tile configuration and
+empty inputs. Tolerances are bounds derived from the arithmetic (``triton_fp8_gemm``'s
+docstring), not fitted to the results: float32 summation order against the reference that
+quantizes ``x`` the same way, and e4m3's rounding of ``x`` against the unquantized product.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from roundgate.kernels.quant.fp8_blocks import (
+    AMAX_FLOOR,
+    BLOCK,
+    FP8_DTYPE,
+    FP8_MAX,
+    dequantize_weight_blocks,
+    dequantized_linear,
+    fp8_gemm_reference,
+    quantize_activations,
+    quantize_weight_blocks,
+)
+from roundgate.kernels.quant.fp8_footprint import MoEShape, weight_bytes_per_rank
+from roundgate.kernels.quant.fp8_linear import Fp8Linear
+
+UNIT = 2.0**-24  # float32 unit roundoff
+E4M3_UNIT = 2.0**-4  # e4m3 keeps 3 mantissa bits: relative rounding error of normal values
+E4M3_SUBNORMAL_HALF_STEP = 2.0**-10  # absolute error below e4m3's smallest normal, in codes
+
+# (rows, out features N, in features K, x dtype)
+GEMM_CASES = [
+    (1, 128, 128, torch.bfloat16),  # one decode row, one block
+    (5, 200, 300, torch.bfloat16),  # N and K off multiples of 128: partial edge blocks
+    (3, 130, 7, torch.float32),  # K under one group
+    (20, 64, 256, torch.float16),  # 17-64 rows: the 64x128 tiles
+    (70, 40, 130, torch.bfloat16),  # over 64 rows: the 128x128 tiles
+    (0, 64, 128, torch.bfloat16),  # no rows (an idle rank)
+]
+
+
+def make_weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random e4m3 codes with 128x128 block scales spread over two decades."""
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(n, k, generator=gen) * 0.05
+    codes, _ = quantize_weight_blocks(weight)
+    scales = 10 ** (torch.rand(-(-n // BLOCK), -(-k // BLOCK), generator=gen) * 2 - 3)
+    return codes, scales.float()
+
+
+def make_x(rows: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Activations with a few outliers, as real hidden states have."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen)
+    x[:, :: max(k // 3, 1)] *= 20
+    return x.to(dtype)
+
+
+def summation_bound(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``2 K u (|x_q| @ |W|^T)``: the float32 rounding room between two summation orders."""
+    xq = quantize_activations(x).dequantize()
+    w = dequantize_weight_blocks(weight, scales)
+    return 2 * x.shape[1] * UNIT * (xq.abs() @ w.abs().T) + 1e-30
+
+
+def e4m3_bound(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``(2^-4 |x| + 2^-10 s) @ |W|^T``: how far quantizing ``x`` may move the product."""
+    group_scales = quantize_activations(x).scales.repeat_interleave(BLOCK, 1)[:, : x.shape[1]]
+    error = E4M3_UNIT * x.float().abs() + E4M3_SUBNORMAL_HALF_STEP * group_scales
+    return error @ dequantize_weight_blocks(weight, scales).abs().T
+
+
+# ---- the quantize step ---------------------------------------------------------------------
+
+# (one row of x, expected codes, expected scale per group): a 448 in a group pins its scale to 1.
+QUANTIZE_CASES = [
+    pytest.param([0.0] * 4, [0.0] * 4, [AMAX_FLOOR / FP8_MAX], id="zeros-floored-scale"),
+    pytest.param([448.0, 1.0, -2.5, 0.0], [448.0, 1.0, -2.5, 0.0], [1.0], id="exact-codes"),
+    pytest.param([896.0, 3.0, -1.0], [448.0, 1.5, -0.5], [2.0], id="scaled-by-two"),
+    pytest.param([448.0, 124.33, -124.33], [448.0, 128.0, -128.0], [1.0], id="round-up-a-binade"),
+    pytest.param([448.0, 17.0, 19.0, 18.5], [448.0, 16.0, 20.0, 18.0], [1.0], id="ties-to-even"),
+    pytest.param([448.0, 447.0, -440.0], [448.0, 448.0, -448.0], [1.0], id="top-binade"),
+    pytest.param(
+        [448.0, 2.0**-9 * 1.5, 2.0**-10, 2.0**-7 * 1.0625],
+        [448.0, 2.0**-8, 0.0, 2.0**-7],
+        [1.0],
+        id="subnormals",
+    ),
+    pytest.param(
+        [448.0] + [1.0] * 127 + [-7.0, 3.5],
+        [448.0] + [1.0] * 127 + [-448.0, 224.0],
+        [1.0, 7 / 448],
+        id="second-partial-group",
+    ),
+]
+
+
+def quantize_with(implementation: str, x: torch.Tensor):
+    if implementation == "torch":
+        return quantize_activations(x)
+    from roundgate.kernels.quant.triton_fp8_gemm import quantize_activations_triton
+
+    return quantize_activations_triton(x)
+
+
+@pytest.mark.parametrize(
+    "implementation", ["torch", pytest.param("triton", marks=pytest.mark.triton)]
+)
+@pytest.mark.parametrize(("row", "codes", "scales"), QUANTIZE_CASES)
+def test_quantize_step(
+    request: pytest.FixtureRequest, implementation: str, row: list[float], codes, scales
+) -> None:
+    device = request.getfixturevalue("kernel_device") if implementation == "triton" else "cpu"
+    quantized = quantize_with(implementation, torch.tensor([row], device=device))
+    assert quantized.values.dtype == FP8_DTYPE
+    assert quantized.values.float().cpu().tolist() == [codes]
+    torch.testing.assert_close(quantized.scales.cpu(), torch.tensor([scales]), rtol=0, atol=0)
+
+
+@pytest.mark.triton
+def test_triton_rounding_matches_torch_on_every_code_and_tie(kernel_device: str) -> None:
+    """Every finite e4m3 value, the midpoints between neighbours (ties) and values just off
+    them, both signs: the kernel's codes are torch's (which rounds to nearest, ties to even)."""
+    values = torch.arange(0, 127, dtype=torch.uint8).view(FP8_DTYPE).float()  # 0 .. 448
+    mids = (values[1:] + values[:-1]) / 2
+    probes = torch.cat([values, mids, mids * (1 + 2**-20), mids * (1 - 2**-20)])
+    probes = torch.cat([probes, -probes])
+    group = BLOCK - 1  # each group's first entry is 448, pinning its scale to exactly 1
+    padded = torch.cat([probes, probes.new_zeros(-len(probes) % group)]).view(-1, group)
+    rows = torch.cat([torch.full((len(padded), 1), FP8_MAX), padded], 1).view(1, -1)
+    from roundgate.kernels.quant.triton_fp8_gemm import quantize_activations_triton
+
+    kernel = quantize_activations_triton(rows.to(kernel_device))
+    reference = quantize_activations(rows)
+    assert torch.equal(reference.scales, torch.ones_like(reference.scales))
+    assert torch.equal(kernel.values.cpu().view(torch.uint8), reference.values.view(torch.uint8))
+    assert torch.equal(reference.values.float(), rows.to(FP8_DTYPE).float())  # torch's own cast
+
+
+# ---- the GEMM ------------------------------------------------------------------------------
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize(("rows", "n", "k", "dtype"), GEMM_CASES)
+def test_fp8_gemm_within_bounds(
+    kernel_device: str, rows: int, n: int, k: int, dtype: torch.dtype
+) -> None:
+    from roundgate.kernels.quant.triton_fp8_gemm import fp8_block_gemm
+
+    weight, scales = make_weight(n, k, seed=n + k)
+    x = make_x(rows, k, dtype, seed=rows)
+    to = kernel_device
+    y = fp8_block_gemm(x.to(to), weight.to(to), scales.to(to), out_dtype=torch.float32).cpu()
+    assert y.shape == (rows, n)
+    same_quantization = (y - fp8_gemm_reference(x, weight, scales)).abs()
+    assert (same_quantization <= summation_bound(x, weight, scales)).all()
+    unquantized = (y - dequantized_linear(x, weight, scales)).abs()
+    slack = summation_bound(x, weight, scales)
+    assert (unquantized <= e4m3_bound(x, weight, scales) + slack).all()
+
+
+@pytest.mark.triton
+def test_fp8_gemm_keeps_leading_dims_and_dtype(kernel_device: str) -> None:
+    from roundgate.kernels.quant.triton_fp8_gemm import fp8_block_gemm
+
+    weight, scales = make_weight(96, 160, seed=1)
+    x = make_x(6, 160, torch.bfloat16, seed=2).view(2, 3, 160)
+    y = fp8_block_gemm(x.to(kernel_device), weight.to(kernel_device), scales.to(kernel_device))
+    assert y.shape == (2, 3, 96) and y.dtype == torch.bfloat16
+    reference = fp8_gemm_reference(x.view(6, 160), weight, scales).view(2, 3, 96)
+    # Within one bf16 step: the interpreter truncates float32 to bf16 (a GPU rounds to nearest).
+    torch.testing.assert_close(y.cpu().float(), reference, rtol=2**-7, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("weight", "scales", "x", "message"),
+    [
+        (torch.zeros(4, 8), torch.ones(1, 1), torch.zeros(1, 8), "float8_e4m3fn"),
+        (torch.zeros(200, 8).to(FP8_DTYPE), torch.ones(1, 1), torch.zeros(1, 8), r"\[2, 1\]"),
+        (torch.zeros(4, 8).to(FP8_DTYPE), torch.ones(1, 1).double(), torch.zeros(1, 8), "float32"),
+        (torch.zeros(4, 8).to(FP8_DTYPE), torch.ones(1, 1), torch.zeros(1, 9), "9 columns"),
+    ],
+)
+def test_fp8_gemm_refuses_bad_operands(weight, scales, x, message: str) -> None:
+    pytest.importorskip("triton")
+    from roundgate.kernels.quant.triton_fp8_gemm import fp8_block_gemm
+
+    with pytest.raises(ValueError, match=message):
+        fp8_block_gemm(x, weight, scales)
+
+
+def test_quantize_refuses_integer_activations() -> None:
+    with pytest.raises(ValueError, match="bf16/fp16/fp32"):
+        quantize_activations(torch.zeros(2, 4, dtype=torch.int32))
+
+
+def test_weight_quantization_round_trips_within_e4m3() -> None:
+    weight = make_x(130, 260, torch.float32, seed=3)
+    codes, scales = quantize_weight_blocks(weight)
+    assert codes.shape == (130, 260) and scales.shape == (2, 3)
+    error = (dequantize_weight_blocks(codes, scales) - weight).abs()
+    spread = scales.repeat_interleave(BLOCK, 0)[:130].repeat_interleave(BLOCK, 1)[:, :260]
+    assert (error <= E4M3_UNIT * weight.abs() + E4M3_SUBNORMAL_HALF_STEP * spread).all()
+
+
+# ---- Fp8Linear -----------------------------------------------------------------------------
+
+
+def test_fp8_linear_on_cpu_is_the_dequantized_product() -> None:
+    weight, scales = make_weight(64, 200, seed=4)
+    layer = Fp8Linear(weight, scales)
+    x = make_x(4, 200, torch.bfloat16, seed=5).view(2, 2, 200)
+    y = layer(x)
+    assert y.shape == (2, 2, 64) and y.dtype == torch.bfloat16
+    assert torch.equal(y, dequantized_linear(x, weight, scales).to(torch.bfloat16))
+    assert set(layer.state_dict()) == {"weight", "weight_scale_inv"}
+    assert layer.nbytes == 64 * 200 + 4 * 2
+
+
+@pytest.mark.triton
+def test_fp8_linear_runs_the_kernel_when_asked(kernel_device: str) -> None:
+    weight, scales = make_weight(64, 200, seed=6)
+    layer = Fp8Linear(weight, scales, use_kernel=True).to(kernel_device)
+    x = make_x(3, 200, torch.float32, seed=7)
+    y = layer(x.to(kernel_device)).cpu()
+    assert (
+        (y - fp8_gemm_reference(x, weight, scales)).abs() <= summation_bound(x, weight, scales)
+    ).all()
+
+
+def test_fp8_linear_refuses_a_wrong_width() -> None:
+    weight, scales = make_weight(8, 16, seed=8)
+    with pytest.raises(ValueError, match="expected 16"):
+        Fp8Linear(weight, scales)(torch.zeros(1, 15))
+
+
+# ---- DeepSeek-V3's weights per rank --------------------------------------------------------
+
+# By hand (DeepSeek-V3, 8 ranks, 32 of each MoE layer's 256 routed experts per rank):
+# one expert: 3 x 2048 x 7168 = 44,040,192 weights, 3 x 16 x 56 = 2,688 blocks;
+# MLA per layer: 1536x7168 + 24576x1536 + 576x7168 + 32768x512 + 7168x16384 = 187,105,280
+# weights in 672 + 2,304 + 280 + 1,024 + 7,168 = 11,448 blocks;
+# dense MLP: 3 x 18432 x 7168 = 396,361,728 weights in 3 x 144 x 56 = 24,192 blocks.
+ROUTED = 58 * 32 * 44_040_192
+REPLICATED = 61 * 187_105_280 + 3 * 396_361_728 + 58 * 44_040_192
+BLOCKS = 58 * 32 * 2_688 + 61 * 11_448 + 3 * 24_192 + 58 * 2_688
+UNQUANTIZED = (
+    2 * (2 * 129_280 * 7_168 + 61 * (2 * 7_168 + 1_536 + 512) + 7_168 + 58 * 256 * 7_168)
+    + 4 * 58 * 256
+)
+
+
+@pytest.mark.parametrize(
+    ("fp8", "routed", "replicated", "scales"),
+    [(True, ROUTED, REPLICATED, 4 * BLOCKS), (False, 2 * ROUTED, 2 * REPLICATED, 0)],
+)
+def test_deepseek_v3_weight_bytes_per_rank(
+    fp8: bool, routed: int, replicated: int, scales: int
+) -> None:
+    held = weight_bytes_per_rank(MoEShape(), num_ranks=8, fp8=fp8)
+    assert (held.routed_experts, held.replicated_linears) == (routed, replicated)
+    assert (held.scales, held.unquantized) == (scales, UNQUANTIZED)
+    assert held.total == routed + replicated + scales + UNQUANTIZED
+
+
+def test_deepseek_v3_has_671b_parameters() -> None:
+    """One rank holding every expert in bf16: two bytes a parameter (bar the float32 bias)."""
+    whole = weight_bytes_per_rank(MoEShape(), num_ranks=1, fp8=False)
+    params = (whole.total - 4 * 58 * 256) // 2 + 58 * 256
+    assert 671.0e9 < params < 671.1e9
+
+
+def test_experts_must_split_evenly_over_the_ranks() -> None:
+    with pytest.raises(ValueError, match="num_ranks: 3"):
+        weight_bytes_per_rank(MoEShape(), num_ranks=3, fp8=True)
