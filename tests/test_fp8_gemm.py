@@ -18,6 +18,7 @@ from roundgate.kernels.quant.fp8_blocks import (
     BLOCK,
     FP8_DTYPE,
     FP8_MAX,
+    QuantizedActivations,
     dequantize_weight_blocks,
     dequantized_linear,
     fp8_gemm_reference,
@@ -27,7 +28,11 @@ from roundgate.kernels.quant.fp8_blocks import (
 from roundgate.kernels.quant.fp8_footprint import MoEShape, weight_bytes_per_rank
 from roundgate.kernels.quant.fp8_linear import Fp8Linear
 
-UNIT = 2.0**-24  # float32 unit roundoff
+# The accumulator's unit roundoff, by device: float32 under the interpreter (numpy); on a
+# GPU, Hopper's FP8 tensor cores keep about 14 bits while summing inside one 128-wide step
+# (DeepSeek-V3's report, section 3.3.2; the reason the kernel rescales into float32 every
+# step). Not checked on a GPU here: this task's machine has none.
+ACCUMULATOR_UNIT = {"cpu": 2.0**-24, "cuda": 2.0**-13}
 E4M3_UNIT = 2.0**-4  # e4m3 keeps 3 mantissa bits: relative rounding error of normal values
 E4M3_SUBNORMAL_HALF_STEP = 2.0**-10  # absolute error below e4m3's smallest normal, in codes
 
@@ -59,11 +64,14 @@ def make_x(rows: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     return x.to(dtype)
 
 
-def summation_bound(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """``2 K u (|x_q| @ |W|^T)``: the float32 rounding room between two summation orders."""
+def summation_bound(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, device: str
+) -> torch.Tensor:
+    """``2 K u (|x_q| @ |W|^T)``: the rounding room between two summation orders."""
     xq = quantize_activations(x).dequantize()
     w = dequantize_weight_blocks(weight, scales)
-    return 2 * x.shape[1] * UNIT * (xq.abs() @ w.abs().T) + 1e-30
+    unit = ACCUMULATOR_UNIT[device]
+    return 2 * x.shape[1] * unit * (xq.abs() @ w.abs().T) + 1e-30
 
 
 def e4m3_bound(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -98,7 +106,7 @@ QUANTIZE_CASES = [
 ]
 
 
-def quantize_with(implementation: str, x: torch.Tensor):
+def quantize_with(implementation: str, x: torch.Tensor) -> QuantizedActivations:
     if implementation == "torch":
         return quantize_activations(x)
     from roundgate.kernels.quant.triton_fp8_gemm import quantize_activations_triton
@@ -111,7 +119,11 @@ def quantize_with(implementation: str, x: torch.Tensor):
 )
 @pytest.mark.parametrize(("row", "codes", "scales"), QUANTIZE_CASES)
 def test_quantize_step(
-    request: pytest.FixtureRequest, implementation: str, row: list[float], codes, scales
+    request: pytest.FixtureRequest,
+    implementation: str,
+    row: list[float],
+    codes: list[float],
+    scales: list[float],
 ) -> None:
     device = request.getfixturevalue("kernel_device") if implementation == "triton" else "cpu"
     quantized = quantize_with(implementation, torch.tensor([row], device=device))
@@ -156,9 +168,9 @@ def test_fp8_gemm_within_bounds(
     y = fp8_block_gemm(x.to(to), weight.to(to), scales.to(to), out_dtype=torch.float32).cpu()
     assert y.shape == (rows, n)
     same_quantization = (y - fp8_gemm_reference(x, weight, scales)).abs()
-    assert (same_quantization <= summation_bound(x, weight, scales)).all()
+    slack = summation_bound(x, weight, scales, kernel_device)
+    assert (same_quantization <= slack).all()
     unquantized = (y - dequantized_linear(x, weight, scales)).abs()
-    slack = summation_bound(x, weight, scales)
     assert (unquantized <= e4m3_bound(x, weight, scales) + slack).all()
 
 
@@ -170,9 +182,12 @@ def test_fp8_gemm_keeps_leading_dims_and_dtype(kernel_device: str) -> None:
     x = make_x(6, 160, torch.bfloat16, seed=2).view(2, 3, 160)
     y = fp8_block_gemm(x.to(kernel_device), weight.to(kernel_device), scales.to(kernel_device))
     assert y.shape == (2, 3, 96) and y.dtype == torch.bfloat16
-    reference = fp8_gemm_reference(x.view(6, 160), weight, scales).view(2, 3, 96)
-    # Within one bf16 step: the interpreter truncates float32 to bf16 (a GPU rounds to nearest).
-    torch.testing.assert_close(y.cpu().float(), reference, rtol=2**-7, atol=1e-6)
+    rows = x.view(6, 160)
+    error = (y.cpu().float().view(6, 96) - fp8_gemm_reference(rows, weight, scales)).abs()
+    # One bf16 step of the result (the interpreter truncates to bf16; a GPU rounds to nearest).
+    bf16_step = 2.0**-7 * fp8_gemm_reference(rows, weight, scales).abs()
+    slack = (1 + 2.0**-7) * summation_bound(rows, weight, scales, kernel_device)
+    assert (error <= bf16_step + slack).all()
 
 
 @pytest.mark.parametrize(
@@ -226,9 +241,8 @@ def test_fp8_linear_runs_the_kernel_when_asked(kernel_device: str) -> None:
     layer = Fp8Linear(weight, scales, use_kernel=True).to(kernel_device)
     x = make_x(3, 200, torch.float32, seed=7)
     y = layer(x.to(kernel_device)).cpu()
-    assert (
-        (y - fp8_gemm_reference(x, weight, scales)).abs() <= summation_bound(x, weight, scales)
-    ).all()
+    slack = summation_bound(x, weight, scales, kernel_device)
+    assert ((y - fp8_gemm_reference(x, weight, scales)).abs() <= slack).all()
 
 
 def test_fp8_linear_refuses_a_wrong_width() -> None:
