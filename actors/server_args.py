@@ -25,9 +25,13 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from roundgate.actors import kv_budget
-from roundgate.actors.control.speculative_config import SpeculativeConfig, check_speculative
+from roundgate.actors.control.speculative_config import (
+    SpeculativeConfig,
+    check_mtp,
+    check_speculative,
+)
 from roundgate.actors.expert_flags import check_expert_flags
-from roundgate.actors.model.config import ModelConfig
+from roundgate.actors.model.config import ModelConfig, with_overrides
 from roundgate.actors.model.resolve import resolve_model_config
 from roundgate.actors.role import DISAGGREGATION_MODES, DisaggregationRole
 from roundgate.gate import registry
@@ -268,6 +272,15 @@ class ServerArgs:
         check_expert_flags(self)
         speculative = check_speculative(self.speculative_config, self.disaggregation_mode)
         object.__setattr__(self, "speculative", speculative)
+        if speculative is not None and speculative.method == "mtp":  # its layer's K/V cached
+            model = self.model_config
+            layers = check_mtp(
+                speculative,
+                model.num_nextn_predict_layers,
+                model.architecture,
+                self.disaggregation_mode,
+            )
+            object.__setattr__(self, "model_config", with_overrides(model, draft_layers=layers))
         if isinstance(self.speculative_config, Mapping):  # a serve config's object, as text
             object.__setattr__(self, "speculative_config", json.dumps(self.speculative_config))
         self._size_kv_pool()

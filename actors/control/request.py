@@ -225,6 +225,9 @@ class Request:
     draft_cap: int = 0
     # The request's n-gram index for prompt lookup (``NgramIndex``), built on first use.
     draft_index: Any = field(default=None, repr=False)
+    # Drafts a model proposed after the last round (``mtp``, ``draft_model``): what its next
+    # verification may carry (``RoundResult.drafts``).
+    proposed_drafts: tuple[int, ...] = ()
     # The prompt never changes after construction, so its length is stored, not recounted:
     # the scheduler reads it for every running request every round.
     num_prompt_tokens: int = field(init=False)

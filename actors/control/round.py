@@ -171,6 +171,9 @@ class RoundResult:
     accepted: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # Their logprobs, for requests that asked for them.
     accepted_logprobs: dict[str, tuple[TokenLogprobs, ...]] = field(default_factory=dict)
+    # Drafts a model on the rank proposed for each request's next round (``mtp``,
+    # ``draft_model``), continuing the tokens this round emitted.
+    drafts: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

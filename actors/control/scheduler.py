@@ -315,6 +315,12 @@ class Scheduler:
             append(make_event(TokenEvent, (req, token, finished)))
         if result.forks and not hands_off:
             self._fork(plan, result, events)
+        if result.drafts:  # a draft model's proposals for the next round
+            requests = self.queues.requests
+            for request_id, drafts in result.drafts.items():
+                req = requests.get(request_id)
+                if req is not None and req.status < _RETRACTED:
+                    req.proposed_drafts = drafts
         return events
 
     # ---- steady decode rounds, k at once (the simulator's fast path) ---------------------

@@ -1,7 +1,9 @@
 """Which drafts a decoding request verifies this round, and what verification kept.
 
 The planner asks ``drafts_for`` for every decoding request; the scheduler reports each
-verification back (``verified``). Drafts are capped so a verification never runs past what
+verification back (``verified``). Drafts come from prompt lookup (``ngram``, here) or from a
+model the rank ran after the last round (``mtp``, ``draft_model``: ``Request.proposed_drafts``,
+taken for one round only). Drafts are capped so a verification never runs past what
 the request may still emit: at most ``max_tokens - emitted - 1`` (a verification emits the
 kept drafts plus one token), and never a position past the context. A request with a
 grammar decodes without drafts: its matcher advances one token at a time and is not rolled
@@ -66,8 +68,6 @@ class Speculator:
     def __init__(
         self, config: SpeculativeConfig, max_model_len: int | None, backoff: bool = True
     ) -> None:
-        if config.method != "ngram":
-            raise ValueError(f"speculative method {config.method}: not built yet")
         self.config = config
         self.max_model_len = max_model_len
         self.backoff = backoff  # each request paces its own drafts (the module doc)
@@ -77,6 +77,8 @@ class Speculator:
         """Up to ``min(k, room)`` drafts for ``req``'s next round (``room``: tokens the
         round's budget has left beyond its one decode token); ``()`` for none."""
         sampling = req.sampling
+        # A model's proposal is for this round only: taken whether or not it is verified.
+        proposed, req.proposed_drafts = req.proposed_drafts, ()
         if sampling.grammar is not None:
             return ()
         if req.draft_pause:
@@ -88,10 +90,12 @@ class Speculator:
             limit = min(limit, self.max_model_len - req.num_tokens)
         if limit <= 0:
             return ()
+        if self.config.method != "ngram":
+            return proposed[:limit]
         return self.propose(req, limit)
 
     def propose(self, req: Request, limit: int) -> tuple[int, ...]:
-        """At most ``limit`` drafts continuing ``req``: prompt lookup over its history, from
+        """At most ``limit`` drafts continuing ``req`` by prompt lookup over its history, from
         the request's index (grown by the tokens it gained since its last lookup)."""
         index = req.draft_index
         if index is None:

@@ -112,9 +112,33 @@ def parse_speculative_config(value: Mapping[str, Any]) -> SpeculativeConfig:
 
 # Parsed and checked, but no rank can run them yet: refused by name rather than ignored.
 NOT_BUILT = {
-    "mtp": "the DeepSeek next-n (MTP) layer is not loaded yet",
     "draft_model": "a draft model on the rank is not built yet",
 }
+
+
+def check_mtp(
+    config: SpeculativeConfig, nextn_layers: int, architecture: str, role: DisaggregationRole
+) -> int:
+    """The next-n layers an ``mtp`` deployment runs (its ``ModelConfig.draft_layers``), or a
+    ``ValueError`` naming the field: a checkpoint without a next-n layer, more drafts than
+    one a round (``roundgate.actors.model.mtp``: the layer drafts once per round), and a
+    decode rank of a P/D pair (the prompt's K/V it receives has no next-n layer)."""
+    if nextn_layers < 1:
+        raise ValueError(
+            f"--speculative-config: method mtp needs a checkpoint with a next-n (MTP) layer; "
+            f"{architecture} has num_nextn_predict_layers 0 (method ngram runs on any model)"
+        )
+    if config.k > 1:
+        raise ValueError(
+            f"speculative_config.num_speculative_tokens must be 1 for method mtp (got "
+            f"{config.k}): the next-n layer drafts one token a round"
+        )
+    if role is DisaggregationRole.DECODE:
+        raise ValueError(
+            "--speculative-config method mtp: a decode rank (--disaggregation-mode decode) "
+            "receives prompts' K/V without the next-n layer's; use method ngram there"
+        )
+    return 1
 
 
 def check_speculative(

@@ -61,6 +61,12 @@ class ModelConfig:
     mla: MLAConfig | None = None
     # FP8 block-scaled checkpoint (quant_method fp8): the [rows, cols] block of one scale.
     weight_block_size: tuple[int, int] | None = None
+    # Multi-token-prediction layers the checkpoint carries after its ``num_layers``
+    # (DeepSeek-V3's ``num_nextn_predict_layers``: one), and how many of them this deployment
+    # runs to draft (``speculative_config`` method ``mtp``): each run one caches its own K/V
+    # beside the model's layers, at cache layer ``num_layers + i``.
+    num_nextn_predict_layers: int = 0
+    draft_layers: int = 0
 
     def __post_init__(self) -> None:
         if not self.architecture:
@@ -99,6 +105,16 @@ class ModelConfig:
                 )
             if self.top_k > self.router.topk_group * (self.num_experts // self.router.n_group):
                 raise ValueError("model config: top_k exceeds the experts of topk_group groups")
+        if self.num_nextn_predict_layers < 0:
+            raise ValueError(
+                "model config: num_nextn_predict_layers must be >= 0, got "
+                f"{self.num_nextn_predict_layers}"
+            )
+        if not 0 <= self.draft_layers <= self.num_nextn_predict_layers:
+            raise ValueError(
+                f"model config: draft_layers ({self.draft_layers}) must be within the "
+                f"checkpoint's {self.num_nextn_predict_layers} next-n layers"
+            )
         bad = [i for i in self.dense_layers if not 0 <= i < self.num_layers]
         if bad:
             raise ValueError(f"model config: dense layer {bad[0]} is not a layer index")
@@ -113,6 +129,11 @@ class ModelConfig:
     def is_moe_layer(self, layer: int) -> bool:
         """Whether ``layer``'s MLP is the sparse block (else the dense SwiGLU)."""
         return self.is_moe and layer not in self.dense_layers
+
+    @property
+    def num_cache_layers(self) -> int:
+        """Layers the KV cache holds: the model's, then the next-n layers that draft."""
+        return self.num_layers + self.draft_layers
 
     @property
     def rope_dim(self) -> int:
@@ -134,7 +155,7 @@ class ModelConfig:
         layer); GQA caches K and V of every KV head (``2 * num_kv_heads * head_dim``).
         """
         width = self.mla.latent_width if self.mla else 2 * self.kv_size
-        return width * self.num_layers * element_size
+        return width * self.num_cache_layers * element_size
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A Llama/Mixtral ``config.json`` body that transformers (and

@@ -99,13 +99,24 @@ class CausalLM(nn.Module):
         self, input_ids: torch.Tensor, ctx: ForwardContext, logit_rows: torch.Tensor
     ) -> torch.Tensor:
         """Hidden states for every token; logits only at ``logit_rows`` (``[B, vocab]``)."""
+        return self.lm_head(self.norm(self.trunk(input_ids, ctx).index_select(0, logit_rows)))
+
+    def trunk(self, input_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """Every token's last hidden state, before the final norm."""
         h = self.embed_tokens(input_ids)
         if self.fused is not None and self.fused.takes(h.shape[0]):
-            h = self.fused(h, ctx)
-        else:
-            for layer in self.layers:
-                h = layer(h, ctx)
-        return self.lm_head(self.norm(h.index_select(0, logit_rows)))
+            return self.fused(h, ctx)
+        for layer in self.layers:
+            h = layer(h, ctx)
+        return h
+
+    def forward_hidden(
+        self, input_ids: torch.Tensor, ctx: ForwardContext, logit_rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward``'s logits and every token's normed hidden state (what a next-n layer
+        drafts from: ``roundgate.actors.model.mtp``)."""
+        hidden = self.norm(self.trunk(input_ids, ctx))
+        return self.lm_head(hidden.index_select(0, logit_rows)), hidden
 
     def moe_layers(self) -> list[SparseMoE]:
         """The sparse blocks, in layer order (``moe_index`` order)."""
@@ -167,17 +178,33 @@ def _load_all(model: CausalLM, source: TensorSource) -> None:
     config = model.config
     fill(model.embed_tokens.weight, source, "model.embed_tokens.weight")
     for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        layer.self_attn.load(source, p + "self_attn.")
-        fill(layer.input_layernorm.weight, source, p + "input_layernorm.weight")
-        fill(layer.post_attention_layernorm.weight, source, p + "post_attention_layernorm.weight")
-        if isinstance(layer.mlp, SparseMoE):
-            layer.mlp.load(source, p)
-        else:
-            layer.mlp.load(source, p + "mlp.")
+        load_layer(layer, source, f"model.layers.{i}.")
     fill(model.norm.weight, source, "model.norm.weight")
     if not config.tie_word_embeddings:
         fill(model.lm_head.weight, source, "lm_head.weight")
+
+
+def load_layer(layer: DecoderLayer, source: TensorSource, prefix: str) -> None:
+    """One block's HF-named tensors under ``prefix`` (``model.layers.{i}.``)."""
+    layer.self_attn.load(source, prefix + "self_attn.")
+    fill(layer.input_layernorm.weight, source, prefix + "input_layernorm.weight")
+    fill(layer.post_attention_layernorm.weight, source, prefix + "post_attention_layernorm.weight")
+    if isinstance(layer.mlp, SparseMoE):
+        layer.mlp.load(source, prefix)
+    else:
+        layer.mlp.load(source, prefix + "mlp.")
+
+
+def move_to(module: nn.Module, dtype: torch.dtype, device: torch.device | str) -> None:
+    """Move ``module`` once, its routers kept float32 (transformers keeps DeepSeek's that
+    way): expert choice is a top-k over close scores, and rounding them to bf16 would change
+    which experts run."""
+    routers = [m for m in module.modules() if isinstance(m, Router)]
+    kept = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in routers]
+    module.to(device=device, dtype=dtype)
+    for router, params in zip(routers, kept, strict=True):
+        for name, value in params.items():
+            setattr(router, name, nn.Parameter(value.to(device), requires_grad=False))
 
 
 def build_model(
@@ -194,14 +221,7 @@ def build_model(
     blocks)."""
     model = CausalLM(config, placement, expert_maps)
     load_weights(model, source)
-    # Routers stay float32 (transformers keeps DeepSeek's that way): expert choice is a
-    # top-k over close scores, and rounding them to bf16 would change which experts run.
-    routers = [m for m in model.modules() if isinstance(m, Router)]
-    kept = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in routers]
-    model.to(device=device, dtype=dtype)
-    for router, params in zip(routers, kept, strict=True):
-        for name, value in params.items():
-            setattr(router, name, nn.Parameter(value.to(device), requires_grad=False))
+    move_to(model, dtype, device)
     model.rotary = rotary_table(config).to(device)
     for moe in model.moe_layers():  # the routing tables beside the weights
         moe.expert_map = ExpertMap(model.placement, moe.expert_map.physical_to_logical, device)

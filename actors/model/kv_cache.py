@@ -50,7 +50,7 @@ def allocate_cache(
     num_pages = num_kv_pages + 1
     if config.mla is not None:
         cache = PagedKVCache.allocate_latent(
-            config.num_layers,
+            config.num_cache_layers,
             num_pages,
             page_size,
             config.mla.latent_width,
@@ -59,7 +59,7 @@ def allocate_cache(
         )
     else:
         cache = PagedKVCache.allocate(
-            config.num_layers,
+            config.num_cache_layers,
             num_pages,
             page_size,
             config.num_kv_heads,

@@ -7,6 +7,7 @@ seeded stream), so the n first tokens come from one prompt forward.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -15,6 +16,8 @@ import torch
 from roundgate.actors.control.request import Request, TokenLogprobs, sequence_id
 from roundgate.actors.model.grammar import Grammars
 from roundgate.actors.model.sampling import sample
+
+logger = logging.getLogger("roundgate.runner")
 
 
 class RoundSamples(NamedTuple):
@@ -64,6 +67,34 @@ def sample_round(
         forks[r.request_id] = tuple(tokens[start : start + r.sampling.n - 1])
         start += r.sampling.n - 1
     return RoundSamples(sampled, logprobs, forks)
+
+
+def sample_each(
+    logits: torch.Tensor,
+    requests: Sequence[Request],
+    generator: torch.Generator,
+    grammars: Grammars | None,
+    failed: dict[str, str],
+) -> RoundSamples:
+    """``sample_round``, where a request whose sampling raises fails alone (``failed``).
+
+    The batch is sampled in one call; only when that raises are the rows sampled one by
+    one, so the bad row is found and the others keep their tokens.
+    """
+    try:
+        return sample_round(logits, requests, generator, grammars)
+    except Exception:
+        logger.exception("batched sampling failed; sampling row by row")
+    out = RoundSamples({}, {}, {})
+    for i, req in enumerate(requests):
+        try:
+            one = sample_round(logits[i : i + 1], [req], generator, grammars)
+        except Exception as exc:
+            failed[req.request_id] = f"sampling failed: {exc}"
+            continue
+        for mine, theirs in zip(out, one, strict=True):
+            mine.update(theirs)
+    return out
 
 
 def history(request: Request) -> tuple[list[int], list[int]]:

@@ -26,6 +26,7 @@ from roundgate.actors.control.request import Request, TokenLogprobs, sequence_id
 from roundgate.actors.control.round import RoundPlan, RoundResult, ScheduledChunk
 from roundgate.actors.model.decode_graphs import DecodeGraphs, ineligibility
 from roundgate.actors.model.decoder import build_model, open_source
+from roundgate.actors.model.drafters import build_drafter
 from roundgate.actors.model.expert_balance import EplbConfig, ExpertBalancer
 from roundgate.actors.model.expert_rehome import RehomeReport, rehome_experts
 from roundgate.actors.model.gguf_blocks import pack_gguf, weight_path
@@ -34,7 +35,7 @@ from roundgate.actors.model.kv_cache import allocate_cache, pages_for_gpu, selec
 from roundgate.actors.model.layers import ForwardContext
 from roundgate.actors.model.llamacpp_arith import fuse_layers, use_llamacpp_arithmetic
 from roundgate.actors.model.prompt_logprobs import prompt_rows, score_rows
-from roundgate.actors.model.round_sampling import sample_round
+from roundgate.actors.model.round_sampling import sample_each
 from roundgate.actors.model.runner_config import RunnerConfig
 from roundgate.actors.model.spec_rounds import verify_round, verify_rows
 from roundgate.actors.role import DisaggregationRole
@@ -160,6 +161,8 @@ class ModelRunner:
             else None
         )
         self.experts = select_experts_kernel(runner_config.moe_kernel, self.device)
+        # A draft model run after each round (``mtp``, ``draft_model``), or None.
+        self.drafter = build_drafter(runner_config, self.model, source, self.placement)
         self.cache = allocate_cache(
             runner_config.num_kv_pages, runner_config.page_size, config, self.dtype, self.device
         )
@@ -168,6 +171,8 @@ class ModelRunner:
         why_eager = ineligibility(
             self.device.type, runner_config.enforce_eager, config.is_moe, self.attention.name
         )
+        if why_eager is None and self.drafter is not None and self.drafter.needs_hidden:
+            why_eager = "the next-n draft layer reads every round's hidden states"
         self.graphs = self.decode_graphs(capture=True) if why_eager is None else None
         if why_eager is not None and self.device.type == "cuda":
             logger.info("decode rounds run eagerly: %s", why_eager)
@@ -225,6 +230,7 @@ class ModelRunner:
         failed: dict[str, str] = {}
         prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
         verdicts = None
+        drafts: dict[str, tuple[int, ...]] = {}
         chunks = plan.chunks
         if chunks:
             # Prompt positions to score: looked for only in rounds that extend a prompt.
@@ -246,11 +252,17 @@ class ModelRunner:
             picks = [i for i, c in enumerate(chunks) if c.samples and i not in verifying]
             if picks:
                 requests = [chunks[i].request for i in picks]
-                sampled, logprobs, forks = self._sample(logits[picks], requests, failed)
+                sampled, logprobs, forks = sample_each(
+                    logits[picks], requests, self.generator, self.grammars, failed
+                )
                 # A prefill rank hands the forks to its decode rank, which shares the pages.
                 role = self.runner_config.disaggregation_mode
                 if forks and role is not DisaggregationRole.PREFILL:
                     self.save_forks(requests, forks)
+            if self.drafter is not None:  # next round's drafts, from what this one emitted
+                emitted = {**sampled, **verdicts.sampled} if verdicts else sampled
+                accepted = verdicts.accepted if verdicts else {}
+                drafts = self.drafter.draft(chunks, emitted, accepted)
         else:
             self.idle_forward(low_latency)
         self._counted = True
@@ -258,36 +270,10 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         cost = time.perf_counter() - started
         result = RoundResult(sampled, cost, logprobs, forks, failed, prompt_logprobs)
+        result.drafts = drafts
         if verdicts is not None:
             verdicts.apply_to(result)
         return result
-
-    def _sample(
-        self, logits: torch.Tensor, requests: list[Request], failed: dict[str, str]
-    ) -> tuple[dict[str, int], dict[str, TokenLogprobs], dict[str, tuple[int, ...]]]:
-        """Tokens (logprobs, forks) for the requests; a request whose sampling raises fails
-        alone.
-
-        The batch is sampled in one call; only when that raises are the rows sampled one by
-        one, so the bad row is found and the others keep their tokens.
-        """
-        try:
-            return sample_round(logits, requests, self.generator, self.grammars)
-        except Exception:
-            logger.exception("batched sampling failed; sampling row by row")
-        sampled: dict[str, int] = {}
-        logprobs: dict[str, TokenLogprobs] = {}
-        forks: dict[str, tuple[int, ...]] = {}
-        for i, req in enumerate(requests):
-            try:
-                one = sample_round(logits[i : i + 1], [req], self.generator, self.grammars)
-            except Exception as exc:
-                failed[req.request_id] = f"sampling failed: {exc}"
-                continue
-            sampled.update(one[0])
-            logprobs.update(one[1])
-            forks.update(one[2])
-        return sampled, logprobs, forks
 
     # -- forward ----------------------------------------------------------------------------
 
@@ -358,6 +344,10 @@ class ModelRunner:
         if extra_rows:
             extra = torch.tensor(extra_rows, dtype=rows.dtype, device=rows.device)
             rows = torch.cat([rows, extra])
+        if self.drafter is not None and self.drafter.needs_hidden:
+            logits, hidden = self.model.forward_hidden(input_ids, ctx, rows)
+            self.drafter.hold(ctx, hidden)
+            return logits
         return self.model(input_ids, ctx, rows)
 
     def decode_graphs(self, capture: bool) -> DecodeGraphs:
@@ -375,8 +365,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def idle_forward(self, low_latency: bool = True) -> None:
-        """Join the group's MoE collectives with an empty batch (a no-op when none exist)."""
+        """Join the group's MoE collectives with an empty batch (a no-op when none exist),
+        the draft layer's too."""
         self.model.idle_forward(self.moe, low_latency)
+        if self.drafter is not None:
+            self.drafter.idle(self.moe, low_latency)
 
     # -- retraction -------------------------------------------------------------------------
 

@@ -66,6 +66,9 @@ def read_v2(reader: FieldReader, kwargs: dict[str, Any]) -> dict[str, Any]:
 def read_v3(reader: FieldReader, kwargs: dict[str, Any]) -> dict[str, Any]:
     interleave = reader.get("rope_interleave", bool, default=True)
     _common(reader, kwargs, _mla(reader, interleave), dense=3)
+    # The multi-token-prediction layer(s) stored after the model's (``speculative_config``
+    # method ``mtp`` drafts with them).
+    kwargs["num_nextn_predict_layers"] = reader.get("num_nextn_predict_layers", int, default=0)
     reader.require("scoring_func", ("sigmoid",), "sigmoid")
     reader.require("topk_method", ("noaux_tc",), "noaux_tc")
     kwargs["shared_expert_intermediate_size"] = kwargs["moe_intermediate_size"] * reader.get(
