@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -140,10 +141,17 @@ def test_a_faulted_rank_costs_only_itself(elastic: Deployment, fault: str) -> No
         ]
         assert reasons == ["length"]
     assert got["answer"]["choices"][0]["text"] is not None
-    # Greedy streams that lived through the re-form say what an uninterrupted run says.
-    for i, s in enumerate(got["survivors"]):
-        again = complete(app.url, prompt=[7, 8, 9 + i], dp_rank=0, **STREAM)
-        assert s.text() == again["choices"][0]["text"]
+    # Greedy streams that lived through the re-form say what an uninterrupted run says (asked
+    # two at once, as the streams ran).
+    with ThreadPoolExecutor(len(got["survivors"])) as pool:
+        again = list(
+            pool.map(
+                lambda i: complete(app.url, prompt=[7, 8, 9 + i], dp_rank=0, **STREAM),
+                range(len(got["survivors"])),
+            )
+        )
+    for s, uninterrupted in zip(got["survivors"], again, strict=True):
+        assert s.text() == uninterrupted["choices"][0]["text"]
     # Both re-forms are on the record: the fault's and the replacement's join.
     after: dict[str | None, float] = {}
     for labels, value in scrape(app, "roundgate_group_reforms_total"):
