@@ -7,8 +7,11 @@ forms a group of one, re-homes the experts (``ModelRunner.regroup_experts``) and
 then the joiner builds its runner (its seat's shard from the files), the two form a group of
 two, re-home again, and decode the survivor's requests and 4 new ones on the joiner. Checked:
 every request's greedy tokens equal transformers' (no token lost or changed across either
-re-form); with no redundant experts the lone survivor reads the lost experts from the files;
-with every expert held twice (``num_redundant_experts`` = the expert count) it reads none.
+re-form); the DeepSeek-V3 group runs its next-n (MTP) draft layer too, whose experts re-home
+with the model's, and every draft it makes, before and after each re-form, equals the
+cache-free reference's (``mtp_models``); with no redundant experts the lone survivor reads
+the lost experts from the files; with every expert held twice (``num_redundant_experts`` =
+the expert count) it reads none.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 import torch.distributed as dist
 from family_models import build_family
 from model_driver import grow_pages, next_chunk
+from mtp_models import reference_next_n_logits, save_deepseek_with_next_n
 from test_expert_parallel import free_port, hf_greedy, run_ranks
 
 from roundgate.actors.control.config import PoolConfig
@@ -47,6 +51,7 @@ class Server:
         self.requests = {
             i: Request(f"r{i}", PROMPTS[i], SamplingParams(max_tokens=NEW_TOKENS)) for i in ids
         }
+        self.drafts: list[tuple[str, int, int]] = []  # (request id, position, next-n draft)
 
     def live(self) -> list[Request]:
         return [r for r in self.requests.values() if len(r.output_token_ids) < NEW_TOKENS]
@@ -63,8 +68,13 @@ class Server:
         result = self.runner.execute(RoundPlan(chunks=chunks), rows)
         assert not result.failed
         for chunk in chunks:
-            chunk.request.num_computed_tokens = chunk.end
-            chunk.request.append_token(result.sampled[chunk.request.request_id])
+            req = chunk.request
+            req.num_computed_tokens = chunk.end
+            req.append_token(result.sampled[req.request_id])
+            if req.request_id in result.drafts:  # drafted at the position before its token
+                self.drafts.append(
+                    (req.request_id, req.num_tokens - 2, result.drafts[req.request_id][0])
+                )
 
     def tokens(self) -> dict[int, list[int]]:
         return {i: list(r.output_token_ids) for i, r in self.requests.items()}
@@ -83,7 +93,9 @@ def _join(port: int, rank: int, world: int) -> None:
     )
 
 
-def _main(index: int, model: str, ports: list[int], out_dir: str, redundant: int) -> None:
+def _main(
+    index: int, model: str, ports: list[int], out_dir: str, redundant: int, mtp: bool
+) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
     args = ServerArgs(
@@ -94,6 +106,7 @@ def _main(index: int, model: str, ports: list[int], out_dir: str, redundant: int
         num_kv_pages=256,
         num_redundant_experts=redundant,
         enable_eplb=redundant > 0,  # redundant slots need a placement that uses them
+        speculative_config={"method": "mtp", "num_speculative_tokens": 1} if mtp else None,
     )
     out: dict[str, object] = {}
     if index in (SURVIVOR, VICTIM):
@@ -118,6 +131,7 @@ def _main(index: int, model: str, ports: list[int], out_dir: str, redundant: int
     for _ in range(REJOINED):
         server.round(gathered([server.row()]))
     out["tokens"] = server.tokens()
+    out["drafts"] = server.drafts
     out["moe_layers"] = len(server.runner.model.moe_layers())
     torch.save(out, Path(out_dir) / f"p{index}.pt")
     dist.destroy_process_group()
@@ -128,10 +142,16 @@ def _main(index: int, model: str, ports: list[int], out_dir: str, redundant: int
 def test_a_group_loses_a_rank_serves_alone_and_regains_full_size(
     tmp_path: Path, family: str, redundant: int
 ) -> None:
-    model = build_family(family)
-    model.save_pretrained(tmp_path / family)
+    mtp = family == "deepseek_v3"
+    if mtp:
+        parts = save_deepseek_with_next_n(tmp_path / family)
+        model = parts["main"]
+    else:
+        model = build_family(family)
+        model.save_pretrained(tmp_path / family)
     ports = [free_port() for _ in range(3)]
-    run_ranks(_main, (str(tmp_path / family), ports, str(tmp_path), redundant), 3, "elastic EP")
+    args = (str(tmp_path / family), ports, str(tmp_path), redundant, mtp)
+    run_ranks(_main, args, 3, "elastic EP")
     survivor = torch.load(tmp_path / "p0.pt", weights_only=False)
     joiner = torch.load(tmp_path / "p2.pt", weights_only=False)
     # Every request served across the re-forms equals transformers' greedy decode.
@@ -140,6 +160,15 @@ def test_a_group_loses_a_rank_serves_alone_and_regains_full_size(
             want = hf_greedy(model, PROMPTS[i], NEW_TOKENS)[: len(got)]
             assert got == want, f"request {i} differs from transformers"
     assert len(survivor["tokens"][0]) == NEW_TOKENS
+    if mtp:  # the next-n layer drafts as the reference does, across both re-forms
+        for out in (survivor, joiner):
+            assert len(out["drafts"]) >= len(out["tokens"]) * REJOINED
+            reference = {
+                i: reference_next_n_logits(parts, PROMPTS[i] + tokens).argmax(-1)
+                for i, tokens in out["tokens"].items()
+            }
+            for rid, position, draft in out["drafts"]:
+                assert draft == int(reference[int(rid[1:])][position]), (rid, position)
     alone, rejoined = survivor["alone"], survivor["rejoined"]
     assert alone.world_size == 1 and rejoined.world_size == 2
     theirs = joiner["rejoined"]

@@ -15,8 +15,8 @@ no drafter can change an output, only how many rounds it takes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -50,6 +50,12 @@ class Drafter(Protocol):
 
     def idle(self, moe: MoEBackend | None, low_latency: bool) -> None:
         """A round this rank has nothing to run: join any collective the drafter has."""
+        ...
+
+    def regroup(
+        self, placement: ExpertPlacement, group: Any, source: Callable[[], TensorSource]
+    ) -> None:
+        """The group re-formed (elastic expert parallelism): re-home any experts it has."""
         ...
 
 

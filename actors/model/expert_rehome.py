@@ -46,11 +46,14 @@ def rehome_experts(
     group: Any,
     source: Any,  # () -> TensorSource: opened only when some slot must be read from files
     loads: Sequence[Sequence[float]] | None = None,
+    first_layer: int = 0,
 ) -> RehomeReport:
     """Re-home every MoE layer of ``model`` onto ``placement`` (this member's place in the new
-    group); ``loads``: per MoE layer, per logical expert, to balance on (uniform when None)."""
+    group); ``loads``: per MoE layer, per logical expert, to balance on (uniform when None);
+    ``first_layer``: the checkpoint's index of ``model.layers[0]`` (a next-n layer's is
+    ``num_layers``)."""
     started = time.perf_counter()
-    layers = [(i, layer.mlp) for i, layer in enumerate(model.layers)]
+    layers = [(first_layer + i, layer.mlp) for i, layer in enumerate(model.layers)]
     moes: list[tuple[int, SparseMoE]] = [(i, m) for i, m in layers if isinstance(m, SparseMoE)]
     mine = [tuple(m.expert_map.local_logical) if m.w13.shape[0] else () for _, m in moes]
     world, rank = placement.world_size, placement.rank

@@ -39,7 +39,8 @@ forwards a round whatever it holds.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,6 +48,7 @@ from torch import nn
 from roundgate.actors.control.round import ScheduledChunk
 from roundgate.actors.model.config import ModelConfig
 from roundgate.actors.model.decoder import CausalLM, DecoderLayer, load_layer, move_to
+from roundgate.actors.model.expert_rehome import rehome_experts
 from roundgate.actors.model.layers import ForwardContext, RMSNorm, fill, linear
 from roundgate.actors.model.moe import SparseMoE
 from roundgate.actors.model.weights import TensorSource
@@ -66,8 +68,15 @@ class NextNLayer(nn.Module):
         self.hnorm = RMSNorm(h, eps)
         self.eh_proj = linear(2 * h, h, bias=False)
         # Its MoE (if any) keeps the static expert blocks: EPLB re-places the model's layers.
+        self.block_index = config.num_layers  # its name in the checkpoint, its cache layer
         self.block = DecoderLayer(config, config.num_layers, placement, moe_index=-1)
         self.head_norm = RMSNorm(h, eps)
+        self.placement = placement
+
+    @property
+    def layers(self) -> list[DecoderLayer]:
+        """Its one block, as ``expert_rehome`` walks a model's layers."""
+        return [self.block]
 
     def forward(
         self, hidden: torch.Tensor, next_embeds: torch.Tensor, ctx: ForwardContext
@@ -188,6 +197,13 @@ class NextNDrafter:
         out = self.layer(hidden, self.model.embed_tokens(ids), ctx)
         at = torch.tensor(list(rows.values()), dtype=torch.long, device=hidden.device)
         return rows, self.model.lm_head(out.index_select(0, at)).float()
+
+    def regroup(
+        self, placement: ExpertPlacement, group: Any, source: Callable[[], TensorSource]
+    ) -> None:
+        """Re-home the layer's experts with the model's onto a re-formed group (elastic
+        expert parallelism): every member calls this after the model's own re-homing."""
+        rehome_experts(self.layer, placement, group, source, first_layer=self.layer.block_index)
 
     @torch.inference_mode()
     def idle(self, moe: MoEBackend | None, low_latency: bool) -> None:

@@ -437,12 +437,10 @@ class ModelRunner:
             config.num_experts, world_size, rank, layout.num_physical - layout.num_logical
         )
         self._counted = False  # the old window ends with the old placement
-        report = rehome_experts(
-            self.model,
-            placement,
-            group,
-            lambda: open_source(rc.model, config, rc.seed),
-        )
+        source = lambda: open_source(rc.model, config, rc.seed)  # noqa: E731
+        report = rehome_experts(self.model, placement, group, source)
+        if self.drafter is not None:  # a next-n layer's experts move with the model's
+            self.drafter.regroup(placement, group, source)
         self.placement = placement
         self.moe = select_moe_backend(
             rc.moe_backend if world_size > 1 else "auto",
