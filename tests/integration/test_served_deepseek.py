@@ -1,6 +1,9 @@
 """The live dp=2 deployment serving a tiny random DeepSeek-V3 directory (MLA with a latent
 cache, grouped sigmoid routing, experts split over the two ranks): greedy tokens over HTTP,
-pinned to each rank, equal the offline Engine's on the same directory."""
+pinned to each rank, equal the offline Engine's on the same directory. The directory carries
+a next-n (MTP) layer, unused until the last test redeploys with ``speculative_config`` method
+``mtp``: the same answers, with one rank drafting while the other idles (the next-n layer's
+MoE is a collective of both ranks: a rank that skipped its draft pass would hang the other)."""
 
 from __future__ import annotations
 
@@ -9,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from family_models import build_family
 from helpers import complete, stream_tokens
+from mtp_models import save_deepseek_with_next_n
+from test_served_speculative import spec_counters
 
 from roundgate.actors.engine import Engine, SamplingParams
 from roundgate.actors.server_args import ServerArgs
@@ -36,8 +40,7 @@ def deepseek(app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
     or the default model a ``real_model`` module asked for) comes back after."""
     before = dict(app.overrides)
     path = tmp_path_factory.mktemp("deepseek-v3-served")
-    model = build_family("deepseek_v3")
-    model.save_pretrained(path)
+    model = save_deepseek_with_next_n(path)["main"]
     save_word_tokenizer(path, model.config.vocab_size)
     app.deploy(model=str(path))
     yield app, str(path)
@@ -79,3 +82,35 @@ def test_both_ranks_at_once_equal_the_offline_engine(
     with ThreadPoolExecutor(len(jobs)) as pool:
         outs = list(pool.map(lambda j: stream_tokens(app.ranks, j[0], PROMPTS[j[1]], TOKENS), jobs))
     assert outs == [offline[i] for _, i in jobs]
+
+
+def test_mtp_drafts_keep_answers_and_lockstep(
+    deepseek: tuple[Any, str], offline: list[list[int]]
+) -> None:
+    """Rank 0 drafts with the next-n layer for every prompt at once, then rank 1 serves one
+    alone: each rank's rounds, busy or idle, run the same forwards, and every answer equals
+    the offline Engine's without drafts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    app, _ = deepseek
+    app.deploy(
+        **{**app.overrides, "speculative_config": {"method": "mtp", "num_speculative_tokens": 1}}
+    )
+
+    def on(rank: int, i: int) -> list[int]:
+        body = complete(
+            app.url,
+            prompt=PROMPTS[i],
+            max_tokens=TOKENS,
+            temperature=0,
+            ignore_eos=True,
+            return_token_ids=True,
+            dp_rank=rank,
+        )
+        return body["choices"][0]["token_ids"]
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        assert list(pool.map(lambda i: on(0, i), range(len(PROMPTS)))) == offline
+    assert on(1, 1) == offline[1]
+    counters = spec_counters(app.url, until="roundgate_spec_decode_verifies_total")
+    assert counters.get("roundgate_spec_decode_verifies_total", 0) > 0, counters

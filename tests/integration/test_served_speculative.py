@@ -51,7 +51,9 @@ def complete_all(url: str) -> list[dict[str, Any]]:
         return list(pool.map(one, range(len(PROMPTS))))
 
 
-def spec_counters(url: str) -> dict[str, float]:
+def spec_counters(
+    url: str, until: str = "roundgate_spec_decode_accepted_tokens_total"
+) -> dict[str, float]:
     """The group's speculative-decoding totals, once some rank has reported a kept draft.
 
     Ranks push their series to the metrics hub every second (``PUSH_INTERVAL_S``), so a
@@ -65,7 +67,7 @@ def spec_counters(url: str) -> dict[str, float]:
             for s in family.samples:
                 if s.name.startswith("roundgate_spec_decode_") and s.name.endswith("_total"):
                     totals[s.name] = totals.get(s.name, 0.0) + s.value
-        if totals.get("roundgate_spec_decode_accepted_tokens_total") or (
+        if totals.get(until) or (
             time.monotonic() > deadline
         ):
             return totals
