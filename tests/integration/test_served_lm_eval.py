@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,8 @@ def run_lm_eval(task_dir: Path, out: Path, model: str, model_args: str) -> dict[
         "HF_DATASETS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": "1",
+        # Each run its own datasets cache: the two run at once on the same data file.
+        "HF_DATASETS_CACHE": str(out / "datasets-cache"),
     }
     cmd = [
         str(LM_EVAL),
@@ -112,20 +115,27 @@ def run_lm_eval(task_dir: Path, out: Path, model: str, model_args: str) -> dict[
 
 @pytest.mark.skipif(not LM_EVAL.exists(), reason="lm-eval's venv is missing: run `make lm-eval`")
 def test_local_completions_scores_as_the_hf_backend(real_model, task_dir, tmp_path) -> None:
-    served = run_lm_eval(
-        task_dir,
-        tmp_path / "served",
-        "local-completions",
-        f"model={MODEL},base_url={real_model.url}/v1/completions,tokenizer_backend=remote,"
-        "num_concurrent=1,max_retries=1",
-    )
     gguf = packaged_path(MODEL)
-    hf = run_lm_eval(
-        task_dir,
-        tmp_path / "hf",
-        "hf",
-        f"pretrained={gguf.parent},gguf_file={gguf.name},dtype=float32",
-    )
+    # The two runs are independent processes (one scores through the server, the other loads
+    # the GGUF itself): run side by side, each one's start-up (imports, the task, the model)
+    # overlaps the other's scoring.
+    with ThreadPoolExecutor(2) as pool:
+        served_run = pool.submit(
+            run_lm_eval,
+            task_dir,
+            tmp_path / "served",
+            "local-completions",
+            f"model={MODEL},base_url={real_model.url}/v1/completions,tokenizer_backend=remote,"
+            "num_concurrent=1,max_retries=1",
+        )
+        hf_run = pool.submit(
+            run_lm_eval,
+            task_dir,
+            tmp_path / "hf",
+            "hf",
+            f"pretrained={gguf.parent},gguf_file={gguf.name},dtype=float32",
+        )
+        served, hf = served_run.result(), hf_run.result()
     assert sorted(served["lls"]) == sorted(hf["lls"]) == list(range(len(ITEMS)))
     diffs = [
         abs(a - b)
