@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,15 +63,28 @@ def rehomed(app: Deployment) -> dict[str, float]:
     return out
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(elastic_moe: Deployment) -> list[str]:
+    """Each prompt's greedy text from the whole group, unfaulted: asked once for the module
+    (both faults compare against it: greedy text does not depend on which process holds a
+    seat), the eight at once, as the streams run."""
+    wait_whole(elastic_moe, "one MoE group of two")
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        answers = list(
+            pool.map(lambda prompt: complete(elastic_moe.url, prompt=prompt, **STREAM), PROMPTS)
+        )
+    return [a["choices"][0]["text"] for a in answers]
+
+
 @pytest.mark.parametrize("fault", ["kill", "hang"])
-def test_a_faulted_rank_of_a_moe_group_costs_no_stream(elastic_moe: Deployment, fault: str) -> None:
+def test_a_faulted_rank_of_a_moe_group_costs_no_stream(
+    elastic_moe: Deployment, uninterrupted: list[str], fault: str
+) -> None:
     """SIGKILL: the survivor's sockets reset at once; SIGSTOP: the hung rank is fenced when
     the survivor's collective times out (``collective_timeout_s``, 20 s in local.yaml)."""
     app = elastic_moe
     wait_whole(app, "one MoE group of two")
-    expected = [
-        complete(app.url, prompt=prompt, **STREAM)["choices"][0]["text"] for prompt in PROMPTS
-    ]
+    expected = uninterrupted
     before = rehomed(app)
     victim = snapshot(app, 1)
     streams = [BackgroundStream(app.url, prompt=prompt, **STREAM) for prompt in PROMPTS]
