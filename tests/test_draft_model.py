@@ -188,6 +188,24 @@ def test_batched_drafts_equal_one_by_one() -> None:
     }
 
 
+def test_requests_drafting_in_another_order_or_rounds_apart_keep_their_rows() -> None:
+    histories = {f"r{i}": tokens(8 + 5 * i, seed=30 + i) for i in range(3)}
+    draft = make_draft()
+    draft.propose(histories, {r: 2 for r in histories})
+    rounds = [
+        ["r2", "r1", "r0"],  # the same requests, listed the other way round
+        ["r2"],  # r2 takes row 0 from r0, which waits in a higher row
+        ["r0", "r1"],  # r0 back in a low row, r2 waits
+        ["r1", "r2", "r0"],
+    ]
+    for n, order in enumerate(rounds):
+        for r in order:
+            histories[r] = [*histories[r], 40 + n]
+        call = {r: histories[r] for r in order}
+        expected = {r: make_draft().propose({r: h}, {r: 3})[r] for r, h in call.items()}
+        assert draft.propose(call, {r: 3 for r in order}) == expected, order
+
+
 def test_k_zero_skips_the_request_and_keeps_its_row() -> None:
     draft = make_draft()
     a, b = tokens(10, seed=20), tokens(14, seed=21)
@@ -204,9 +222,13 @@ def test_drafts_stop_at_the_drafts_context() -> None:
     assert (len(out["a"]), out["b"]) == (3, ())  # positions 17, 18, 19 read; 21 > 20 tokens
 
 
-def test_a_missing_k_is_refused() -> None:
-    with pytest.raises(ValueError, match="no k given for request 'b'"):
-        make_draft().propose({"a": [1, 2], "b": [3]}, {"a": 1})
+@pytest.mark.parametrize(
+    ("k", "message"),
+    [({"a": 1}, "no k given for request 'b'"), ({"a": 1, "b": -1}, "k of request 'b' is -1")],
+)
+def test_a_missing_or_negative_k_is_refused(k: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_draft().propose({"a": [1, 2], "b": [3]}, k)
 
 
 def test_release_forgets_the_request() -> None:

@@ -124,6 +124,9 @@ class DraftModel:
         missing = sorted(set(histories) - set(k))
         if missing:
             raise ValueError(f"draft model: no k given for request {missing[0]!r}")
+        negative = sorted(r for r in histories if k[r] < 0)
+        if negative:
+            raise ValueError(f"draft model: k of request {negative[0]!r} is {k[negative[0]]} < 0")
         limit = self.cache.max_len
         # A draft i is read at position len + i - 1, which must be a position the draft has.
         wanted = {r: min(k[r], limit - len(h) + 1) for r, h in histories.items() if k[r] > 0 and h}
@@ -131,7 +134,8 @@ class DraftModel:
         out: dict[str, tuple[int, ...]] = {r: () for r in histories}
         if not ids:
             return out
-        self.cache.place(ids)  # request i of ``ids`` now owns row i
+        # The batch runs in row order: row i of the cache is request i of the batch.
+        ids = [r for _, r in sorted(zip(self.cache.place(ids), ids, strict=True))]
         starts, news = [], []
         for r in ids:
             history = list(histories[r])
@@ -238,7 +242,9 @@ class DraftModel:
         keys, values = self.cache.view(layer, count, span)
         scores = q.reshape(count, kv_heads, group * width, dim) @ keys.transpose(-1, -2)
         scores = scores.view(count, kv_heads, group, width, span) * attn.scale
-        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        # Softmax in float32 (as the paged backends do) whatever the cache's dtype.
+        weights = scores.float().masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        weights = weights.to(values.dtype)
         out = weights.view(count, kv_heads, group * width, span) @ values
         out = out.view(count, kv_heads, group, width, dim).permute(0, 3, 1, 2, 4)
         return attn.o_proj(out[rows, offsets].reshape(x.shape[0], heads * dim))
