@@ -13,7 +13,8 @@ with Triton's flags (Triton reads registers only from a loaded module, which nee
 The shapes are the serving ones: GQA at Llama-3-8B's (32 query heads, 8 KV heads, head dim
 128), MLA at DeepSeek-V3's (kv_lora_rank 512, RoPE 64, 128 heads), the fused MoE at
 DeepSeek-V3's experts (hidden 7168, moe_intermediate 2048; 256 experts over 8 ranks, top-8),
-the block-FP8 GEMM at N=18432, K=7168 for each of its tile configurations.
+the block-FP8 GEMM at N=18432, K=7168 for each of its tile configurations, and the FP8 experts
+at DeepSeek-V3's expert shapes.
 
 Usage: ``python -m roundgate.kernels.sm90_report [--json]`` (with ``TRITON_INTERPRET`` unset:
 interpreted kernels cannot be compiled). It exits 1 when a kernel exceeds an H100's limits.
@@ -289,7 +290,80 @@ def fp8_cases() -> list[KernelCase]:
     return cases
 
 
-CASE_GROUPS: tuple[Callable[[], list[KernelCase]], ...] = (attention_cases, moe_cases, fp8_cases)
+def fp8_moe_cases() -> list[KernelCase]:
+    """The FP8 experts' two kernels at DeepSeek-V3's experts, 32 local experts (256 over 8)."""
+    from roundgate.kernels.quant import fp8_blocks as fp8
+    from roundgate.kernels.quant import triton_fp8_experts as moe
+
+    hidden, inter, local_experts, rows = 7168, 2048, 32, 4096
+    x, act, out = _meta(rows, hidden), _meta(rows, inter), _meta(rows, hidden)
+    w13 = _meta(local_experts, 2 * inter, hidden, dtype=fp8.FP8_DTYPE)
+    w2 = _meta(local_experts, hidden, inter, dtype=fp8.FP8_DTYPE)
+    blocks_h, blocks_i = fp8.num_blocks(hidden), fp8.num_blocks(inter)
+    s13 = _meta(local_experts, 2 * blocks_i, blocks_h, dtype=torch.float32)
+    s2 = _meta(local_experts, blocks_h, blocks_i, dtype=torch.float32)
+    tiles = _meta(rows // moe.BLOCK_M + local_experts, dtype=torch.long)
+    constants = dict(
+        AMAX_FLOOR=fp8.AMAX_FLOOR,
+        FP8_MAX=fp8.FP8_MAX,
+        BLOCK_M=moe.BLOCK_M,
+        BLOCK_N=moe.BLOCK_N,
+        BLOCK_K=fp8.BLOCK,
+    )
+    shape = f"hidden {hidden}, moe_intermediate {inter}, {local_experts} of 256 experts, FP8"
+    return [
+        KernelCase(
+            "fp8_moe_gate_up",
+            shape,
+            moe._fp8_gate_up_silu_kernel,
+            (
+                x,
+                w13,
+                s13,
+                act,
+                tiles,
+                tiles,
+                tiles,
+                hidden,
+                inter,
+                blocks_i,
+                x.stride(0),
+                *w13.stride()[:2],
+                *s13.stride()[:2],
+                act.stride(0),
+            ),
+            constants,
+        ),
+        KernelCase(
+            "fp8_moe_down",
+            shape,
+            moe._fp8_down_kernel,
+            (
+                act,
+                w2,
+                s2,
+                out,
+                tiles,
+                tiles,
+                tiles,
+                hidden,
+                inter,
+                act.stride(0),
+                *w2.stride()[:2],
+                *s2.stride()[:2],
+                out.stride(0),
+            ),
+            constants,
+        ),
+    ]
+
+
+CASE_GROUPS: tuple[Callable[[], list[KernelCase]], ...] = (
+    attention_cases,
+    moe_cases,
+    fp8_cases,
+    fp8_moe_cases,
+)
 
 
 def compile_case(case: KernelCase) -> KernelResources:

@@ -33,6 +33,7 @@ from roundgate.kernels.quant.fp8_linear import Fp8Linear
 # (DeepSeek-V3's report, section 3.3.2; the reason the kernel rescales into float32 every
 # step). Not checked on a GPU here: this task's machine has none.
 ACCUMULATOR_UNIT = {"cpu": 2.0**-24, "cuda": 2.0**-13}
+UNIT = 2.0**-24  # float32's unit roundoff (stores, the reference's own products)
 E4M3_UNIT = 2.0**-4  # e4m3 keeps 3 mantissa bits: relative rounding error of normal values
 E4M3_SUBNORMAL_HALF_STEP = 2.0**-10  # absolute error below e4m3's smallest normal, in codes
 
@@ -47,13 +48,16 @@ GEMM_CASES = [
 ]
 
 
-def make_weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random e4m3 codes with 128x128 block scales spread over two decades."""
+def make_weight(
+    n: int, k: int, seed: int, magnitude: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random e4m3 codes with 128x128 block scales spread over two decades (times
+    ``magnitude``)."""
     gen = torch.Generator().manual_seed(seed)
     weight = torch.randn(n, k, generator=gen) * 0.05
     codes, _ = quantize_weight_blocks(weight)
     scales = 10 ** (torch.rand(-(-n // BLOCK), -(-k // BLOCK), generator=gen) * 2 - 3)
-    return codes, scales.float()
+    return codes, (scales * magnitude).float()
 
 
 def make_x(rows: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -219,6 +223,181 @@ def test_weight_quantization_round_trips_within_e4m3() -> None:
     error = (dequantize_weight_blocks(codes, scales) - weight).abs()
     spread = scales.repeat_interleave(BLOCK, 0)[:130].repeat_interleave(BLOCK, 1)[:, :260]
     assert (error <= E4M3_UNIT * weight.abs() + E4M3_SUBNORMAL_HALF_STEP * spread).all()
+
+
+# ---- the experts ---------------------------------------------------------------------------
+
+SILU_SLOPE = 1.1  # the largest |silu'(z)|: 1.0998, near z = 2.4
+SILU_ROUNDING = 2.0**-18  # sigmoid, two products and a store in float32: a few dozen ulps
+
+# (hidden H, intermediate I, rows per local expert)
+EXPERT_CASES = [
+    (200, 72, [5, 0, 18]),  # H and I off multiples of 128; an expert without rows; two tiles
+    (128, 256, [1, 1]),  # a decode: one row an expert, I over two scale blocks
+    (64, 32, [0, 0]),  # no rows at all (an idle rank)
+]
+
+
+def make_experts(
+    num_experts: int, hidden: int, inter: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(w13, w13_scale_inv, w2, w2_scale_inv)``: gate, up and down each drawn as
+    ``make_weight`` draws a weight (block scales spread over two decades, so that a scale read
+    from the wrong block, projection or expert is far off), gate and up stacked as the
+    checkpoint's two projections are."""
+    shapes = {"gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter)}
+    drawn = [
+        {
+            name: make_weight(*shape, seed=seed * 100 + 3 * expert + i, magnitude=0.01)
+            for i, (name, shape) in enumerate(shapes.items())
+        }
+        for expert in range(num_experts)
+    ]
+    w13 = torch.stack([torch.cat([d["gate"][0], d["up"][0]]) for d in drawn])
+    w13_scales = torch.stack([torch.cat([d["gate"][1], d["up"][1]]) for d in drawn])
+    w2 = torch.stack([d["down"][0] for d in drawn])
+    w2_scales = torch.stack([d["down"][1] for d in drawn])
+    return w13, w13_scales, w2, w2_scales
+
+
+def exact_fp8_activations(rows: int, width: int, seed: int) -> torch.Tensor:
+    """float32 activations the quantize step represents exactly: every 128-wide group is e4m3
+    codes (one of them 448) times a power of two, so its scale is that power of two."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = (torch.randn(rows, width, generator=gen) * 100).clamp(-FP8_MAX, FP8_MAX)
+    codes = codes.to(FP8_DTYPE).float()
+    codes[:, ::BLOCK] = FP8_MAX
+    powers = torch.randint(-12, 0, (rows, -(-width // BLOCK)), generator=gen).float().exp2()
+    return codes * powers.repeat_interleave(BLOCK, 1)[:, :width]
+
+
+def per_expert(counts: list[int]) -> list[tuple[int, slice]]:
+    """``(expert, its rows)`` of each expert with rows."""
+    return [(e, slice(sum(counts[:e]), sum(counts[: e + 1]))) for e, c in enumerate(counts) if c]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize(("hidden", "inter", "counts"), EXPERT_CASES)
+def test_fp8_gate_up_within_summation_bounds(
+    kernel_device: str, hidden: int, inter: int, counts: list[int]
+) -> None:
+    """Against SwiGLU over the quantized rows and the dequantized weights: summation order and
+    float32 SwiGLU apart, equal."""
+    from roundgate.kernels.quant.triton_fp8_experts import (
+        RowTiles,
+        dequantize_experts,
+        fp8_gate_up,
+    )
+
+    w13, w13_scales, _, _ = weights = make_experts(len(counts), hidden, inter, seed=hidden)
+    x = make_x(sum(counts), hidden, torch.float32, seed=inter)
+    to = kernel_device
+    tiles = RowTiles.of(counts, to)
+    act = fp8_gate_up(x.to(to), tiles, w13.to(to), w13_scales.to(to)).cpu().double()
+    gate_up = dequantize_experts(*weights)[0].double()
+    xq = quantize_activations(x).dequantize().double()
+    unit = ACCUMULATOR_UNIT[to]
+    for expert, rows in per_expert(counts):
+        gate_w, up_w = gate_up[expert, :inter], gate_up[expert, inter:]
+        gate, up = xq[rows] @ gate_w.T, xq[rows] @ up_w.T
+        gate_room = 2 * hidden * unit * (xq[rows].abs() @ gate_w.abs().T)
+        up_room = 2 * hidden * unit * (xq[rows].abs() @ up_w.abs().T)
+        silu_gate = torch.nn.functional.silu(gate)
+        bound = (silu_gate.abs() + SILU_SLOPE * gate_room) * up_room
+        bound += SILU_SLOPE * gate_room * up.abs() + SILU_ROUNDING * (silu_gate * up).abs()
+        assert ((act[rows] - silu_gate * up).abs() <= bound + 1e-30).all()
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize(("hidden", "inter", "counts"), EXPERT_CASES)
+def test_fp8_down_within_summation_bounds(
+    kernel_device: str, hidden: int, inter: int, counts: list[int]
+) -> None:
+    """On activations the quantize step keeps exactly, against the exact product with the
+    dequantized weights: summation order apart, equal."""
+    from roundgate.kernels.quant.triton_fp8_experts import RowTiles, dequantize_experts, fp8_down
+
+    _, _, w2, w2_scales = weights = make_experts(len(counts), hidden, inter, seed=inter)
+    act = exact_fp8_activations(sum(counts), inter, seed=hidden)
+    to = kernel_device
+    out = fp8_down(act.to(to), RowTiles.of(counts, to), w2.to(to), w2_scales.to(to))
+    down = dequantize_experts(*weights)[1].double()
+    unit = ACCUMULATOR_UNIT[to]
+    for expert, rows in per_expert(counts):
+        exact = act[rows].double() @ down[expert].T
+        room = 2 * inter * unit * (act[rows].double().abs() @ down[expert].abs().T)
+        error = (out.cpu()[rows].double() - exact).abs()
+        assert (error <= room + 2 * UNIT * exact.abs() + 1e-30).all()
+
+
+def experts_bound(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, device: str
+) -> torch.Tensor:
+    """How far one expert's FP8 output (``x`` float32, quantized on the way in and again
+    between the projections) may sit from the exact product with the dequantized weights
+    ``w13``/``w2``, elementwise: each error carried through SwiGLU and the down projection,
+    with the accumulators' rounding. A worst case, loose by about the square root of the
+    widths: the tests above are the tight ones."""
+    x, w13, w2 = x.double(), w13.double(), w2.double()
+    inter, unit = w2.shape[1], ACCUMULATOR_UNIT[device]
+    gate_w, up_w = w13[:inter], w13[inter:]
+    x_scales = quantize_activations(x.float()).scales.double()
+    x_error = E4M3_UNIT * x.abs() + E4M3_SUBNORMAL_HALF_STEP * _spread(x_scales, x.shape[1])
+    x_high = x.abs() + x_error
+
+    def linear_error(w: torch.Tensor) -> torch.Tensor:
+        return x_error @ w.abs().T + 2 * x.shape[1] * unit * (x_high @ w.abs().T)
+
+    gate, up = x @ gate_w.T, x @ up_w.T
+    gate_error, up_error = linear_error(gate_w), linear_error(up_w)
+    silu_gate = torch.nn.functional.silu(gate)
+    act_error = (silu_gate.abs() + SILU_SLOPE * gate_error) * up_error
+    act_error += up.abs() * SILU_SLOPE * gate_error
+    act_high = (silu_gate * up).abs() + act_error
+    act_error += SILU_ROUNDING * act_high
+    groups = torch.nn.functional.pad(act_high, (0, -inter % BLOCK))
+    groups = groups.view(len(x), -(-inter // BLOCK), BLOCK)
+    act_scales = groups.amax(-1).clamp_min(AMAX_FLOOR) / FP8_MAX  # above the kernel's scales
+    act_error += E4M3_UNIT * act_high + E4M3_SUBNORMAL_HALF_STEP * _spread(act_scales, inter)
+    down_error = act_error @ w2.abs().T + 2 * inter * unit * ((act_high + act_error) @ w2.abs().T)
+    return down_error + 2 * UNIT * ((silu_gate * up) @ w2.T).abs() + 1e-30
+
+
+def _spread(scales: torch.Tensor, width: int) -> torch.Tensor:
+    return scales.repeat_interleave(BLOCK, 1)[:, :width]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize(("hidden", "inter", "counts"), EXPERT_CASES[:2])
+def test_fp8_experts_within_bounds(
+    kernel_device: str, hidden: int, inter: int, counts: list[int]
+) -> None:
+    """The whole op against ``run_experts``' arithmetic on the dequantized weights."""
+    from roundgate.kernels.quant.triton_fp8_experts import dequantize_experts, fp8_run_experts
+
+    weights = make_experts(len(counts), hidden, inter, seed=hidden + inter)
+    x = make_x(sum(counts), hidden, torch.float32, seed=len(counts))
+    to = kernel_device
+    y = fp8_run_experts(x.to(to), counts, *(w.to(to) for w in weights)).cpu()
+    w13, w2 = dequantize_experts(*weights)
+    for expert, rows in per_expert(counts):
+        gate_w, up_w = w13[expert, :inter].double(), w13[expert, inter:].double()
+        act = torch.nn.functional.silu(x[rows].double() @ gate_w.T) * (x[rows].double() @ up_w.T)
+        error = (y[rows].double() - act @ w2[expert].double().T).abs()
+        assert (error <= experts_bound(x[rows], w13[expert], w2[expert], to)).all()
+
+
+def test_fp8_experts_refuse_mismatched_weights() -> None:
+    pytest.importorskip("triton")
+    from roundgate.kernels.quant.triton_fp8_experts import fp8_run_experts
+
+    w13, s13, w2, s2 = make_experts(2, 64, 32, seed=0)
+    with pytest.raises(ValueError, match="w13_scale_inv"):
+        fp8_run_experts(torch.zeros(1, 64), [1, 0], w13, s13[:, :1], w2, s2)
+    with pytest.raises(ValueError, match="w13 "):
+        fp8_run_experts(torch.zeros(1, 64), [1, 0], w13[:, :10], s13, w2, s2)
+    with pytest.raises(ValueError, match="counts"):
+        fp8_run_experts(torch.zeros(2, 64), [1, 0], w13, s13, w2, s2)
 
 
 # ---- Fp8Linear -----------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def gemm_tiles(rows: int) -> GemmTiles:
 
 
 @triton.jit
-def _round_to_e4m3(v):
+def round_to_e4m3(v):
     """``v`` (float32, ``|v| <= 448``) rounded to the nearest e4m3 value, ties to even.
 
     The cast to e4m3 would round by itself on a GPU, but Triton 3.9's interpreter rounds it
@@ -90,6 +90,16 @@ def _round_to_e4m3(v):
     rounded = (tl.abs(v) + magic) - magic
     # The sign goes back on as a bit, so that -0.0 and values rounding to zero keep theirs.
     return (rounded.to(tl.int32, bitcast=True) | (bits & -0x80000000)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def quantize_rows(x, AMAX_FLOOR: tl.constexpr, FP8_MAX: tl.constexpr):
+    """A float32 tile ``[rows, 128]`` (one activation group a row) as e4m3 codes and a float32
+    scale per row: the quantize step done in registers, for kernels that quantize their
+    operand as they load it (masked lanes must hold 0)."""
+    scale = tl.maximum(tl.max(tl.abs(x), 1), AMAX_FLOOR) / FP8_MAX
+    codes = round_to_e4m3(tl.clamp(tl.div_rn(x, scale[:, None]), -FP8_MAX, FP8_MAX))
+    return codes.to(tl.float8e4nv), scale
 
 
 @triton.jit
@@ -111,7 +121,7 @@ def _quantize_groups_kernel(
     ok = ks < cols
     x = tl.load(x_ptr + row * stride_x + ks, mask=ok, other=0.0).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(x), 0), AMAX_FLOOR) / FP8_MAX
-    codes = _round_to_e4m3(tl.clamp(tl.div_rn(x, scale), -FP8_MAX, FP8_MAX))
+    codes = round_to_e4m3(tl.clamp(tl.div_rn(x, scale), -FP8_MAX, FP8_MAX))
     tl.store(q_ptr + row * stride_q + ks, codes.to(q_ptr.dtype.element_ty), mask=ok)
     tl.store(scale_ptr + row * stride_s + group, scale)
 
