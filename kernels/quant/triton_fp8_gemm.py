@@ -10,8 +10,8 @@ by reading ``W`` either way; the quantize step costs one pass over ``x``.
 Two launches:
 
 1. quantize: one program per (row, 128-column group) writes the group's e4m3 codes and its
-   float32 scale (``fp8_blocks.quantize_activations`` is the same operations in torch; the
-   division is round-to-nearest, ``tl.div_rn``, so the codes match torch's);
+   float32 scale (``fp8_blocks.quantize_activations`` is the same operations in torch; both
+   divisions are IEEE round-to-nearest, ``tl.div_rn``, so scales and codes match torch's);
 2. GEMM: one program per ``BLOCK_M x BLOCK_N`` tile of ``y`` walks ``K`` in steps of 128 --
    one weight block column and one activation group per step -- and adds each step's FP8
    ``tl.dot`` (float32 result) times the row scales and the column blocks' scales into a
@@ -97,7 +97,7 @@ def quantize_rows(x, AMAX_FLOOR: tl.constexpr, FP8_MAX: tl.constexpr):
     """A float32 tile ``[rows, 128]`` (one activation group a row) as e4m3 codes and a float32
     scale per row: the quantize step done in registers, for kernels that quantize their
     operand as they load it (masked lanes must hold 0)."""
-    scale = tl.maximum(tl.max(tl.abs(x), 1), AMAX_FLOOR) / FP8_MAX
+    scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), 1), AMAX_FLOOR), FP8_MAX)
     codes = round_to_e4m3(tl.clamp(tl.div_rn(x, scale[:, None]), -FP8_MAX, FP8_MAX))
     return codes.to(tl.float8e4nv), scale
 
@@ -120,7 +120,7 @@ def _quantize_groups_kernel(
     ks = group * GROUP + tl.arange(0, GROUP)
     ok = ks < cols
     x = tl.load(x_ptr + row * stride_x + ks, mask=ok, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), 0), AMAX_FLOOR) / FP8_MAX
+    scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), 0), AMAX_FLOOR), FP8_MAX)
     codes = round_to_e4m3(tl.clamp(tl.div_rn(x, scale), -FP8_MAX, FP8_MAX))
     tl.store(q_ptr + row * stride_q + ks, codes.to(q_ptr.dtype.element_ty), mask=ok)
     tl.store(scale_ptr + row * stride_s + group, scale)
