@@ -206,6 +206,18 @@ def test_requests_drafting_in_another_order_or_rounds_apart_keep_their_rows() ->
         assert draft.propose(call, {r: 3 for r in order}) == expected, order
 
 
+def test_a_long_history_is_caught_up_over_calls_under_a_prefill_budget() -> None:
+    draft = make_draft(max_prefill_tokens=8)
+    short, long = tokens(3, seed=40), tokens(30, seed=41)
+    calls = [draft.propose({"s": short, "l": long}, {"s": 2, "l": 2}) for _ in range(5)]
+    # s runs first (3 new tokens, then 1 a call); l gets what is left of 8: 5, then 7, 7,
+    # 7, and its last 4 with its drafts on the fifth call.
+    assert [len(c["l"]) for c in calls] == [0, 0, 0, 0, 2]
+    assert all(len(c["s"]) == 2 for c in calls)
+    assert calls[-1]["l"] == make_draft().propose({"l": long}, {"l": 2})["l"]
+    assert calls[-1]["s"] == make_draft().propose({"s": short}, {"s": 2})["s"]
+
+
 def test_k_zero_skips_the_request_and_keeps_its_row() -> None:
     draft = make_draft()
     a, b = tokens(10, seed=20), tokens(14, seed=21)

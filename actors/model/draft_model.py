@@ -49,8 +49,20 @@ class DraftModel:
     on its rank.
     """
 
-    def __init__(self, model: CausalLM, *, max_requests: int, max_len: int) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        max_requests: int,
+        max_len: int,
+        max_prefill_tokens: int | None = None,
+    ) -> None:
+        if max_prefill_tokens is not None and max_prefill_tokens < 1:
+            raise ValueError(
+                f"draft model: max_prefill_tokens must be >= 1, got {max_prefill_tokens}"
+            )
         self.model = model
+        self.max_prefill_tokens = max_prefill_tokens
         self.config = config = model.config
         if not all(
             isinstance(layer.self_attn, Attention) and isinstance(layer.mlp, DenseMLP)
@@ -81,6 +93,7 @@ class DraftModel:
         gguf_weights: str = "float",
         max_requests: int = 256,
         max_len: int | None = None,
+        max_prefill_tokens: int | None = None,
     ) -> DraftModel:
         """The draft ``model``, resolved as ``--model`` is (a preset, a GGUF file, directory
         or packaged name, a HF safetensors directory), checked against the ``target``.
@@ -90,7 +103,8 @@ class DraftModel:
         differ where both list them; a MoE or MLA draft; more parameters than the target.
         ``seed`` seeds a preset's weights (the target's ``--seed``: a preset is then its
         own exact draft). ``gguf_weights`` as ``--gguf-weights`` (CPU only). ``max_requests``
-        and ``max_len`` (default: the draft's context) bound the draft's cache.
+        and ``max_len`` (default: the draft's context) bound the draft's cache;
+        ``max_prefill_tokens`` bounds the history tokens one ``propose`` runs (default: all).
         """
         try:
             config = resolve_model_config(model)
@@ -110,6 +124,7 @@ class DraftModel:
             built,
             max_requests=max_requests,
             max_len=max_len or config.max_position,
+            max_prefill_tokens=max_prefill_tokens,
         )
 
     @torch.inference_mode()
@@ -119,7 +134,10 @@ class DraftModel:
         """Up to ``k[id]`` greedy drafts continuing each request's ``histories[id]``.
 
         A request with ``k`` 0 is skipped (its row kept); one whose drafts would run past
-        the draft's ``max_len`` gets fewer (none when its history already does).
+        the draft's ``max_len`` gets fewer (none when its history already does). Under
+        ``max_prefill_tokens`` the requests with the fewest new tokens run first; one that
+        does not fit runs what is left of the budget and drafts nothing this call (a new
+        request's prompt is then caught up over a few rounds instead of stalling one).
         """
         missing = sorted(set(histories) - set(k))
         if missing:
@@ -136,32 +154,39 @@ class DraftModel:
             return out
         # The batch runs in row order: row i of the cache is request i of the batch.
         ids = [r for _, r in sorted(zip(self.cache.place(ids), ids, strict=True))]
-        starts, news = [], []
+        starts, news = {}, {}
         for r in ids:
             history = list(histories[r])
             # At least the last token is run again: its logits give the first draft.
-            start = min(_common_prefix(self.cache.tokens(r), history), len(history) - 1)
-            starts.append(start)
-            news.append(history[start:])
-            self.cache.set_tokens(r, history[:start])  # until this call's K/V is written
+            starts[r] = min(_common_prefix(self.cache.tokens(r), history), len(history) - 1)
+            news[r] = history[starts[r] :]
+            self.cache.set_tokens(r, history[: starts[r]])  # until this call's K/V is written
+        budget = self.max_prefill_tokens or sum(len(t) for t in news.values())
+        for r in sorted(ids, key=lambda r: len(news[r])):
+            if len(news[r]) > budget:  # caught up in part: no drafts before the rest
+                news[r], wanted[r] = news[r][:budget], 0
+            budget -= len(news[r])
         drafts: list[list[int]] = [[] for _ in ids]
         counts = [wanted[r] for r in ids]
-        step_tokens = news
-        for step in range(max(counts)):
-            self.cache.reserve(max(s + len(t) for s, t in zip(starts, step_tokens, strict=True)))
-            logits = self._forward(step_tokens, starts)
+        step_tokens, starts_of = [news[r] for r in ids], [starts[r] for r in ids]
+        for step in range(max(*counts, 1)):
+            ends = [s + len(t) for s, t in zip(starts_of, step_tokens, strict=True)]
+            self.cache.reserve(max(ends))
+            logits = self._forward(step_tokens, starts_of)
             chosen = logits.argmax(dim=-1).tolist()
             for i, token in enumerate(chosen):
                 if step < counts[i]:
                     drafts[i].append(token)
             # Next step: each request still drafting runs its newest draft (the others idle).
-            starts = [s + len(t) for s, t in zip(starts, step_tokens, strict=True)]
+            starts_of = ends
             step_tokens = [
                 [d[-1]] if step + 1 < c else [] for d, c in zip(drafts, counts, strict=True)
             ]
         for i, r in enumerate(ids):
-            # The row holds every draft but the last (never run): the next call's prefix.
-            self.cache.set_tokens(r, [*histories[r], *drafts[i][:-1]])
+            # The row holds what ran: the history (or its part that fit) and every draft but
+            # the last (never run), the next call's prefix.
+            ran = [*histories[r][: starts[r]], *news[r], *drafts[i][:-1]]
+            self.cache.set_tokens(r, ran)
             out[r] = tuple(drafts[i])
         return out
 
