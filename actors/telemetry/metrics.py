@@ -286,6 +286,19 @@ class RankMetricSet:
             RANK,
             registry=r,
         )
+        self.spec_acceptance_rate = Gauge(
+            _n("spec_decode_acceptance_rate"),
+            "Draft tokens kept over draft tokens verified, since the rank started",
+            RANK,
+            registry=r,
+        )
+        self.spec_mean_accepted_length = Gauge(
+            _n("spec_decode_mean_accepted_length"),
+            "Tokens a verification yields on average (its kept drafts plus its own token), "
+            "since the rank started",
+            RANK,
+            registry=r,
+        )
         self.local_prefill_rounds = Counter(
             _n("rank_prefill_rounds"), "Rounds in which this rank extended", RANK, registry=r
         )

@@ -74,6 +74,10 @@ class RankMetrics:
             s.spec_draft_tokens.labels(*r),
             s.spec_accepted_tokens.labels(*r),
         )
+        self._spec_ratios = (
+            s.spec_acceptance_rate.labels(*r),
+            s.spec_mean_accepted_length.labels(*r),
+        )
         self._seen_spec = (0, 0, 0)
         self._aborts = s.aborts.labels(*r)
         self._prefix_queries = s.prefix_cache_queries.labels(*r)
@@ -224,6 +228,9 @@ class RankMetrics:
                 for counter, new, old in zip(self._spec, now, self._seen_spec, strict=True):
                     counter.inc(new - old)
                 self._seen_spec = now
+                rate, length = self._spec_ratios
+                rate.set(stats.acceptance_rate)
+                length.set(stats.mean_accepted)
         if scheduler.num_aborts > self._seen_aborts:
             self._aborts.inc(scheduler.num_aborts - self._seen_aborts)
             self._seen_aborts = scheduler.num_aborts

@@ -97,3 +97,16 @@ def test_speculative_greedy_equals_plain_greedy_on_both_ranks(answers: Any) -> N
     drafts = counters.get("roundgate_spec_decode_draft_tokens_total", 0)
     kept = counters.get("roundgate_spec_decode_accepted_tokens_total", 0)
     assert drafts > 0 and 0 < kept <= drafts, counters
+    # Each rank's own acceptance rate and tokens per verification, as gauges.
+    text = httpx.get(f"{app.url}/metrics", timeout=30).raise_for_status().text
+    gauges: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (
+                "roundgate_spec_decode_acceptance_rate",
+                "roundgate_spec_decode_mean_accepted_length",
+            ):
+                gauges.setdefault(sample.name, []).append(sample.value)
+    assert max(gauges["roundgate_spec_decode_acceptance_rate"]) > 0, gauges
+    assert all(0 <= v <= 1 for v in gauges["roundgate_spec_decode_acceptance_rate"]), gauges
+    assert max(gauges["roundgate_spec_decode_mean_accepted_length"]) > 1, gauges
