@@ -31,11 +31,16 @@ pytestmark = pytest.mark.integration
 # Deadlines for conditions, not expectations of speed (a replacement loads its model).
 DEADLINE_S = 240.0
 STREAM = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
+# A hang is noticed when a collective times out, and Serve's health check of a rank waits as
+# long (``max(10, collective_timeout_s)``, three checks in a row): 10 s rather than
+# local.yaml's 20 halves a hang's pure waiting. Still far above a collective of these tiny
+# models on two busy cores: the kill tests' runs under load timed out none but the hung rank's.
+COLLECTIVE_TIMEOUT_S = 10.0
 
 
 @pytest.fixture(scope="module")
 def elastic(app: Deployment) -> Iterator[Deployment]:
-    app.deploy(model="tiny-llama", elastic_dp=True)
+    app.deploy(model="tiny-llama", elastic_dp=True, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
     try:
         yield app
     finally:

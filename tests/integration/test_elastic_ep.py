@@ -24,7 +24,7 @@ import httpx
 import pytest
 from family_models import build_family
 from helpers import BackgroundStream, complete, wait_for
-from test_elastic_dp import kill_in_turn_under_load, snapshot, wait_whole
+from test_elastic_dp import COLLECTIVE_TIMEOUT_S, kill_in_turn_under_load, snapshot, wait_whole
 from test_served_deepseek import save_word_tokenizer
 
 if TYPE_CHECKING:
@@ -43,7 +43,12 @@ def elastic_moe(app: Deployment, tmp_path_factory: pytest.TempPathFactory) -> It
     model = build_family("qwen3_moe")
     model.save_pretrained(path)
     save_word_tokenizer(path, model.config.vocab_size)
-    app.deploy(model=str(path), elastic_dp=True, moe_backend="torch")
+    app.deploy(
+        model=str(path),
+        elastic_dp=True,
+        moe_backend="torch",
+        collective_timeout_s=COLLECTIVE_TIMEOUT_S,
+    )
     try:
         yield app
     finally:
@@ -81,7 +86,7 @@ def test_a_faulted_rank_of_a_moe_group_costs_no_stream(
     elastic_moe: Deployment, uninterrupted: list[str], fault: str
 ) -> None:
     """SIGKILL: the survivor's sockets reset at once; SIGSTOP: the hung rank is fenced when
-    the survivor's collective times out (``collective_timeout_s``, 20 s in local.yaml)."""
+    the survivor's collective times out (``collective_timeout_s``: 10 s here)."""
     app = elastic_moe
     wait_whole(app, "one MoE group of two")
     expected = uninterrupted
