@@ -24,7 +24,8 @@ from roundgate.actors.control.round import RoundPlan, ScheduledChunk
 from roundgate.actors.model.config import PRESETS, ModelConfig, with_overrides
 from roundgate.actors.model.config_parts import MLAConfig
 from roundgate.actors.model.draft_cache import DraftCache
-from roundgate.actors.model.draft_model import DraftModel, check_draft
+from roundgate.actors.model.draft_checks import check_draft
+from roundgate.actors.model.draft_model import DraftModel
 from roundgate.actors.model.resolve import resolve_model_config
 
 TINY = PRESETS["tiny-llama"]
