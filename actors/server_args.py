@@ -32,6 +32,7 @@ from roundgate.actors.control.speculative_config import (
 )
 from roundgate.actors.expert_flags import check_expert_flags
 from roundgate.actors.model.config import ModelConfig, with_overrides
+from roundgate.actors.model.draft_checks import check_draft, check_tokens
 from roundgate.actors.model.resolve import resolve_model_config
 from roundgate.actors.role import DISAGGREGATION_MODES, DisaggregationRole
 from roundgate.gate import registry
@@ -281,6 +282,8 @@ class ServerArgs:
                 self.disaggregation_mode,
             )
             object.__setattr__(self, "model_config", with_overrides(model, draft_layers=layers))
+        if speculative is not None and speculative.method == "draft_model":
+            self._check_draft(speculative.model or "")
         if isinstance(self.speculative_config, Mapping):  # a serve config's object, as text
             object.__setattr__(self, "speculative_config", json.dumps(self.speculative_config))
         self._size_kv_pool()
@@ -326,6 +329,19 @@ class ServerArgs:
                 f"--max-model-len {flag} exceeds the model's max_position_embeddings ({limit})"
             )
         return flag
+
+    def _check_draft(self, draft: str) -> None:
+        """A draft model refused before any rank loads it (errors name
+        ``speculative_config.model``): unreadable, another vocabulary or token list, MoE or
+        latent attention, larger than the target."""
+        try:
+            config = resolve_model_config(draft)
+        except (ValueError, OSError) as exc:
+            raise ValueError(
+                f"speculative_config.model {draft!r}: cannot be read ({exc})"
+            ) from None
+        check_draft(draft, config, self.model_config)
+        check_tokens(draft, self.model)
 
     def _size_kv_pool(self) -> None:
         """``--kv-cache-memory-gb`` sets ``num_kv_pages`` (read by scheduler and runner)."""

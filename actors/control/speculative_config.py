@@ -111,9 +111,7 @@ def parse_speculative_config(value: Mapping[str, Any]) -> SpeculativeConfig:
 
 
 # Parsed and checked, but no rank can run them yet: refused by name rather than ignored.
-NOT_BUILT = {
-    "draft_model": "a draft model on the rank is not built yet",
-}
+NOT_BUILT: dict[str, str] = {}
 
 
 def check_mtp(

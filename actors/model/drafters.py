@@ -22,12 +22,16 @@ import torch
 
 from roundgate.actors.control.round import ScheduledChunk
 from roundgate.actors.model.decoder import CausalLM
+from roundgate.actors.model.draft_model import DraftModel
 from roundgate.actors.model.layers import ForwardContext
 from roundgate.actors.model.mtp import NextNDrafter, build_next_n
 from roundgate.actors.model.runner_config import RunnerConfig
 from roundgate.actors.model.weights import TensorSource
 from roundgate.kernels.moe.base import MoEBackend
 from roundgate.kernels.moe.placement import ExpertPlacement
+
+# History tokens one round's draft-model call runs at most, over all its requests.
+DRAFT_CATCH_UP_TOKENS = 256
 
 
 class Drafter(Protocol):
@@ -71,4 +75,64 @@ def build_drafter(
     if spec.method == "mtp":
         layer = build_next_n(config.model_config, source, placement, weight.dtype, weight.device)
         return NextNDrafter(layer, model)
+    if spec.method == "draft_model" and spec.model is not None:
+        draft = DraftModel.load(
+            spec.model,
+            config.model_config,
+            dtype=weight.dtype,
+            device=weight.device,
+            seed=config.seed,
+            target_model=config.model,
+            gguf_weights=config.gguf_weights,
+            # Room for this rank's running requests and as many finishing ones: rows past
+            # it go least recently used first (a finished request is never used again).
+            max_requests=2 * config.max_batch_size,
+            max_len=config.max_model_len,
+            # A new request's prompt is caught up over a few rounds rather than stalling one
+            # (a draft's prefill of a long prompt costs as much as a chunk of the target's).
+            max_prefill_tokens=DRAFT_CATCH_UP_TOKENS,
+        )
+        return DraftModelDrafter(draft, spec.k)
     raise ValueError(f"speculative_config.method {spec.method}: no drafter on this rank")
+
+
+class DraftModelDrafter:
+    """``draft_model``: each request's history after the round, continued by the draft
+    model's ``k`` greedy tokens (it catches up on the tokens it has not seen itself)."""
+
+    needs_hidden = False
+
+    def __init__(self, draft: DraftModel, k: int) -> None:
+        self.model = draft
+        self.k = k
+
+    def hold(self, ctx: ForwardContext, hidden: torch.Tensor) -> None:
+        """Not needed: the draft model reads tokens, not the target's states."""
+
+    def draft(
+        self,
+        chunks: Sequence[ScheduledChunk],
+        sampled: Mapping[str, int],
+        accepted: Mapping[str, tuple[int, ...]],
+    ) -> dict[str, tuple[int, ...]]:
+        histories: dict[str, list[int]] = {}
+        for chunk in chunks:
+            req = chunk.request
+            token = sampled.get(req.request_id)
+            # No drafts for a grammar request (``Speculator``) nor one that sampled nothing.
+            if token is None or req.sampling.grammar is not None:
+                continue
+            kept = accepted.get(req.request_id, ())
+            histories[req.request_id] = [*req.token_ids(0, req.num_tokens), *kept, token]
+        if not histories:
+            return {}
+        drafts = self.model.propose(histories, dict.fromkeys(histories, self.k))
+        return {rid: d for rid, d in drafts.items() if d}
+
+    def idle(self, moe: MoEBackend | None, low_latency: bool) -> None:
+        """A dense draft has no collective: an idle rank runs nothing."""
+
+    def regroup(
+        self, placement: ExpertPlacement, group: Any, source: Callable[[], TensorSource]
+    ) -> None:
+        """No experts to re-home."""

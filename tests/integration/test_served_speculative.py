@@ -110,3 +110,17 @@ def test_speculative_greedy_equals_plain_greedy_on_both_ranks(answers: Any) -> N
     assert max(gauges["roundgate_spec_decode_acceptance_rate"]) > 0, gauges
     assert all(0 <= v <= 1 for v in gauges["roundgate_spec_decode_acceptance_rate"]), gauges
     assert max(gauges["roundgate_spec_decode_mean_accepted_length"]) > 1, gauges
+
+
+def test_draft_model_greedy_equals_plain_greedy_on_both_ranks(answers: Any) -> None:
+    """``draft_model``: the default model drafting for itself on each rank (k=3)."""
+    app, plain = answers
+    spec = {"method": "draft_model", "model": MODEL, "num_speculative_tokens": 3}
+    app.deploy(model=MODEL, elastic_dp=True, speculative_config=spec)
+    drafted = complete_all(app.url)
+    for want, have in zip(plain, drafted, strict=True):
+        assert have["text"] == want["text"]
+        assert have["logprobs"]["tokens"] == want["logprobs"]["tokens"]
+        assert have["finish_reason"] == want["finish_reason"]
+    counters = spec_counters(app.url)
+    assert counters.get("roundgate_spec_decode_accepted_tokens_total", 0) > 0, counters
