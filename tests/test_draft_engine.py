@@ -112,3 +112,16 @@ def test_a_draft_of_another_vocabulary_is_refused(tmp_path: Path) -> None:
     LlamaForCausalLM(LlamaConfig(**{**HF_SHAPE, "num_hidden_layers": 1})).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"speculative_config.model .*vocabulary"):
         ServerArgs(**BASE, speculative_config=spec(str(tmp_path)))
+
+
+def test_a_failing_draft_model_costs_drafts_not_answers() -> None:
+    params = SamplingParams(max_tokens=8)
+    plain = Engine(ServerArgs(**BASE)).generate(PROMPTS, params)
+    engine = Engine(ServerArgs(**BASE, speculative_config=spec("tiny-llama")))
+
+    def broken(*_: object) -> dict[str, tuple[int, ...]]:
+        raise RuntimeError("draft forward failed")
+
+    engine.runner.drafter.model.propose = broken  # type: ignore[method-assign]
+    assert engine.generate(PROMPTS, params) == plain
+    assert engine.core.scheduler.planner.speculator.stats.verifies == 0

@@ -15,6 +15,7 @@ no drafter can change an output, only how many rounds it takes.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -29,6 +30,8 @@ from roundgate.actors.model.runner_config import RunnerConfig
 from roundgate.actors.model.weights import TensorSource
 from roundgate.kernels.moe.base import MoEBackend
 from roundgate.kernels.moe.placement import ExpertPlacement
+
+logger = logging.getLogger("roundgate.runner")
 
 # History tokens one round's draft-model call runs at most, over all its requests.
 DRAFT_CATCH_UP_TOKENS = 256
@@ -126,7 +129,11 @@ class DraftModelDrafter:
             histories[req.request_id] = [*req.token_ids(0, req.num_tokens), *kept, token]
         if not histories:
             return {}
-        drafts = self.model.propose(histories, dict.fromkeys(histories, self.k))
+        try:
+            drafts = self.model.propose(histories, dict.fromkeys(histories, self.k))
+        except Exception:  # drafts are optional: the round's tokens stand without them
+            logger.exception("the draft model failed; no drafts next round")
+            return {}
         return {rid: d for rid, d in drafts.items() if d}
 
     def idle(self, moe: MoEBackend | None, low_latency: bool) -> None:
