@@ -8,6 +8,9 @@ gathered rows, with defaults meant to be left alone:
   percentiles are judged over its gaps, one per round. With two decode rounds for every
   window, under a third of any stream's gaps are extend rounds, so its ITL median is a decode
   round's; holding longer only moves its mean, while every held prompt pays for it in TTFT.
+  Where a window's fixed cost dwarfs a decode round (an extend overhead of 140-215 ms beside a
+  10-30 ms decode round), the hold is also at least the decode rounds that cost as much as
+  that fixed part of the measured step, so windows never take most of the group's time.
   The pace is a credit (a token bucket of extend rounds: one round of credit per busy round,
   ``hold + 1`` per window), so a quiet spell banks a little and a burst after it is not held.
 - **Align prompts when that is free.** When every rank that decodes also holds a prompt (the
@@ -27,7 +30,22 @@ gathered rows, with defaults meant to be left alone:
   gap, and a stream meets an ITL p99 bound only while under 1 % of its gaps are slow: with
   many long streams running (reasoning), windows must be rare. Such a window waits until the
   oldest prompt has used three quarters of its TTFT slack (the TTFT bound less its own
-  prefill), so each one carries as many prompts as the TTFT bound allows.
+  prefill), so each one carries as many prompts as the TTFT bound allows, or until one slow
+  window in ``100 / yield`` decode rounds (a stream gets ``yield`` gaps a decode round, and
+  may have one slow gap in a hundred), whichever comes first.
+- **Price speculative decoding** (``roundgate.gate.decode_yield``). With drafts a decode
+  round is a verify round: its cost is what the round lengths measure, and the tokens it
+  yields a request (kept drafts + 1) come from the ranks' running totals of kept drafts (the
+  ``spec_accepted`` column). The yield spaces slow windows (above); the drafts a decode
+  feeds are taken off an extending rank's ``num_tokens`` so the step is fitted on prompt
+  tokens only. Without drafts the yield is 1 and nothing changes.
+- **Finish a slow run at once.** When the extend rounds just run (measured, plus the last
+  one estimated) already outlast the ITL bound, the streams of the ranks that extend have
+  their slow gap: extending again next round lengthens that one gap, while a decode round in
+  between would give them a second. So the run goes on while the ranks that still want to
+  extend hold more of the group's decodes than the rest (or nobody decodes yet: a burst into
+  an idle group) and the run stays within the TTFT bound. A burst that fills every rank's
+  batch at once then prefills as ``none`` would, instead of in slow rounds one decode apart.
 - **Liveness** (``--prefill-max-wait-ms``): whatever the estimates say, no prompt waits longer,
   but for the one round that keeps two windows apart. A rank's prompts queue behind its own
   chunked prefill, so under a steady stream of long prompts some held prompt is always past the
@@ -42,19 +60,21 @@ a gathered row or state derived from gathered rows, so every rank votes the same
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from roundgate.gate.decode_yield import DecodeYield
 from roundgate.gate.policy import RoundByRound
-from roundgate.gate.prefill_cost import PrefillCost, prefill_tokens
+from roundgate.gate.prefill_cost import PrefillCost
 from roundgate.gate.rows import RankRow, RoundView
 from roundgate.gate.spec import PolicyContext, PolicySpec
 from roundgate.gate.vote import CLOSED, GateVote
 
-COLUMNS = ("head_tokens", "head_wait_rounds", "now_ms", "backlog_tokens")
-_TOKENS, _HEAD, _NOW, _BACKLOG = range(len(COLUMNS))
+COLUMNS = ("head_tokens", "head_wait_rounds", "now_ms", "backlog_tokens", "spec_accepted")
+_TOKENS, _HEAD, _NOW, _BACKLOG, _ACCEPTED = range(len(COLUMNS))
 # Round start times remembered (ms): enough to date the oldest prompt the liveness bound allows.
 _HISTORY = 4096
 # Windows of credit the gate may bank in quiet spells. Two let a burst that lands over a few
@@ -65,6 +85,8 @@ _BURST = 2
 # Share of a prompt's TTFT slack (the SLO less its own prefill) a slow window may hold it:
 # the rest is left for queueing behind the window and for the cost estimate's error.
 _THETA = 0.75
+# A stream meets an ITL p99 bound while at most one of its gaps in this many is slow.
+_GAPS_PER_SLOW = 100
 
 
 @dataclass(frozen=True)
@@ -143,17 +165,19 @@ class AutoGate(RoundByRound):
     def __init__(self, config: AutoGateConfig) -> None:
         self.config = config
         self.cost = PrefillCost()
+        self.yield_ = DecodeYield()
         self.since_prefill = 0  # rounds since the last round with an extend
-        # Extend-round credit, in rounds: one per busy round, ``hold + 1`` per window, capped.
-        self._per_window = config.hold_rounds + 1
-        self._cap = _BURST * self._per_window
-        self.credit = self._cap
-        # Never two windows back to back (unless no hold is asked for): a rank that extends in
-        # both runs none of its decodes in either, and its streams see one gap of two extend
-        # rounds, which is what breaks an ITL p99 bound when prompts are long.
+        # Extend-round credit, in rounds: one per busy round, ``_pace()`` per window, capped.
+        self.credit = _BURST * (config.hold_rounds + 1)
+        # Never two windows back to back (unless no hold is asked for, or to finish a run that
+        # is slow already): a rank that extends in both runs none of its decodes in either,
+        # and its streams see one gap of two extend rounds, which is what breaks an ITL p99
+        # bound when prompts are long.
         self._gap = min(1, config.hold_rounds)
         self._starts: deque[int] = deque(maxlen=_HISTORY)  # round start times, ms
         self._last: tuple[int, int] | None = None  # (start ms, longest extend) of last round
+        self._run_start: int | None = None  # start (ms) of the current run of extend rounds
+        self._last_round_ms = 0.0  # the run's last round, estimated (inf: nothing learned yet)
 
     @property
     def rounds_since_prefill(self) -> int:
@@ -165,28 +189,65 @@ class AutoGate(RoundByRound):
             return CLOSED
         if not any(row.has_decode_work for row in rows):
             return _VOTES["idle"]
+        all_point = not any(row.has_decode_work and not row.wants_prefill for row in rows)
+        now = max(row.extras[_NOW] for row in rows)
+        if self._continues(rows, wanting, now):
+            return _VOTES["all" if all_point else "budget"]
         if self.since_prefill < self._gap:
             return CLOSED  # never two windows back to back, not even for liveness
-        now = max(row.extras[_NOW] for row in rows)
         ages = [self._age_ms(row.extras[_HEAD], now) for row in wanting]
         if max(ages) >= self.config.max_wait_ms:
             return _VOTES["liveness"]
-        if self.credit < self._per_window:
+        if self.credit < self._pace():
             return CLOSED
-        if not any(row.has_decode_work and not row.wants_prefill for row in rows):
+        if all_point:
             return _VOTES["all"]
         cfg = self.config
         step = self.cost.step_ms
         window_ms = (self.cost.decode_ms or 0.0) + step(max(r.extras[_BACKLOG] for r in wanting))
         slow = window_ms > cfg.itl_slo_ms
+        spacing = self._slow_spacing_ms() if slow else 0.0
         for row, age in zip(wanting, ages, strict=True):
             own = step(row.extras[_TOKENS])
             budget = cfg.wait_ratio * own
             if slow:
-                budget = max(budget, _THETA * (cfg.ttft_slo_ms - own))
+                budget = max(budget, min(_THETA * (cfg.ttft_slo_ms - own), spacing))
             if age >= budget:
                 return _VOTES["budget"]
         return CLOSED
+
+    def _continues(self, rows: Sequence[RankRow], wanting: Sequence[RankRow], now: int) -> bool:
+        """Whether the run of extend rounds that ended with the last gathered round goes on."""
+        if self.since_prefill or self._run_start is None:
+            return False
+        cfg = self.config
+        run = now - self._run_start  # the run's rounds before the last gathered one, measured
+        last = self._last_round_ms
+        if last != math.inf:
+            run += last
+            if run <= cfg.itl_slo_ms:
+                return False
+        if run > cfg.ttft_slo_ms:
+            return False
+        spared = sum(row.batch_size - row.num_extends for row in wanting)
+        streams = sum(row.batch_size - row.num_extends for row in rows)
+        return streams == 0 or 2 * spared > streams
+
+    def _pace(self) -> int:
+        """Extend-round credit a window costs: the hold plus the window itself; the hold at
+        least the decode rounds that cost as much as a window's fixed part."""
+        hold = self.config.hold_rounds
+        decode = self.cost.decode_ms
+        if decode and self.cost.known:
+            hold = max(hold, math.ceil(self.cost.step_ms(0) / decode))
+        return hold + 1
+
+    def _slow_spacing_ms(self) -> float:
+        """How far apart slow windows keep every stream within its ITL p99 bound: a stream
+        yields ``tokens_per_decode`` gaps a decode round and may have one slow gap in
+        ``_GAPS_PER_SLOW``, so one slow window every ``_GAPS_PER_SLOW / yield`` decode rounds."""
+        rounds = _GAPS_PER_SLOW / self.yield_.tokens_per_decode
+        return rounds * (self.cost.decode_ms or 0.0)
 
     def _age_ms(self, head_rounds: int, now: int) -> float:
         """How long ago (ms) the round ``head_rounds`` before the last gathered one began."""
@@ -200,18 +261,31 @@ class AutoGate(RoundByRound):
         if view.all_idle:
             # An idle gap: nothing is held, and the next round's start is not this one's end.
             self._last = None
+            self._run_start = None
             self.since_prefill = 0
             return
         self.since_prefill = 0 if view.any_extend else self.since_prefill + 1
-        spent = self._per_window if view.any_extend else 0
+        pace = self._pace()
+        spent = pace if view.any_extend else 0
         # Floored at zero: a window the pace did not grant (idle, liveness) restarts the pace
         # rather than putting it in debt.
-        self.credit = max(0, min(self._cap, self.credit - spent + 1))
+        self.credit = max(0, min(_BURST * pace, self.credit - spent + 1))
         now = max(row.extras[_NOW] for row in rows)
+        self.yield_.add_round(rows, sum(row.extras[_ACCEPTED] for row in rows))
         if self._last is not None:
             start, tokens = self._last
             self.cost.add_round(float(now - start), tokens)
-        self._last = (now, prefill_tokens(rows) if view.any_extend else 0)
+        tokens = self.yield_.extend_tokens(rows) if view.any_extend else 0
+        self._last = (now, tokens)
+        if not tokens:
+            self._run_start = None
+        else:
+            if self._run_start is None:
+                self._run_start = now
+            known = self.cost.known and self.cost.decode_ms is not None
+            self._last_round_ms = (
+                self.cost.decode_ms + self.cost.step_ms(tokens) if known else math.inf
+            )
         self._starts.append(now)
 
 

@@ -11,6 +11,7 @@ from sim_builders import make_spec, simulate
 from roundgate.cli.engine_flags import parse_server_args
 from roundgate.gate.auto import AutoGate, AutoGateConfig
 from roundgate.gate.prefill_cost import PrefillCost, prefill_tokens
+from roundgate.gate.rows import COLUMNS as ROW_COLUMNS
 from roundgate.gate.rows import RankRow, read_rows
 from roundgate.sim.round_costs import PRESETS
 
@@ -25,6 +26,7 @@ def auto_row(
     head: int = 0,
     now: int = 0,
     backlog: int | None = None,
+    accepted: int = 0,
 ) -> RankRow:
     """A rank's row with the auto gate's columns (head tokens, head wait rounds, now ms,
     backlog tokens); ``extend_tokens`` > 0 makes it extend one prompt of that many tokens."""
@@ -34,6 +36,7 @@ def auto_row(
         head if want else 0,
         now,
         (head_tokens if backlog is None else backlog) if want else 0,
+        accepted,
     )
     return RankRow(decodes + extend_tokens, decodes + extends, extends, want, decodes > 0, extras)
 
@@ -206,6 +209,84 @@ def test_liveness_keeps_two_windows_apart(hold: int, waits: int) -> None:
         assert vote.open == (held == waits), (held, vote)
         t += DECODE_MS
     assert vote.reason == "liveness"
+
+
+def at(row: RankRow, now: int) -> RankRow:
+    """``row`` gathered at ``now`` (its ``now_ms`` column replaced)."""
+    ints = list(row.pack())
+    ints[len(ROW_COLUMNS) + 2] = now
+    return RankRow.unpack(ints)
+
+
+def after_a_run(gate: AutoGate, t: int, run: list[list[RankRow]]) -> tuple[bool, str | None]:
+    """The vote on the last of ``run``'s extend rounds (each a round's gathered rows, 700 ms
+    apart on the shared clock), as the rank loop asks it: after observing them."""
+    vote = None
+    for i, rows in enumerate(run):
+        rows = [at(row, t + 700 * i) for row in rows]
+        gate.observe(rows, read_rows(rows))
+        vote = gate.vote(rows)
+    return vote.open, vote.reason
+
+
+# A rank mid-burst: its round is all extend, its first decodes are waiting for the next one.
+BURST = RankRow(4000, 1, 1, True, True, auto_row(True).extras)
+MIXED = auto_row(True, decodes=1, extend_tokens=4000)  # one decode beside its extend
+DECODING = auto_row(False, decodes=8)  # a rank that only decodes, holding no prompt
+
+
+@pytest.mark.parametrize(
+    ("run", "config", "opens"),
+    [
+        # Every rank mid-burst, nobody decoding: the 650 ms round is slow, the run goes on.
+        ([[BURST, BURST]], {}, True),
+        ([[BURST, BURST]] * 2, {}, True),
+        # ... but not past the TTFT bound (three 700 ms rounds measured, one estimated).
+        ([[BURST, BURST]] * 4, {}, False),
+        # A fast round (650 ms within a 1 s ITL bound): the gap rule keeps windows apart.
+        ([[BURST, BURST]], {"itl_slo_ms": 1000.0}, False),
+        # Most of the group's decodes sit on a rank that would get a second slow gap.
+        ([[MIXED, DECODING]], {}, False),
+        # The ranks still extending hold most decodes: the run spares them a second gap.
+        ([[MIXED, MIXED, auto_row(False, decodes=1)]], {}, True),
+    ],
+)
+def test_a_slow_run_goes_on_while_it_spares_most_streams(run, config: dict, opens: bool) -> None:
+    gate, t = learned(**config)
+    assert after_a_run(gate, t, run)[0] is opens
+
+
+def windows_in(gate: AutoGate, t: int, rounds: int, fixed: float) -> list[int]:
+    """``rounds`` rounds in which both ranks decode and hold a short prompt (an ALL point
+    every round), a window costing ``fixed`` + 0.15 ms a token more; the rounds whose vote
+    opened."""
+    opened = []
+    for i in range(rounds):
+        rows = [auto_row(True, head=1, now=t) for _ in range(2)]
+        if gate.vote(rows).open:
+            opened.append(i)
+            rows = [auto_row(True, extend_tokens=200, head=1, now=t) for _ in range(2)]
+            t += round(fixed + 0.15 * 200)
+        gate.observe(rows, read_rows(rows))
+        t += DECODE_MS
+    return opened
+
+
+@pytest.mark.parametrize(
+    ("fixed", "spacing"),
+    [
+        # A 20 ms fixed step beside 30 ms decode rounds: the hold of two rounds stands.
+        (20.0, 3),
+        # A 200 ms fixed step (an extend overhead like GB200's): seven decode rounds, as long
+        # as the window's fixed part, between windows.
+        (200.0, 8),
+    ],
+)
+def test_the_hold_pays_for_a_windows_fixed_cost(fixed: float, spacing: int) -> None:
+    # An ITL bound no window reaches: only the pace spaces the windows.
+    gate, t = learned(fixed=fixed, itl_slo_ms=10_000.0)
+    opened = windows_in(gate, t, 60, fixed)
+    assert [b - a for a, b in itertools.pairwise(opened)][-3:] == [spacing] * 3
 
 
 @pytest.mark.parametrize(

@@ -51,6 +51,14 @@ def _backlog_tokens(s: Scheduler) -> int:
     return tokens + sum(r.num_prompt_tokens for r in s.queues.waiting)
 
 
+def _spec_accepted(s: Scheduler) -> int:
+    # Drafts verification kept on this rank since it started (0 without speculation): the
+    # group's total grows by what a round's verifications kept, so a policy reads the tokens
+    # a decode yields per round from the gathered rows (roundgate.gate.decode_yield).
+    speculator = s.planner.speculator
+    return 0 if speculator is None else speculator.stats.accepted
+
+
 def _backlog_rounds(s: Scheduler) -> int:
     # Open rounds the rank's prefill backlog needs at its token budget (ceil).
     return -(-_backlog_tokens(s) // s.config.max_scheduled_tokens)
@@ -79,6 +87,7 @@ READERS: dict[str, ColumnReader] = {
     "admissible": lambda s, now: int(s.can_admit),  # the queue head could be admitted now
     "pending_permille": lambda s, now: _pending_permille(s),
     "head_tokens": lambda s, now: _head_tokens(s),
+    "spec_accepted": lambda s, now: _spec_accepted(s),
     # Wall or simulated clock in ms: policies use the max over ranks, so they agree.
     "now_ms": lambda s, now: int(now * 1000),
 }
