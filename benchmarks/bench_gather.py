@@ -1,7 +1,7 @@
 """Where a dp=2 group's per-round all-gather waits, bare and served.
 
     .venv/bin/python benchmarks/bench_gather.py bare [--rounds 300] [--compute-ms 20]
-        [--form list|tensor] [--nice 0] [--busy-python-ms 0]
+        [--form list|tensor|torch-gather] [--nice 0] [--busy-python-ms 0]
     .venv/bin/python benchmarks/bench_gather.py served [--repeats 5] [--runs dp2 dp1-1t]
         [--env RAY_worker_niceness=0]
 
@@ -10,7 +10,8 @@ computes ``--compute-ms`` (torch ops, as a decode forward) and then all-gathers 
 idle one loops on the all-gather, as the idle rank of a group with one request does. Prints
 the busy side's all-gather median and p90. Knobs for the hypotheses: ``--form``
 (``dist.all_gather`` into a list, or into one tensor: ``all_gather_single``, formerly
-``all_gather_into_tensor``), ``--nice`` (both processes; Ray runs workers at 15),
+``all_gather_into_tensor``; or ``torch-gather``: the ranks' own ``TorchGather``, tuple in,
+tuples out, with its host reads), ``--nice`` (both processes; Ray runs workers at 15),
 ``--busy-python-ms`` (a second thread of the busy process runs that much pure Python from the
 moment the gather starts, as the replica's event loop relaying a token does: it holds the GIL
 the gathering thread needs to return).
@@ -67,8 +68,15 @@ def bare_worker(rank: int, port: int, ns: argparse.Namespace, out: Any) -> None:
     row = torch.arange(ROW_COLUMNS, dtype=torch.int64)
     flat = torch.empty(2 * ROW_COLUMNS, dtype=torch.int64)
     rows = [torch.empty_like(row) for _ in range(2)]
+    own = None
+    if ns.form == "torch-gather":
+        from roundgate.actors.replica.torch_gather import TorchGather
+
+        own, packed = TorchGather(), tuple(range(ROW_COLUMNS))
 
     def gather() -> list[tuple[int, ...]]:
+        if own is not None:
+            return own.all_gather(packed)
         if ns.form == "tensor":  # all_gather_into_tensor, renamed in torch 2.13
             getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(flat, row)
             return [tuple(r) for r in flat.view(2, ROW_COLUMNS).tolist()]
@@ -254,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--rounds", type=int, default=300)
     b.add_argument("--warmup", type=int, default=20)
     b.add_argument("--compute-ms", type=float, default=20.0)
-    b.add_argument("--form", choices=("list", "tensor"), default="list")
+    b.add_argument("--form", choices=("list", "tensor", "torch-gather"), default="list")
     b.add_argument("--nice", type=int, default=0, help="niceness of both processes")
     b.add_argument("--busy-python-ms", type=float, default=0.0)
     s = sub.add_parser("served", help="roundgate serve + roundgate bench, batch 1")

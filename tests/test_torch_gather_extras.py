@@ -7,14 +7,18 @@ gathered rows and observes them. The test then checks that both ranks received e
 rows the ranks put in (every extra column, a wall-clock ms stamp past 32 bits included), and
 that every decision equals the one that rank's policy takes from the rows as put in: the
 gather carried everything the policies read. Group policies also vote the same on both ranks.
+Each rank also counts its host reads of a tensor (``tolist``, ``item`` and the other ways a
+tensor becomes host values) inside every gather: one a round, as on NCCL, where each is a sync.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import random
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +73,37 @@ def decision(vote: GateVote) -> Decision:
     return (vote.open, vote.point, vote.chunks, vote.reason)
 
 
+# Every way a tensor hands its values to the host (on a GPU, each is a copy and a sync).
+HOST_READS = ("tolist", "item", "numpy", "__int__", "__float__", "__bool__", "__index__")
+
+
+@contextlib.contextmanager
+def counting_host_reads() -> Iterator[list[int]]:
+    """Patch ``HOST_READS`` on ``torch.Tensor``; yields a one-item list: the reads so far."""
+    import torch
+
+    count = [0]
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counted(method: Any) -> Any:
+        def read(self: Any, *args: Any, **kwargs: Any) -> Any:
+            count[0] += 1
+            return method(self, *args, **kwargs)
+
+        return read
+
+    for name, method in originals.items():
+        setattr(torch.Tensor, name, counted(method))
+    try:
+        yield count
+    finally:
+        for name, method in originals.items():
+            setattr(torch.Tensor, name, method)
+
+
 def rank_main(rank: int, init_method: str, names: tuple[str, ...], out: Any) -> None:
     """One rank: every policy's rounds through the real gather; sends back, per policy, the
-    rows it received and the decisions it took."""
+    rows it received, the decisions it took and each gather's host reads."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo's pair sockets on 127.0.0.1
     import torch.distributed as dist
 
@@ -83,14 +115,17 @@ def rank_main(rank: int, init_method: str, names: tuple[str, ...], out: Any) -> 
         results = {}
         for name in names:
             policy = build(name, rank)
-            received, decisions = [], []
+            received, decisions, reads = [], [], []
             for round_ in range(ROUNDS):
                 row = planned_row(name, policy.extra_columns, round_, rank)
-                rows = [RankRow.unpack(p) for p in gather.all_gather(row.pack())]
+                with counting_host_reads() as count:
+                    packed = gather.all_gather(row.pack())
+                reads.append(count[0])
+                rows = [RankRow.unpack(p) for p in packed]
                 received.append([r.pack() for r in rows])
                 decisions.append(decision(policy.vote(rows)))
                 policy.observe(rows, read_rows(rows))
-            results[name] = (received, decisions)
+            results[name] = (received, decisions, reads)
         out.put((rank, results))
     except BaseException:
         # Said at once: the peer may be blocked in a gather this rank will never join.
@@ -150,7 +185,7 @@ def test_two_ranks_gather_every_column_and_decide_as_from_the_rows_put_in(
 ) -> None:
     width = NUM_COLUMNS + len(build(name, 0).extra_columns)
     for rank in range(WORLD):
-        received, decisions = gathered[rank][name]
+        received, decisions, _ = gathered[rank][name]
         put_in, expected = reference(name, rank)
         assert all(len(p) == width for rows in received for p in rows), name
         for round_, (got, want) in enumerate(zip(received, put_in, strict=True)):
@@ -164,3 +199,12 @@ def test_two_ranks_gather_every_column_and_decide_as_from_the_rows_put_in(
     if name in SHARED_REASON:
         reasons = [[d[3] for d in rank_votes] for rank_votes in votes]
         assert reasons[0] == reasons[1], f"{name}: the ranks' reasons differ"
+
+
+def test_a_round_reads_the_gathered_rows_back_once(gathered: dict[int, dict[str, Any]]) -> None:
+    """One host read per gather on every rank, whatever the policy's width: the rows come
+    back in one copy (on NCCL, one sync a round instead of one per rank)."""
+    for rank in range(WORLD):
+        for name in registry.names():
+            reads = gathered[rank][name][2]
+            assert reads == [1] * ROUNDS, f"{name}: rank {rank} read the gather back {reads}"
