@@ -45,6 +45,13 @@ class MoEBackend(Protocol):
         """Whether an idle rank must still run the layer (to join the group's collectives)."""
         ...
 
+    @property
+    def is_graph_safe(self) -> bool:
+        """Whether the low-latency legs can run inside a captured decode graph: no host read
+        (counts stay on the device), shapes fixed by the batch size, nothing decided in Python
+        per round. A backend that reads counts back (``tolist``) is not; default ``False``."""
+        return False
+
     def dispatch(
         self,
         hidden: torch.Tensor,
