@@ -50,6 +50,7 @@ ATTENTION_BACKENDS = attention_kernels.names()
 MOE_BACKENDS = moe_kernels.backend_names()
 MOE_KERNELS = moe_kernels.kernel_names()
 GGUF_WEIGHTS = ("packed", "int8-dot", "float")
+FP8_WEIGHTS = ("auto", "keep", "dequantize")
 
 C = TypeVar("C")
 
@@ -129,8 +130,9 @@ class ServerArgs:
     moe_backend: str = _flag("MoE dispatch/combine backend", "auto", choices=MOE_BACKENDS)
     moe_kernel: str = _flag(
         "MoE expert computation: torch (a GEMM pair per expert) or triton (fused grouped "
-        "GEMMs; CUDA, or CPU under TRITON_INTERPRET=1)",
-        "torch",
+        "GEMMs; CUDA, or CPU under TRITON_INTERPRET=1); auto is triton on CUDA, else torch "
+        "(experts kept FP8 run the Triton FP8 kernel on CUDA whatever this says)",
+        "auto",
         choices=MOE_KERNELS,
     )
     enable_eplb: bool = _flag(
@@ -169,6 +171,14 @@ class ServerArgs:
         "(dequantized)",
         "packed",
         choices=GGUF_WEIGHTS,
+    )
+    fp8_weights: str = _flag(
+        "block-scaled FP8 checkpoints (DeepSeek-V3's): keep (the projections and experts stay "
+        "e4m3 with their 128x128 scales and run block-FP8 GEMMs; MLA's kv_b_proj is "
+        "dequantized), dequantize (every weight to the runtime dtype at load) or auto (keep on "
+        "CUDA with 128x128 blocks, else dequantize)",
+        "auto",
+        choices=FP8_WEIGHTS,
     )
     seed: int = _flag("seed for preset weights and sampling", 0)
     stream_interval: int = _flag("tokens batched per streamed chunk under load", 1, positive=True)
@@ -270,6 +280,7 @@ class ServerArgs:
             )
         self._validate_policy()
         object.__setattr__(self, "max_model_len", self._context_length())
+        self._check_fp8_weights()
         check_expert_flags(self)
         speculative = check_speculative(self.speculative_config, self.disaggregation_mode)
         object.__setattr__(self, "speculative", speculative)
@@ -289,6 +300,23 @@ class ServerArgs:
         self._size_kv_pool()
         if self.chat_template is not None and not Path(self.chat_template).is_file():
             raise ValueError(f"--chat-template {self.chat_template}: no such file")
+
+    def _check_fp8_weights(self) -> None:
+        """``--fp8-weights keep`` needs a block-FP8 checkpoint with the kernels' 128x128
+        blocks (``auto`` and ``dequantize`` take any model)."""
+        if self.fp8_weights != "keep":
+            return
+        block = self.model_config.weight_block_size
+        if block is None:
+            raise ValueError(
+                f"--fp8-weights keep: {self.model} is not a block-scaled FP8 checkpoint "
+                "(config.json has no quantization_config weight_block_size)"
+            )
+        if tuple(block) != (128, 128):
+            raise ValueError(
+                f"--fp8-weights keep: {self.model} has {block[0]}x{block[1]} blocks; the FP8 "
+                "kernels take 128x128 (use auto or dequantize)"
+            )
 
     def _validate_policy(self) -> None:
         given = self.policy_flags

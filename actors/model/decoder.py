@@ -140,9 +140,12 @@ def rotary_table(config: ModelConfig) -> RotaryTable:
     return RotaryTable(config.rope_dim, config.max_position, config.rope_theta, config.rope_scaling)
 
 
-def open_source(model: str, config: ModelConfig, seed: int) -> TensorSource:
+def open_source(
+    model: str, config: ModelConfig, seed: int, fp8_weights: str = "auto"
+) -> TensorSource:
     """The weights behind ``--model``: a seeded preset, a GGUF file, or safetensors (FP8
-    block-scaled ones dequantized as they are read)."""
+    block-scaled ones dequantized as they are read, or kept FP8: ``--fp8-weights``; ``auto``
+    is decided by ``build_model`` for its device)."""
     if model in PRESETS:
         return DictSource(random_hf_state(config, seed), f"preset {model}")
     path = find_gguf(model)
@@ -150,7 +153,7 @@ def open_source(model: str, config: ModelConfig, seed: int) -> TensorSource:
         return GGUFSource(path, config)
     source = SafetensorsSource(model)
     if config.weight_block_size is not None:
-        return BlockFP8Source(source, config.weight_block_size)
+        return BlockFP8Source(source, config.weight_block_size, fp8_weights)
     return source
 
 
@@ -218,8 +221,11 @@ def build_model(
     """Construct on CPU, load, then move once; the RoPE tables are rebuilt in float32 on
     the device (casting them through bf16 would round the angles) and routers kept float32.
     ``expert_maps``: each MoE layer's physical -> logical placement (default: the static
-    blocks)."""
+    blocks). An FP8 checkpoint's ``--fp8-weights auto`` is decided here, for ``device``: kept
+    FP8 on CUDA (``Fp8Linear``, FP8 expert rows), dequantized elsewhere."""
     model = CausalLM(config, placement, expert_maps)
+    if isinstance(source, BlockFP8Source):  # --fp8-weights auto: keep FP8 on CUDA
+        source = source.for_device(device)
     load_weights(model, source)
     move_to(model, dtype, device)
     model.rotary = rotary_table(config).to(device)

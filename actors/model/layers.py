@@ -9,6 +9,7 @@ which reads HF names under a prefix through a ``TensorSource``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from roundgate.actors.model.config import ModelConfig
+from roundgate.actors.model.fp8 import kept_fp8
 from roundgate.actors.model.rope import RotaryTable, apply_rope
 from roundgate.actors.model.weights import TensorSource
 from roundgate.kernels.attention.base import AttentionBackend
@@ -24,6 +26,8 @@ from roundgate.kernels.attention.batch import AttentionBatch, PagedKVCache
 from roundgate.kernels.moe.base import ExpertsKernel, MoEBackend, run_experts
 from roundgate.kernels.moe.expert_load import ExpertLoad
 from roundgate.kernels.quant import ggml_arith
+from roundgate.kernels.quant.fp8_blocks import BLOCK as FP8_BLOCK
+from roundgate.kernels.quant.fp8_linear import Fp8Linear
 
 __all__ = ["Attention", "DenseMLP", "ForwardContext", "RMSNorm", "RotaryTable", "apply_rope"]
 
@@ -69,6 +73,44 @@ def fill(
     counts = rows or (target.shape[0] // len(names),) * len(names)
     parts = [source.get(n, (r, *target.shape[1:])) for n, r in zip(names, counts, strict=True)]
     target.copy_(parts[0] if len(parts) == 1 else torch.cat(parts))
+
+
+def load_linear(
+    layer: nn.Linear | Fp8Linear,
+    source: TensorSource,
+    *names: str,
+    rows: tuple[int, ...] = (),
+    reorder: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> nn.Linear | Fp8Linear:
+    """``layer``'s weight read from the HF tensors ``names`` (stacked along dim 0 as ``fill``
+    stacks them; ``reorder`` then permutes its rows), or in its place an ``Fp8Linear`` holding
+    them as stored, when the source keeps FP8 (``--fp8-weights``) and that is exact.
+
+    Exact means: the layer has no bias, every part is stored FP8, each part but the last is a
+    whole number of 128-row blocks (so the parts' scale rows stack as their rows do; DeepSeek's
+    widths all are) and ``reorder`` moves rows only within their block. Otherwise the weight is
+    dequantized into ``layer`` as before. The caller puts the returned module in place.
+    """
+    width = layer.in_features
+    counts = rows or (layer.out_features // len(names),) * len(names)
+    if layer.bias is None and getattr(source, "keep_fp8", False):
+        parts = [kept_fp8(source, n, (r, width)) for n, r in zip(names, counts, strict=True)]
+        stacked = all(r % FP8_BLOCK == 0 for r in counts[:-1])
+        if stacked and all(p is not None for p in parts):
+            codes = torch.cat([p.codes.view(torch.uint8) for p in parts if p is not None])
+            scales = torch.cat([p.scale_inv for p in parts if p is not None])
+            order = torch.arange(codes.shape[0])
+            if reorder is not None:
+                order = reorder(order.unsqueeze(1)).squeeze(1)
+            if torch.equal(order // FP8_BLOCK, torch.arange(codes.shape[0]) // FP8_BLOCK):
+                weight = codes.index_select(0, order).view(torch.float8_e4m3fn)
+                return Fp8Linear(weight.contiguous(), scales.contiguous())
+    if not isinstance(layer, nn.Linear):
+        raise ValueError(f"{names[0]}: an FP8 layer cannot be reloaded from float weights")
+    parts = [source.get(n, (r, width)) for n, r in zip(names, counts, strict=True)]
+    weight = parts[0] if len(parts) == 1 else torch.cat(parts)
+    layer.weight.copy_(weight if reorder is None else reorder(weight))
+    return layer
 
 
 class RMSNorm(nn.Module):
@@ -130,10 +172,11 @@ class Attention(nn.Module):
     def load(self, source: TensorSource, prefix: str) -> None:
         names = [f"{prefix}{n}_proj." for n in ("q", "k", "v")]
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        fill(self.qkv_proj.weight, source, *(n + "weight" for n in names), rows=(q, kv, kv))
+        weights = (n + "weight" for n in names)
+        self.qkv_proj = load_linear(self.qkv_proj, source, *weights, rows=(q, kv, kv))
         if self.qkv_proj.bias is not None:
             fill(self.qkv_proj.bias, source, *(n + "bias" for n in names), rows=(q, kv, kv))
-        fill(self.o_proj.weight, source, prefix + "o_proj.weight")
+        self.o_proj = load_linear(self.o_proj, source, prefix + "o_proj.weight")
         if self.o_proj.bias is not None:
             fill(self.o_proj.bias, source, prefix + "o_proj.bias")
         if self.q_norm is not None and self.k_norm is not None:
@@ -157,8 +200,9 @@ class DenseMLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
     def load(self, source: TensorSource, prefix: str) -> None:
-        kinds = ("weight", "bias") if self.down_proj.bias is not None else ("weight",)
-        for kind in kinds:
-            gate_up = getattr(self.gate_up_proj, kind)
-            fill(gate_up, source, f"{prefix}gate_proj.{kind}", f"{prefix}up_proj.{kind}")
-            fill(getattr(self.down_proj, kind), source, f"{prefix}down_proj.{kind}")
+        gate_up = (f"{prefix}gate_proj.weight", f"{prefix}up_proj.weight")
+        self.gate_up_proj = load_linear(self.gate_up_proj, source, *gate_up)
+        self.down_proj = load_linear(self.down_proj, source, f"{prefix}down_proj.weight")
+        if self.down_proj.bias is not None:
+            fill(self.gate_up_proj.bias, source, f"{prefix}gate_proj.bias", f"{prefix}up_proj.bias")
+            fill(self.down_proj.bias, source, f"{prefix}down_proj.bias")

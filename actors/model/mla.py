@@ -9,11 +9,20 @@ the softmax) — the "absorbed" form, whose cost per cached token no longer scal
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from roundgate.actors.model.config import ModelConfig
-from roundgate.actors.model.layers import ForwardContext, RMSNorm, fill, linear, param
+from roundgate.actors.model.layers import (
+    ForwardContext,
+    RMSNorm,
+    fill,
+    linear,
+    load_linear,
+    param,
+)
 from roundgate.actors.model.rope import apply_rope, deinterleave_rows, yarn_mscale
 from roundgate.actors.model.weights import TensorSource
 
@@ -93,19 +102,25 @@ class MLAttention(nn.Module):
         mla, heads = self.mla, self.num_heads
         rope = mla.qk_rope_head_dim
 
-        def take(target: torch.Tensor, name: str, groups: int) -> None:
-            weight = source.get(prefix + name, tuple(target.shape))
-            if mla.rope_interleave:
-                weight = deinterleave_rows(weight, rope, groups)
-            target.copy_(weight)
+        def rope_rows(groups: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
+            if not mla.rope_interleave:
+                return None
+            return lambda weight: deinterleave_rows(weight, rope, groups)
 
         if mla.q_lora_rank:
-            fill(self.q_a_proj.weight, source, prefix + "q_a_proj.weight")
+            self.q_a_proj = load_linear(self.q_a_proj, source, prefix + "q_a_proj.weight")
             fill(self.q_a_layernorm.weight, source, prefix + "q_a_layernorm.weight")
-            take(self.q_b_proj.weight, "q_b_proj.weight", heads)
+            name = prefix + "q_b_proj.weight"
+            self.q_b_proj = load_linear(self.q_b_proj, source, name, reorder=rope_rows(heads))
         else:
-            take(self.q_proj.weight, "q_proj.weight", heads)
-        take(self.kv_a_proj_with_mqa.weight, "kv_a_proj_with_mqa.weight", 1)
+            name = prefix + "q_proj.weight"
+            self.q_proj = load_linear(self.q_proj, source, name, reorder=rope_rows(heads))
+        name = prefix + "kv_a_proj_with_mqa.weight"
+        self.kv_a_proj_with_mqa = load_linear(
+            self.kv_a_proj_with_mqa, source, name, reorder=rope_rows(1)
+        )
         fill(self.kv_a_layernorm.weight, source, prefix + "kv_a_layernorm.weight")
+        # Dequantized even when the rest stays FP8: the attention kernels fold its per-head
+        # slices into the query and the output (the absorbed form), in the runtime dtype.
         fill(self.kv_b_proj, source, prefix + "kv_b_proj.weight")
-        fill(self.o_proj.weight, source, prefix + "o_proj.weight")
+        self.o_proj = load_linear(self.o_proj, source, prefix + "o_proj.weight")

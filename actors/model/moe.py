@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from roundgate.actors.model.config import ModelConfig
+from roundgate.actors.model.fp8 import Fp8Tensor, kept_fp8, stored_fp8
 from roundgate.actors.model.layers import DenseMLP, ForwardContext, fill, linear, param
 from roundgate.actors.model.weights import TensorSource
 from roundgate.kernels.moe.base import ExpertsKernel, MoEBackend, run_experts
@@ -27,6 +28,8 @@ from roundgate.kernels.moe.eplb import initial_placement
 from roundgate.kernels.moe.expert_load import ExpertLoad
 from roundgate.kernels.moe.expert_map import ExpertMap
 from roundgate.kernels.moe.placement import ExpertPlacement
+from roundgate.kernels.moe.registry import fp8_experts_kernel
+from roundgate.kernels.quant.fp8_expert_rows import Fp8ExpertRows, dequantize_rows
 
 
 class Router(nn.Module):
@@ -98,6 +101,8 @@ class SparseMoE(nn.Module):
         slots = placement.num_local_experts
         self.w13 = param(slots, 2 * inter, hidden)  # gate (w1) then up (w3)
         self.w2 = param(slots, hidden, inter)
+        # Kept FP8 (``--fp8-weights``): the byte layouts of ``w13``/``w2``'s rows, set at load.
+        self.fp8_rows: tuple[Fp8ExpertRows, Fp8ExpertRows] | None = None
         shared = config.shared_expert_intermediate_size
         self.shared = DenseMLP(hidden, shared) if shared else None
         self.shared_gate = linear(hidden, 1, bias=False) if config.shared_expert_gate else None
@@ -124,15 +129,31 @@ class SparseMoE(nn.Module):
         if load is not None:
             load.record(self.moe_index, slots)
         dispatched = moe.dispatch(x, slots, weights, low_latency=low_latency)
-        out = moe.combine(
-            experts(dispatched.hidden, dispatched.counts, self.w13, self.w2), dispatched
-        )
+        if self.fp8_rows is None:
+            computed = experts(dispatched.hidden, dispatched.counts, self.w13, self.w2)
+        else:
+            computed = self.run_fp8_experts(dispatched.hidden, dispatched.counts, experts)
+        out = moe.combine(computed, dispatched)
         if self.shared is not None:
             shared = self.shared(x)
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(x)) * shared
             out = out + shared
         return out
+
+    def run_fp8_experts(
+        self, hidden: torch.Tensor, counts: list[int], experts: ExpertsKernel
+    ) -> torch.Tensor:
+        """The experts over their FP8 rows: on CUDA the Triton FP8 kernel (``--moe-kernel``'s
+        bf16 kernels cannot read e4m3); elsewhere dequantized for this call and run by
+        ``experts``, as ``Fp8Linear`` does off CUDA (tests and tools; a CPU deployment
+        dequantizes once at load)."""
+        rows13, rows2 = self.fp8_rows  # type: ignore[misc]
+        if hidden.is_cuda:
+            (w13, s13), (w2, s2) = rows13.views(self.w13), rows2.views(self.w2)
+            return fp8_experts_kernel()(hidden, counts, w13, s13, w2, s2)
+        w13, w2 = dequantize_rows(self.w13, rows13, self.w2, rows2)
+        return experts(hidden, counts, w13.to(hidden.dtype), w2.to(hidden.dtype))
 
     def load(self, source: TensorSource, prefix: str) -> None:
         """Read the router, the experts of this rank's slots and the shared expert under
@@ -172,10 +193,62 @@ class SparseMoE(nn.Module):
             return
         legacy = source.has(f"{block}experts.{experts[0]}.w1.weight")
         gate, up, down = ("w1", "w3", "w2") if legacy else ("gate_proj", "up_proj", "down_proj")
+        inter, hidden = self.w2.shape[-1], self.w13.shape[-1]
+        if self.fp8_rows is None and self.w13.shape[0] == len(slots) and len(slots):
+            # The whole layer is being read: keep it FP8 if the source does and stores it so.
+            probe = f"{block}experts.{experts[0]}.{gate}.weight"
+            if kept_fp8(source, probe, (inter, hidden)) is not None:
+                self.fp8_rows = (
+                    Fp8ExpertRows.gate_up(hidden, inter),
+                    Fp8ExpertRows.down(hidden, inter),
+                )
+                self.w13 = param_of(self.fp8_rows[0].allocate(len(slots)))
+                self.w2 = param_of(self.fp8_rows[1].allocate(len(slots)))
+        if self.fp8_rows is not None:
+            self._load_fp8_experts(source, block, slots, experts, (gate, up, down))
+            return
         for slot, expert in zip(slots, experts, strict=True):
             e = f"{block}experts.{expert}."
             fill(self.w13[slot], source, f"{e}{gate}.weight", f"{e}{up}.weight")
             fill(self.w2[slot], source, f"{e}{down}.weight")
+
+    def _load_fp8_experts(
+        self,
+        source: TensorSource,
+        block: str,
+        slots: Sequence[int],
+        experts: Sequence[int],
+        names: tuple[str, str, str],
+    ) -> None:
+        """Read ``experts`` into FP8 ``slots`` as stored: codes and scales into each row."""
+        rows13, rows2 = self.fp8_rows  # type: ignore[misc]
+        inter, hidden = rows2.cols, rows2.rows
+        for slot, expert in zip(slots, experts, strict=True):
+            e = f"{block}experts.{expert}."
+            gate = _stored(source, f"{e}{names[0]}.weight", (inter, hidden))
+            up = _stored(source, f"{e}{names[1]}.weight", (inter, hidden))
+            down = _stored(source, f"{e}{names[2]}.weight", (hidden, inter))
+            codes = torch.cat([gate.codes.view(torch.uint8), up.codes.view(torch.uint8)])
+            scales = torch.cat([gate.scale_inv, up.scale_inv])
+            rows13.write(self.w13[slot], codes.view(gate.codes.dtype), scales)
+            rows2.write(self.w2[slot], down.codes, down.scale_inv)
+
+
+def param_of(tensor: torch.Tensor) -> nn.Parameter:
+    """``tensor`` as a frozen parameter (byte rows included: they move with the module)."""
+    return nn.Parameter(tensor, requires_grad=False)
+
+
+def _stored(source: TensorSource, name: str, shape: tuple[int, int]) -> Fp8Tensor:
+    """``name`` as stored FP8; a ``ValueError`` naming it when the checkpoint has it otherwise
+    (the layer's experts are held FP8)."""
+    stored = stored_fp8(source, name, shape)
+    if stored is None:
+        raise ValueError(
+            f"{name}: this MoE layer holds its experts as FP8, but the checkpoint stores this "
+            "one unquantized"
+        )
+    return stored
 
 
 def _block(source: TensorSource, prefix: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from safetensors import safe_open
@@ -191,6 +191,20 @@ class ReadTracker:
     def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         self.read.add(name)
         return self.inner.get(name, shape)
+
+    @property
+    def keep_fp8(self) -> bool:
+        """The inner source's FP8 choice (``actors/model/fp8.py``); False for other formats."""
+        return bool(getattr(self.inner, "keep_fp8", False))
+
+    def get_fp8(self, name: str, shape: tuple[int, ...]) -> Any:
+        """The inner source's ``get_fp8`` (codes and block scales as stored), recorded as a read;
+        None where the inner source has no FP8 tensors."""
+        get_fp8 = getattr(self.inner, "get_fp8", None)
+        if get_fp8 is None:
+            return None
+        self.read.add(name)
+        return get_fp8(name, shape)
 
 
 def unread_tensors(names: list[str], read: set[str], num_layers: int) -> list[str]:

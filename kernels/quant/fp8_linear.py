@@ -11,6 +11,8 @@ correct but slow, for tests and tools; a CPU deployment keeps dequantizing once 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -33,6 +35,7 @@ class Fp8Linear(nn.Module):
         self.register_buffer("weight_scale_inv", weight_scale_inv)
         self.use_kernel = use_kernel
         self.out_features, self.in_features = weight.shape
+        self.bias: torch.Tensor | None = None  # nn.Linear's interface; FP8 layers have none
 
     @property
     def nbytes(self) -> int:
@@ -51,6 +54,15 @@ class Fp8Linear(nn.Module):
 
             return fp8_block_gemm(x, self.weight, self.weight_scale_inv)
         return dequantized_linear(x, self.weight, self.weight_scale_inv).to(x.dtype)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Fp8Linear:
+        """Moves follow the module, casts do not: ``model.to(torch.bfloat16)`` would turn the
+        e4m3 codes into bf16 numbers and round the float32 scales, so only the device that
+        ``fn`` sends a tensor to is taken from it."""
+        device = fn(self.weight_scale_inv.new_empty(0)).device
+        for name in ("weight", "weight_scale_inv"):
+            self._buffers[name] = self._buffers[name].to(device)  # type: ignore[union-attr]
+        return self
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, fp8 e4m3 128x128 blocks"

@@ -163,6 +163,17 @@ def _fp8_down_kernel(
     )
 
 
+def rows_contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself when its last two dims are laid out row after row (what the kernels
+    index: a stride per expert and per row, columns adjacent), else a contiguous copy. The
+    model's experts are views into byte rows (``fp8_expert_rows``): copying them for each
+    call would move every expert weight of the rank."""
+    rows, cols = tensor.shape[-2:]
+    if tensor.stride(-1) == 1 and (rows == 1 or tensor.stride(-2) == cols):
+        return tensor
+    return tensor.contiguous()
+
+
 def check_fp8_experts(
     w13: torch.Tensor, w13_scale_inv: torch.Tensor, w2: torch.Tensor, w2_scale_inv: torch.Tensor
 ) -> None:
@@ -234,7 +245,7 @@ def fp8_gate_up(
     act = hidden.new_empty(rows, inter)
     if rows == 0 or tiles.num_tiles == 0:
         return act
-    hidden, w13, s13 = hidden.contiguous(), w13.contiguous(), w13_scale_inv.contiguous()
+    hidden, w13, s13 = hidden.contiguous(), rows_contiguous(w13), rows_contiguous(w13_scale_inv)
     _fp8_gate_up_silu_kernel[(tiles.num_tiles, triton.cdiv(inter, BLOCK_N))](
         hidden,
         w13,
@@ -271,7 +282,7 @@ def fp8_down(
     out = act.new_empty(rows, size)
     if rows == 0 or tiles.num_tiles == 0:
         return out
-    act, w2, s2 = act.contiguous(), w2.contiguous(), w2_scale_inv.contiguous()
+    act, w2, s2 = act.contiguous(), rows_contiguous(w2), rows_contiguous(w2_scale_inv)
     _fp8_down_kernel[(tiles.num_tiles, triton.cdiv(size, BLOCK_N))](
         act,
         w2,

@@ -1,0 +1,221 @@
+"""Block-FP8 checkpoints kept FP8 (``--fp8-weights``): a tiny DeepSeek-V3 made FP8 in the test
+loads as ``Fp8Linear`` layers and FP8 expert rows, holds fewer bytes, and generates the same
+greedy tokens as the dequantized load. The keep path runs here as it would on CUDA but for the
+products, which ``Fp8Linear`` and the FP8 experts compute off CUDA by dequantizing per call:
+the CUDA path in everything the loader decides."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from family_models import MLA_SHAPE, YARN
+from safetensors.torch import load_file, save_file
+
+from roundgate.actors.engine import Engine, SamplingParams
+from roundgate.actors.model import decoder, runner
+from roundgate.actors.model.decoder import build_model, open_source
+from roundgate.actors.model.fp8 import keeps_fp8
+from roundgate.actors.model.moe import SparseMoE
+from roundgate.actors.server_args import ServerArgs
+from roundgate.kernels.quant.fp8_blocks import quantize_weight_blocks
+from roundgate.kernels.quant.fp8_expert_rows import Fp8ExpertRows
+from roundgate.kernels.quant.fp8_linear import Fp8Linear
+
+PROMPTS = [[5, 7, 9], list(range(20, 37)), [250, 11, 42, 42, 7, 8]]
+GREEDY = SamplingParams(max_tokens=8)
+
+
+def write_fp8_deepseek(path: Path, intermediate: int, moe_intermediate: int) -> Path:
+    """A random tiny DeepSeek-V3 with every projection stored e4m3 in 128x128 blocks, as
+    DeepSeek-V3's checkpoint stores them (norms, embeddings, routers left high)."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(0)
+    shape = {**MLA_SHAPE, "intermediate_size": intermediate}
+    config = DeepseekV3Config(
+        **{**shape, "moe_intermediate_size": moe_intermediate},
+        q_lora_rank=24,
+        n_group=4,
+        topk_group=2,
+        first_k_dense_replace=1,
+        n_shared_experts=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        rope_parameters=YARN,
+    )
+    model = DeepseekV3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.normal_(0, 0.5)
+    model.save_pretrained(path / "bf16")
+    state = {}
+    for name, tensor in load_file(str(path / "bf16" / "model.safetensors")).items():
+        if name.endswith(("proj.weight", "mqa.weight")):
+            state[name], state[name + "_scale_inv"] = quantize_weight_blocks(tensor)
+        else:
+            state[name] = tensor
+    out = path / "fp8"
+    out.mkdir()
+    save_file(state, str(out / "model.safetensors"))
+    hf = json.loads((path / "bf16" / "config.json").read_text())
+    quant = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    (out / "config.json").write_text(json.dumps({**hf, "quantization_config": quant}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def fp8_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Widths that are whole 128-row blocks (DeepSeek-V3's all are): every projection stacks."""
+    return write_fp8_deepseek(tmp_path_factory.mktemp("fp8"), 128, 128)
+
+
+def engine(model: Path, fp8_weights: str, monkeypatch: pytest.MonkeyPatch) -> Engine:
+    """An engine on CPU whose runner opens the checkpoint with ``fp8_weights`` (the runner's
+    hook for the flag, stood in for here)."""
+    monkeypatch.setattr(
+        runner, "open_source", functools.partial(open_source, fp8_weights=fp8_weights)
+    )
+    args = ServerArgs(model=str(model), device="cpu", num_kv_pages=64, max_num_seqs=4)
+    return Engine(args)
+
+
+def held_bytes(model: torch.nn.Module) -> int:
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_kept_fp8_holds_fp8_and_generates_the_dequantized_tokens(
+    fp8_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.set_num_threads(1)
+    kept = engine(fp8_dir, "keep", monkeypatch)
+    dequantized = engine(fp8_dir, "dequantize", monkeypatch)
+    model = kept.runner.model
+    fp8 = {n for n, m in model.named_modules() if isinstance(m, Fp8Linear)}
+    # q_a, q_b, kv_a, o of each of the 3 layers, the dense layer's and the 2 shared experts'
+    # gate_up and down; kv_b_proj is dequantized (absorbed per head).
+    assert len(fp8) == 3 * 4 + 3 * 2
+    assert "layers.0.self_attn.q_b_proj" in fp8 and "layers.1.mlp.shared.gate_up_proj" in fp8
+    for layer in model.layers:
+        assert layer.self_attn.kv_b_proj.dtype == torch.float32
+    for m in fp8:
+        linear = model.get_submodule(m)
+        assert (linear.weight.dtype, linear.weight_scale_inv.dtype) == (
+            torch.float8_e4m3fn,
+            torch.float32,
+        )
+    moes = model.layers[1:]
+    assert all(isinstance(layer.mlp, SparseMoE) for layer in moes)
+    for layer in moes:
+        assert layer.mlp.fp8_rows is not None and layer.mlp.w13.dtype == torch.uint8
+    assert not any(isinstance(m, Fp8Linear) for m in dequantized.runner.model.modules())
+    assert held_bytes(model) * 2 < held_bytes(dequantized.runner.model)
+    assert kept.generate(PROMPTS, GREEDY) == dequantized.generate(PROMPTS, GREEDY)
+
+
+def test_an_intermediate_off_the_blocks_dequantizes_that_mlp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """96 gate rows end mid-block: gate and up cannot share one scale grid, so the dense MLP
+    and the shared expert (32 rows) are dequantized; the experts' stacked scales need no such
+    rule and stay FP8."""
+    torch.set_num_threads(1)
+    path = write_fp8_deepseek(tmp_path, 96, 32)
+    kept = engine(path, "keep", monkeypatch)
+    model = kept.runner.model
+    assert not isinstance(model.layers[0].mlp.gate_up_proj, Fp8Linear)
+    assert isinstance(model.layers[0].mlp.down_proj, Fp8Linear)  # [64, 96]: one part
+    assert model.layers[1].mlp.fp8_rows is not None
+    dequantized = engine(path, "dequantize", monkeypatch)
+    assert kept.generate(PROMPTS, GREEDY) == dequantized.generate(PROMPTS, GREEDY)
+
+
+def test_auto_keeps_fp8_on_cuda_only(fp8_dir: Path) -> None:
+    """``build_model`` decides ``auto`` for its device: the CUDA decision taken on a CPU
+    model (loaded, then left where it is) holds FP8; the CPU one dequantizes."""
+    config = ServerArgs(model=str(fp8_dir), device="cpu").model_config
+    source = open_source(str(fp8_dir), config, 0)  # auto
+    assert source.fp8_weights == "auto" and not source.keep_fp8
+    assert source.for_device("cuda:3").keep_fp8
+    assert not source.for_device("cpu").keep_fp8
+    cpu = build_model(config, source, device="cpu")
+    assert not any(isinstance(m, Fp8Linear) for m in cpu.modules())
+
+
+@pytest.mark.parametrize(
+    ("mode", "device", "block", "expected"),
+    [
+        ("auto", "cuda", (128, 128), True),
+        ("auto", "cuda:1", (128, 128), True),
+        ("auto", "cpu", (128, 128), False),
+        ("auto", "cuda", (16, 16), False),
+        ("keep", "cpu", (128, 128), True),
+        ("dequantize", "cuda", (128, 128), False),
+    ],
+)
+def test_keeps_fp8(mode: str, device: str, block: tuple[int, int], expected: bool) -> None:
+    assert keeps_fp8(mode, device, block) is expected
+
+
+@pytest.mark.parametrize(
+    ("mode", "block", "message"),
+    [("keep", (16, 16), "--fp8-weights keep: the checkpoint's blocks are 16x16"),
+     ("fp4", (128, 128), "--fp8-weights must be one of auto, keep, dequantize")],
+)  # fmt: skip
+def test_keeps_fp8_refuses_naming_the_flag(mode: str, block: tuple[int, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        keeps_fp8(mode, "cuda", block)
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [("tiny-moe", "--fp8-weights keep: tiny-moe is not a block-scaled FP8 checkpoint")],
+)
+def test_server_args_refuse_keep_without_fp8_weights(model: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ServerArgs(model=model, fp8_weights="keep")
+    with pytest.raises(ValueError, match="--fp8-weights must be one of"):
+        ServerArgs(model=model, fp8_weights="yes")
+
+
+def test_server_args_take_keep_for_fp8_blocks(fp8_dir: Path) -> None:
+    assert ServerArgs(model=str(fp8_dir), device="cpu", fp8_weights="keep").fp8_weights == "keep"
+
+
+def test_moving_an_fp8_linear_keeps_its_dtypes() -> None:
+    codes, scales = quantize_weight_blocks(torch.randn(200, 130))
+    layer = Fp8Linear(codes, scales)
+    layer.to(torch.bfloat16)
+    assert (layer.weight.dtype, layer.weight_scale_inv.dtype) == (
+        torch.float8_e4m3fn,
+        torch.float32,
+    )
+    assert torch.equal(layer.weight.view(torch.uint8), codes.view(torch.uint8))
+    assert torch.equal(layer.weight_scale_inv, scales)
+
+
+def test_expert_rows_hold_codes_and_scales_per_slot() -> None:
+    """A slot's codes and scales live in its own byte row: moving rows moves both."""
+    rows = Fp8ExpertRows.gate_up(hidden=130, inter=96)
+    packed = rows.allocate(3)
+    experts = [quantize_weight_blocks(torch.randn(96, 130)) for _ in range(6)]
+    for slot in range(3):
+        gate, up = experts[2 * slot], experts[2 * slot + 1]
+        codes = torch.cat([gate[0].view(torch.uint8), up[0].view(torch.uint8)])
+        rows.write(packed[slot], codes.view(torch.float8_e4m3fn), torch.cat([gate[1], up[1]]))
+    swapped = packed[[2, 0, 1]].clone()  # what EPLB's moves do to the rows
+    codes, scales = rows.views(swapped)
+    assert codes.shape == (3, 192, 130) and scales.shape == (3, 2, 2)
+    assert torch.equal(codes[1, :96].view(torch.uint8), experts[0][0].view(torch.uint8))
+    assert torch.equal(scales[0, 1:], experts[5][1])
+    assert rows.scale_offset % 16 == 0 and codes.stride(-1) == 1
+
+
+def test_the_default_model_path_ignores_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-FP8 checkpoint opens as before whatever ``--fp8-weights`` says."""
+    config = ServerArgs(model="tiny-llama").model_config
+    assert type(decoder.open_source("tiny-llama", config, 0, "keep")).__name__ == "DictSource"
