@@ -39,7 +39,7 @@ def _choices(field: str) -> tuple[str, ...]:
     [
         (attention.names(), ("auto", "torch", "triton", "flashinfer")),
         (moe.backend_names(), ("auto", "local", "torch", "deepep")),
-        (moe.kernel_names(), ("torch", "triton")),
+        (moe.kernel_names(), ("auto", "torch", "triton")),
     ],
 )
 def test_the_registries_list_the_choices(names: tuple[str, ...], expected: tuple[str, ...]):
@@ -104,6 +104,28 @@ def test_every_experts_kernel_takes_run_experts_arguments(entry: KernelEntry) ->
     assert params[:4] == ["hidden", "counts", "w13", "w2"]
 
 
+def test_the_fp8_experts_kernel_takes_the_scales_beside_the_weights() -> None:
+    params = list(inspect.signature(moe.fp8_experts_kernel()).parameters)
+    assert params == ["hidden", "counts", "w13", "w13_scale_inv", "w2", "w2_scale_inv"]
+
+
+@pytest.mark.parametrize(
+    ("name", "device", "installed", "expected"),
+    [
+        ("auto", "cuda", True, "triton"),
+        ("auto", "cuda:2", True, "triton"),
+        ("auto", "cuda", False, "torch"),
+        ("auto", "cpu", True, "torch"),
+        ("torch", "cuda", True, "torch"),
+        ("triton", "cuda", True, "triton"),
+    ],
+)
+def test_moe_kernel_auto_is_the_fused_kernel_on_cuda(
+    name: str, device: str, installed: bool, expected: str
+) -> None:
+    assert moe.resolve_kernel(name, device, lambda module: installed) == expected
+
+
 def _backend_classes(folder: str) -> set[str]:
     """``module:Class`` of each class of ``kernels/<folder>`` that declares a ``name``."""
     found = set()
@@ -136,7 +158,7 @@ def test_every_backend_class_is_registered(folder: str, entries: tuple[KernelEnt
         (lambda: attention.get("auto"), "--attention-backend must be one of auto, torch"),
         (lambda: attention.build("xformers", "cpu"), "--attention-backend must be one of"),
         (lambda: moe.build_backend("nccl", ExpertPlacement(4, 1, 0)), "--moe-backend must be"),
-        (lambda: moe.experts_kernel("cutlass", "cpu"), "--moe-kernel must be one of torch"),
+        (lambda: moe.experts_kernel("cutlass", "cpu"), "--moe-kernel must be one of auto, torch"),
         (lambda: attention.build("flashinfer", "cpu"), "--attention-backend flashinfer needs"),
         (lambda: moe.build_backend("deepep", ExpertPlacement(4, 2, 0)), "--moe-backend deepep"),
     ],
@@ -161,4 +183,5 @@ def test_a_latent_backend_without_a_kernel_is_refused() -> None:
 
     with pytest.raises(ValueError, match=r"flashinfer has no latent-attention .* torch or triton"):
         attention.build_latent("flashinfer", "cuda", everything)
-    assert attention.build_latent("auto", "cuda", everything).name == "torch"
+    assert attention.resolve_latent("auto", "cuda", everything) == "triton"
+    assert attention.resolve_latent("auto", "cpu", everything) == "torch"

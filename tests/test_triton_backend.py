@@ -96,7 +96,7 @@ def test_kernel_selection_under_the_interpreter(interpreter) -> None:
     assert select_experts_kernel("triton", "cpu").__name__ == "triton_run_experts"
     with pytest.raises(ValueError, match="the 'triton' package is not installed"):
         select_experts_kernel("triton", "cpu", available=lambda module: False)
-    with pytest.raises(ValueError, match="--moe-kernel must be one of torch, triton"):
+    with pytest.raises(ValueError, match="--moe-kernel must be one of auto, torch, triton"):
         select_experts_kernel("cutlass", "cpu")
 
 

@@ -42,10 +42,12 @@ LATENT_BACKENDS = (
         "triton", f"{_HERE}.triton_backend:TritonMLAAttention", runs_on="triton", package="triton"
     ),
 )
-# ``auto`` on CUDA: the first of these that can run, else the reference. (On CPU, and for
-# MLA anywhere, ``auto`` is the reference: the Triton MLA kernel has not yet run on a GPU, so
-# it is taken only when asked for.)
+# ``auto`` on CUDA: the first of these that can run, else the reference (on CPU ``auto`` is the
+# reference: Triton runs there only under its interpreter, for tests).
 CUDA_PREFERENCE = ("flashinfer", "triton")
+# The same for latent attention: the Triton MLA kernel (absorbed decode, expanded extend).
+# FlashInfer's MLA wrapper is not wrapped here yet; ``benchmarks/gpu_check.sh`` runs this one.
+LATENT_CUDA_PREFERENCE = ("triton",)
 REFERENCE = "torch"
 
 
@@ -91,15 +93,27 @@ def build(
     return get(resolve(name, device)).build({**shape, "dtype": dtype, "device": device})
 
 
-def build_latent(name: str, device: Any, available: Available = is_importable) -> Any:
-    """The latent-attention (MLA) backend: ``auto`` is the reference; a backend without an
-    MLA kernel is refused naming the flag."""
-    chosen = resolve(name, device, available)
+def resolve_latent(name: str, device: Any, available: Available = is_importable) -> str:
+    """The latent-attention (MLA) backend ``--attention-backend name`` means on ``device``:
+    ``auto`` is the first of ``LATENT_CUDA_PREFERENCE`` that can run on CUDA, else the
+    reference; a backend without an MLA kernel is refused naming the flag."""
+    kind = device_kind(device)
     if name == AUTO:
-        chosen = REFERENCE
+        if kind != "cuda":
+            return REFERENCE
+        entries = (lookup(LATENT_BACKENDS, n, FLAG, names()) for n in LATENT_CUDA_PREFERENCE)
+        runnable = (e.name for e in entries if e.can_run(kind, available))
+        return next(runnable, REFERENCE)
+    chosen = resolve(name, device, available)
     latent = [entry.name for entry in LATENT_BACKENDS]
     if chosen not in latent:
         raise ValueError(
             f"{FLAG} {name} has no latent-attention (MLA) kernel here; use {' or '.join(latent)}"
         )
+    return chosen
+
+
+def build_latent(name: str, device: Any, available: Available = is_importable) -> Any:
+    """The latent-attention (MLA) backend ``resolve_latent`` picks, built."""
+    chosen = resolve_latent(name, device, available)
     return lookup(LATENT_BACKENDS, chosen, FLAG, names()).build({"device": device})

@@ -42,11 +42,26 @@ CUDA_PREFERENCE = ("deepep",)
 MULTI_RANK_DEFAULT = "torch"
 
 # The expert computation: functions of ``ExpertsKernel``'s signature, returned as they are.
+# ``auto``: the first of ``KERNEL_CUDA_PREFERENCE`` that can run on CUDA, else ``torch``.
+KERNEL_CUDA_PREFERENCE = ("triton",)
+KERNEL_REFERENCE = "torch"
 KERNELS = (
     KernelEntry("torch", f"{_HERE}.base:run_experts"),
     KernelEntry(
         "triton", f"{_HERE}.triton_experts:triton_run_experts", runs_on="triton", package="triton"
     ),
+)
+
+
+# Experts kept FP8 (``--fp8-weights``) on CUDA: ``run_experts``' contract over e4m3 ``w13``/``w2``
+# with their 128x128 block scales (``fp8_run_experts(hidden, counts, w13, w13_scale_inv, w2,
+# w2_scale_inv)``). Not a ``--moe-kernel`` choice: the weights' format picks it, whatever the
+# flag says (the bf16 kernels cannot read e4m3).
+FP8_KERNEL = KernelEntry(
+    "triton-fp8",
+    "roundgate.kernels.quant.triton_fp8_experts:fp8_run_experts",
+    runs_on="triton",
+    package="triton",
 )
 
 
@@ -57,7 +72,22 @@ def backend_names() -> tuple[str, ...]:
 
 def kernel_names() -> tuple[str, ...]:
     """The ``--moe-kernel`` choices."""
-    return tuple(entry.name for entry in KERNELS)
+    return (AUTO, *(entry.name for entry in KERNELS))
+
+
+def resolve_kernel(name: str, device: Any, available: Available = is_importable) -> str:
+    """The expert computation ``--moe-kernel name`` means on ``device``: ``auto`` is the first
+    of ``KERNEL_CUDA_PREFERENCE`` that can run on CUDA (the fused Triton kernels), else
+    ``torch`` (on CPU too, where Triton would run only under its interpreter); impossible
+    explicit choices are a ``ValueError`` naming the flag."""
+    kind = device_kind(device)
+    if name == AUTO:
+        if kind != "cuda":
+            return KERNEL_REFERENCE
+        runnable = (n for n in KERNEL_CUDA_PREFERENCE if _kernel(n).can_run(kind, available))
+        return next(runnable, KERNEL_REFERENCE)
+    _kernel(name).check(KERNEL_FLAG, kind, available)
+    return name
 
 
 def resolve_backend(
@@ -109,12 +139,19 @@ def build_backend(
 
 
 def experts_kernel(name: str, device: Any, available: Available = is_importable) -> ExpertsKernel:
-    """The expert computation ``--moe-kernel name`` means on ``device``: ``torch`` (a GEMM
-    pair per expert) or ``triton`` (fused grouped GEMMs; CUDA, or CPU under
-    ``TRITON_INTERPRET=1``); impossible choices are a ``ValueError`` naming the flag."""
-    entry = lookup(KERNELS, name, KERNEL_FLAG, kernel_names())
-    entry.check(KERNEL_FLAG, device_kind(device), available)
-    return entry.load()
+    """The expert computation ``--moe-kernel name`` means on ``device`` (``resolve_kernel``):
+    ``torch`` (a GEMM pair per expert) or ``triton`` (fused grouped GEMMs; CUDA, or CPU under
+    ``TRITON_INTERPRET=1``)."""
+    return _kernel(resolve_kernel(name, device, available)).load()
+
+
+def fp8_experts_kernel() -> Any:
+    """``fp8_run_experts`` (imports triton): the experts over FP8 weights on CUDA."""
+    return FP8_KERNEL.load()
+
+
+def _kernel(name: str) -> KernelEntry:
+    return lookup(KERNELS, name, KERNEL_FLAG, kernel_names())
 
 
 def _backend(name: str) -> KernelEntry:
