@@ -4,9 +4,15 @@
 #   1. pytest, on CUDA (compiled Triton, no interpreter): every Triton kernel against the torch
 #      reference (tests/test_triton_kernels.py), the decode CUDA graphs captured for real
 #      (tests/test_decode_graphs.py), the Engine's greedy parity on the Triton kernels
-#      (tests/test_triton_engine.py), the GPU attention backends (tests/test_attention.py);
+#      (tests/test_triton_engine.py), the GPU attention backends (tests/test_attention.py),
+#      the block-FP8 GEMM and experts (tests/test_fp8_gemm.py). A skipped test is a failure,
+#      named in the output: a backend that cannot run here must not pass by being skipped;
 #   2. benchmarks/gpu_check.py: greedy parity torch / triton eager / triton + CUDA graphs,
-#      and decode tokens/s of each on a random 0.2 B Llama-shaped model.
+#      decode tokens/s of each on a random 0.2 B Llama-shaped model, the FP8 GEMM and experts
+#      at DeepSeek-V3's widths against their references, and what `auto` picks here (a
+#      fused backend it cannot pick fails the check by name);
+#   3. the sm_90 report (kernels/sm90_report.py): every Triton kernel compiled for sm_90,
+#      its shared memory, registers and spills against an H100's limits.
 #
 #   benchmarks/gpu_check.sh [LIMIT_S]        # on the GPU machine, from the carried tree
 #   benchmarks/gpu_check.sh --pack           # here, first: copy what that machine lacks
@@ -48,8 +54,21 @@ left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
 "$PY" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__,
   torch.cuda.get_device_name())'
 status=0
-timeout "$(left)" "$PY" -m pytest -q -p no:cacheprovider --durations=10 \
+log="$(mktemp)"
+timeout "$(left)" "$PY" -m pytest -q -rs -p no:cacheprovider --durations=10 \
   tests/test_triton_kernels.py tests/test_decode_graphs.py tests/test_triton_engine.py \
-  tests/test_attention.py || status=1
+  tests/test_attention.py tests/test_fp8_gemm.py 2>&1 | tee "$log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if grep -q '^SKIPPED' "$log"; then
+  echo "gpu_check: FAILED: tests were skipped on the GPU (a backend that cannot run here):"
+  grep '^SKIPPED' "$log"
+  status=1
+fi
+rm -f "$log"
 timeout "$(left)" "$PY" benchmarks/gpu_check.py --json "${OUT:-.}/gpu_check.json" || status=1
+env -u TRITON_INTERPRET timeout "$(left)" "$PY" -m roundgate.kernels.sm90_report --json \
+  > "${OUT:-.}/sm90_report.json" || {
+  echo "gpu_check: FAILED: the sm_90 report (a kernel over an H100's limits, or no compile)"
+  status=1
+}
 exit $status
