@@ -219,3 +219,30 @@ def test_the_default_model_path_ignores_the_flag(monkeypatch: pytest.MonkeyPatch
     """A non-FP8 checkpoint opens as before whatever ``--fp8-weights`` says."""
     config = ServerArgs(model="tiny-llama").model_config
     assert type(decoder.open_source("tiny-llama", config, 0, "keep")).__name__ == "DictSource"
+
+
+def test_moves_and_rereads_carry_an_fp8_experts_scales(
+    fp8_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EPLB's moves (``apply_moves`` on ``w13``/``w2``) swap whole rows, scales included; an
+    elastic re-home reads a slot back from the files through a dequantizing source and still
+    writes the stored codes and scales."""
+    from roundgate.actors.model.expert_moves import apply_moves
+    from roundgate.kernels.moe.eplb import Move
+
+    moe = engine(fp8_dir, "keep", monkeypatch).runner.model.layers[1].mlp
+    rows13, rows2 = moe.fp8_rows
+    before = [rows.views(w)[i][:2].clone() for rows, w in ((rows13, moe.w13), (rows2, moe.w2))
+              for i in (0, 1)]  # fmt: skip
+    swap = [Move(1, 0, 1, 0, 0), Move(0, 0, 0, 0, 1)]
+    apply_moves([moe.w13, moe.w2], swap, rank=0, world_size=1)
+    after = [rows.views(w)[i][:2] for rows, w in ((rows13, moe.w13), (rows2, moe.w2))
+             for i in (0, 1)]  # fmt: skip
+    for moved, kept in zip(after, before, strict=True):
+        assert torch.equal(moved.flip(0).view(torch.uint8), kept.view(torch.uint8))
+    apply_moves([moe.w13, moe.w2], swap, rank=0, world_size=1)  # back
+    original = moe.w13[0].clone()
+    moe.w13[0].zero_()
+    config = ServerArgs(model=str(fp8_dir), device="cpu").model_config
+    moe.load_experts(open_source(str(fp8_dir), config, 0, "dequantize"), "model.layers.1.", [0])
+    assert torch.equal(moe.w13[0], original)
