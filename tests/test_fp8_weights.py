@@ -246,3 +246,18 @@ def test_moves_and_rereads_carry_an_fp8_experts_scales(
     config = ServerArgs(model=str(fp8_dir), device="cpu").model_config
     moe.load_experts(open_source(str(fp8_dir), config, 0, "dequantize"), "model.layers.1.", [0])
     assert torch.equal(moe.w13[0], original)
+
+
+@pytest.mark.parametrize(
+    ("mode", "device", "keeps"),
+    [("auto", "cuda", True), ("auto", "cpu", False), ("keep", "cpu", True), ("auto", None, False)],
+)
+def test_open_source_resolves_auto_for_a_given_device(
+    fp8_dir: Path, mode: str, device: str | None, keeps: bool
+) -> None:
+    """What the runner's hook passes (``--fp8-weights`` and its device): the source it hands
+    to the model, the draft layer and re-homing all keep or all dequantize."""
+    config = ServerArgs(model=str(fp8_dir), device="cpu").model_config
+    source = open_source(str(fp8_dir), config, 0, mode, device)
+    assert source.keep_fp8 is keeps
+    assert source.fp8_weights == (mode if device is None else ("keep" if keeps else "dequantize"))

@@ -141,11 +141,15 @@ def rotary_table(config: ModelConfig) -> RotaryTable:
 
 
 def open_source(
-    model: str, config: ModelConfig, seed: int, fp8_weights: str = "auto"
+    model: str,
+    config: ModelConfig,
+    seed: int,
+    fp8_weights: str = "auto",
+    device: torch.device | str | None = None,
 ) -> TensorSource:
     """The weights behind ``--model``: a seeded preset, a GGUF file, or safetensors (FP8
     block-scaled ones dequantized as they are read, or kept FP8: ``--fp8-weights``; ``auto``
-    is decided by ``build_model`` for its device)."""
+    is decided for ``device``, or by ``build_model`` for its own when no device is given)."""
     if model in PRESETS:
         return DictSource(random_hf_state(config, seed), f"preset {model}")
     path = find_gguf(model)
@@ -153,7 +157,8 @@ def open_source(
         return GGUFSource(path, config)
     source = SafetensorsSource(model)
     if config.weight_block_size is not None:
-        return BlockFP8Source(source, config.weight_block_size, fp8_weights)
+        fp8 = BlockFP8Source(source, config.weight_block_size, fp8_weights)
+        return fp8 if device is None else fp8.for_device(device)
     return source
 
 
