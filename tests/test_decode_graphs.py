@@ -21,7 +21,7 @@ from roundgate.actors.control.request import Request, SamplingParams
 from roundgate.actors.control.round import ScheduledChunk
 from roundgate.actors.engine import Engine
 from roundgate.actors.model.decode_graphs import DecodeGraphs, ineligibility, pad_decodes
-from roundgate.actors.model.graph_buckets import capture_sizes, group_bucket
+from roundgate.actors.model.graph_buckets import capture_sizes
 from roundgate.actors.server_args import ServerArgs
 from roundgate.cli.engine_flags import parse_server_args
 from roundgate.gate.rows import RankRow
@@ -164,17 +164,18 @@ def expected_logits(
 
 
 def make_graphs(
-    forward: StandInForward, captured: list[int] | None = None, max_batch_size: int = 20
+    forward: StandInForward, captured: list[int] | None = None, shared_bucket: bool = False
 ) -> DecodeGraphs:
     """A rank's decode graphs over ``forward``; with ``captured``, capturing stand-in graphs."""
     return DecodeGraphs(
         forward,
-        max_batch_size=max_batch_size,
+        max_batch_size=20,
         max_pages=MAX_PAGES,
         page_size=PAGE_SIZE,
         scratch_page=SCRATCH,
         device=torch.device("cpu"),
         capture=captured is not None,
+        shared_bucket=shared_bucket,
         capture_with=None if captured is None else (lambda once: StandInGraph(once, captured)),
     )
 
@@ -197,9 +198,9 @@ def test_ranks_with_different_batches_replay_the_groups_bucket() -> None:
     rows = [RankRow(b, b, 0, False, b > 0) for b in batches]
     for rank, count in enumerate(batches):
         forward, captured = StandInForward(), []
-        graphs = make_graphs(forward, captured)
+        graphs = make_graphs(forward, captured, shared_bucket=True)
         graphs.capture_all()
-        bucket = group_bucket(rows, graphs.sizes)
+        bucket = graphs.round_bucket(rows)
         assert bucket == 8, rank
         work = decodes(count, first_page=rank * 100)
         logits = graphs.run(*work, bucket=bucket)
@@ -210,6 +211,21 @@ def test_ranks_with_different_batches_replay_the_groups_bucket() -> None:
         assert replayed["input_ids"][padding] == [0] * (8 - count)
         assert replayed["slots"][padding] == [SCRATCH * PAGE_SIZE] * (8 - count)
         assert replayed["pages_read"][padding] == [[SCRATCH]] * (8 - count)
+
+
+@pytest.mark.parametrize(
+    ("shared", "batches", "bucket"),
+    [
+        (True, (3, 0, 6, 1), 8),  # MoE collectives in the graph: the group's bucket
+        (True, (), None),  # no gathered rows (a driver without a group): the rank's own
+        (False, (3, 0, 6, 1), None),  # a dense model: every rank pads to its own bucket
+    ],
+)
+def test_the_round_bucket_is_the_groups_only_when_the_graphs_hold_collectives(
+    shared: bool, batches: tuple[int, ...], bucket: int | None
+) -> None:
+    rows = [RankRow(b, b, 0, False, b > 0) for b in batches]
+    assert make_graphs(StandInForward(), shared_bucket=shared).round_bucket(rows) == bucket
 
 
 def test_a_rank_without_requests_replays_a_bucket_of_padding() -> None:

@@ -13,8 +13,8 @@ hundred kernel launches. A round of ``n`` decodes runs in the smallest bucket ``
 
 Under attention DP with MoE, the group's collectives (DeepEP's low-latency legs) are inside
 the graph, so every rank replays the same bucket: the group's, from the round's gathered rows
-(``graph_buckets.group_bucket``). A rank with fewer decodes pads further; a rank with none
-replays the bucket with every row padding. Every bucket is captured at startup
+(``round_bucket``: ``graph_buckets.group_bucket``). A rank with fewer decodes pads further;
+a rank with none replays the bucket with every row padding. Every bucket is captured at startup
 (``capture_all``, the same order on every rank: its warm-up forwards run the collectives),
 never on first use, which would stall the group mid-serving.
 
@@ -42,7 +42,8 @@ from typing import Protocol
 
 import torch
 
-from roundgate.actors.model.graph_buckets import bucket_for, capture_sizes
+from roundgate.actors.model.graph_buckets import bucket_for, capture_sizes, group_bucket
+from roundgate.gate.rows import RankRow
 from roundgate.kernels.attention.batch import AttentionBatch
 
 # One forward over an AttentionBatch: (input ids, batch) -> logits at every row.
@@ -184,9 +185,14 @@ class DecodeGraphs:
         scratch_page: int,
         device: torch.device,
         capture: bool,
+        shared_bucket: bool = False,
         capture_with: Capture | None = None,
     ) -> None:
+        """``shared_bucket``: the graphs hold the group's collectives (MoE dispatch), so every
+        rank replays the group's bucket (``round_bucket``); ``capture_with``: a stand-in for
+        the CUDA graph capture (tests)."""
         self.forward = forward
+        self.shared_bucket = shared_bucket
         self.sizes = capture_sizes(max_batch_size)
         self.max_pages, self.page_size, self.scratch_page = max_pages, page_size, scratch_page
         self.device, self.capture = device, capture
@@ -207,6 +213,11 @@ class DecodeGraphs:
         for size in sorted(self.sizes, reverse=True):
             if size not in self.buckets:
                 self.buckets[size] = self._build(size)
+
+    def round_bucket(self, rows: Sequence[RankRow]) -> int | None:
+        """The bucket every rank replays this round, from the gathered ``rows``: the group's
+        when the graphs hold collectives, else ``None`` (each rank pads to its own)."""
+        return group_bucket(rows, self.sizes) if self.shared_bucket and rows else None
 
     @torch.inference_mode()
     def run(
