@@ -7,8 +7,9 @@ rows on the GPU, as the design has NCCL carry them)::
     row (host ints) --pack_rows--> [1, W] --H2D--> all_gather_single --> [world, W]
         --unpack_rows: one .tolist()--> rows (host ints)
 
-so a round costs one host-to-device copy, one collective and one device read, whatever the
-group's size (the list form read each rank's tensor back on its own: ``world`` reads).
+so a round costs one asynchronous host-to-device copy (from pinned memory), one collective and
+one device read, its only sync, whatever the group's size (the list form read each rank's
+tensor back on its own: ``world`` reads, each a sync on a GPU).
 """
 
 from __future__ import annotations
@@ -60,7 +61,11 @@ class TorchGather:
         self._out: torch.Tensor | None = None
 
     def all_gather(self, row: Packed) -> list[Packed]:
-        mine = pack_rows([row]).to(self.device)
+        mine = pack_rows([row])
+        if self.device.type != "cpu":
+            # From pinned memory, asynchronously: a blocking H2D copy would wait for the
+            # stream (a forward in flight); the gathered rows' read is the round's one sync.
+            mine = mine.pin_memory().to(self.device, non_blocking=True)
         width = mine.shape[1]
         if self._out is None or self._out.shape[1] != width:
             self._out = torch.empty((self.world_size, width), dtype=torch.int64, device=self.device)
