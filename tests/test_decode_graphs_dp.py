@@ -104,11 +104,6 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.integration
 @pytest.mark.triton
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 46 item 4: ModelRunner does not yet pass the group's bucket (the lead wires "
-    "round_bucket/forward(bucket=)/idle_forward(bucket)/shared_bucket; then drop this mark)",
-)
 def test_two_ranks_replay_the_groups_bucket_and_equal_one_process(tmp_path: Path) -> None:
     if not (interpreter_enabled() or torch.cuda.is_available()):
         pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1")

@@ -6,7 +6,6 @@ the CUDA path in everything the loader decides."""
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from family_models import MLA_SHAPE, YARN
 from safetensors.torch import load_file, save_file
 
 from roundgate.actors.engine import Engine, SamplingParams
-from roundgate.actors.model import decoder, runner
+from roundgate.actors.model import decoder
 from roundgate.actors.model.decoder import build_model, open_source
 from roundgate.actors.model.fp8 import keeps_fp8
 from roundgate.actors.model.moe import SparseMoE
@@ -74,12 +73,10 @@ def fp8_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def engine(model: Path, fp8_weights: str, monkeypatch: pytest.MonkeyPatch) -> Engine:
-    """An engine on CPU whose runner opens the checkpoint with ``fp8_weights`` (the runner's
-    hook for the flag, stood in for here)."""
-    monkeypatch.setattr(
-        runner, "open_source", functools.partial(open_source, fp8_weights=fp8_weights)
+    """An engine on CPU whose runner opens the checkpoint with ``--fp8-weights``."""
+    args = ServerArgs(
+        model=str(model), device="cpu", num_kv_pages=64, max_num_seqs=4, fp8_weights=fp8_weights
     )
-    args = ServerArgs(model=str(model), device="cpu", num_kv_pages=64, max_num_seqs=4)
     return Engine(args)
 
 

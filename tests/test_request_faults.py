@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 from builders import make_args, make_request
 
-import roundgate.actors.model.runner as runner_module
+import roundgate.actors.model.round_sampling as sampling_module
 from roundgate.actors.control.engine_core import EngineCore
 from roundgate.actors.control.kv_pool import KVPool
 from roundgate.actors.control.request import Request, RequestStatus, SamplingParams
@@ -141,7 +141,7 @@ PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
 def test_a_sampling_fault_fails_only_that_request(monkeypatch: pytest.MonkeyPatch) -> None:
     greedy = SamplingParams(max_tokens=6)
     expected = tiny_engine().generate(PROMPTS, greedy)
-    monkeypatch.setattr(runner_module, "sample_round", poisoned(runner_module.sample_round))
+    monkeypatch.setattr(sampling_module, "sample_round", poisoned(sampling_module.sample_round))
     engine = tiny_engine()
     bad = SamplingParams(max_tokens=6, temperature=1.0, seed=POISON_SEED)
     with pytest.raises(RequestsFailed) as failure:
@@ -162,9 +162,9 @@ def test_the_runner_never_sees_a_position_past_the_context(monkeypatch: pytest.M
     ends: list[int] = []
     forward = engine.runner.forward
 
-    def spy(work, low_latency=None):  # type: ignore[no-untyped-def]
+    def spy(work, low_latency=None, extra_rows=None, bucket=None):  # type: ignore[no-untyped-def]
         ends.extend(c.end for c in work)
-        return forward(work, low_latency)
+        return forward(work, low_latency, extra_rows, bucket)
 
     monkeypatch.setattr(engine.runner, "forward", spy)
     long = Request("long", [5, 6, 7, 8, 9, 10], SamplingParams(max_tokens=50))

@@ -36,7 +36,7 @@ from roundgate.actors.model.layers import ForwardContext
 from roundgate.actors.model.llamacpp_arith import fuse_layers, use_llamacpp_arithmetic
 from roundgate.actors.model.prompt_logprobs import prompt_rows, score_rows
 from roundgate.actors.model.round_sampling import sample_each
-from roundgate.actors.model.runner_config import RunnerConfig
+from roundgate.actors.model.runner_config import RunnerConfig, resolve_device
 from roundgate.actors.model.spec_rounds import verify_round, verify_rows
 from roundgate.actors.role import DisaggregationRole
 from roundgate.actors.server_args import ServerArgs
@@ -51,15 +51,6 @@ from roundgate.kernels.moe.rehome import grown_layout
 from roundgate.kernels.quant.ggml_arith import GgmlAttention
 
 logger = logging.getLogger("roundgate.runner")
-
-
-def resolve_device(name: str) -> torch.device:
-    """``--device``: ``auto`` is CUDA when available, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
-    return torch.device(name)
 
 
 class DeferredGroup:
@@ -109,7 +100,8 @@ class ModelRunner:
             rank if world > 1 else 0,
             runner_config.num_redundant_experts if world > 1 else 0,
         )
-        source = open_source(runner_config.model, config, runner_config.seed)
+        rc = runner_config
+        source = open_source(rc.model, config, rc.seed, rc.fp8_weights, self.device)
         self.model = build_model(
             config,
             source,
@@ -169,11 +161,17 @@ class ModelRunner:
         if self.attention.name in ("torch", "ggml"):  # packed CPU weights: layers in one call
             fuse_layers(self.model, config, self.cache)
         why_eager = ineligibility(
-            self.device.type, runner_config.enforce_eager, config.is_moe, self.attention.name
+            self.device.type,
+            runner_config.enforce_eager,
+            config.is_moe,
+            self.attention.name,
+            moe_graph_safe=self.moe is not None and self.moe.is_graph_safe,
         )
         if why_eager is None and self.drafter is not None and self.drafter.needs_hidden:
             why_eager = "the next-n draft layer reads every round's hidden states"
         self.graphs = self.decode_graphs(capture=True) if why_eager is None else None
+        if self.graphs is not None:  # every bucket now, on every rank: none mid-serving
+            self.graphs.capture_all()
         if why_eager is not None and self.device.type == "cuda":
             logger.info("decode rounds run eagerly: %s", why_eager)
         # Unseeded sampling: one stream per rank, reproducible from --seed.
@@ -221,6 +219,7 @@ class ModelRunner:
         if view is None:
             view = read_rows(rows) if rows else None
         low_latency = view.low_latency if view is not None else plan.num_extends == 0
+        bucket = self.graphs.round_bucket(rows) if self.graphs is not None else None
         sampled: dict[str, int] = {}
         logprobs: dict[str, TokenLogprobs] = {}
         forks: dict[str, tuple[int, ...]] = {}
@@ -241,7 +240,7 @@ class ModelRunner:
             if extra:
                 logits = self.forward(chunks, low_latency, extra)
             else:
-                logits = self.forward(chunks, low_latency)
+                logits = self.forward(chunks, low_latency, bucket=bucket)
             scored = len(chunks) + (len(found.rows) if found else 0)
             if found is not None:
                 prompt_logprobs = score_rows(logits[len(chunks) : scored], found)
@@ -264,7 +263,7 @@ class ModelRunner:
                 accepted = verdicts.accepted if verdicts else {}
                 drafts = self.drafter.draft(chunks, emitted, accepted)
         else:
-            self.idle_forward(low_latency)
+            self.idle_forward(low_latency, bucket)
         self._counted = True
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -283,6 +282,7 @@ class ModelRunner:
         work: RoundPlan | Sequence[ScheduledChunk],
         low_latency: bool | None = None,
         extra_rows: Sequence[int] | None = None,
+        bucket: int | None = None,
     ) -> torch.Tensor:
         """Float32 logits at the last position of every chunk, ``[len(chunks), vocab]``,
         followed by those at ``extra_rows`` (flattened token indices: prompt logprobs).
@@ -300,6 +300,7 @@ class ModelRunner:
                 [c.token_ids[0] for c in chunks],
                 [c.start for c in chunks],
                 [c.request.page_ids for c in chunks],
+                bucket,
             )
             if logits is not None:  # a copy: the bucket's buffer is rewritten next round
                 return logits.to(torch.float32, copy=True)
@@ -361,13 +362,17 @@ class ModelRunner:
             scratch_page=self.runner_config.num_kv_pages,
             device=self.device,
             capture=capture,
+            shared_bucket=self.moe is not None and self.moe.needs_collectives,
         )
 
     @torch.inference_mode()
-    def idle_forward(self, low_latency: bool = True) -> None:
-        """Join the group's MoE collectives with an empty batch (a no-op when none exist),
-        the draft layer's too."""
-        self.model.idle_forward(self.moe, low_latency)
+    def idle_forward(self, low_latency: bool = True, bucket: int | None = None) -> None:
+        """Join the group's MoE collectives with an empty batch (a no-op when none exist), or
+        replay the group's ``bucket`` with every row padding; the draft layer's too."""
+        if bucket is not None and self.graphs is not None:
+            self.graphs.run([], [], [], bucket)
+        else:
+            self.model.idle_forward(self.moe, low_latency)
         if self.drafter is not None:
             self.drafter.idle(self.moe, low_latency)
 
@@ -437,7 +442,7 @@ class ModelRunner:
             config.num_experts, world_size, rank, layout.num_physical - layout.num_logical
         )
         self._counted = False  # the old window ends with the old placement
-        source = lambda: open_source(rc.model, config, rc.seed)  # noqa: E731
+        source = lambda: open_source(rc.model, config, rc.seed, rc.fp8_weights, self.device)  # noqa: E731
         report = rehome_experts(self.model, placement, group, source)
         if self.drafter is not None:  # a next-n layer's experts move with the model's
             self.drafter.regroup(placement, group, source)

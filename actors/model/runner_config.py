@@ -9,10 +9,21 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import torch
+
 from roundgate.actors.control.speculative_config import SpeculativeConfig
 from roundgate.actors.model.config import ModelConfig
 from roundgate.actors.role import DisaggregationRole
 from roundgate.actors.server_args import ServerArgs
+
+
+def resolve_device(name: str) -> torch.device:
+    """``--device``: ``auto`` is CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    return torch.device(name)
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,7 @@ class RunnerConfig:
     eplb_load_file: str | None
     # Speculative decoding (``--speculative-config``): the rank verifies drafts.
     speculative: SpeculativeConfig | None = None
+    fp8_weights: str = "auto"  # block-FP8 checkpoints: kept FP8 or dequantized at load
 
     @classmethod
     def of(cls, args: ServerArgs) -> RunnerConfig:

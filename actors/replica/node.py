@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def device_type(name: str) -> str:
     """``cuda`` or ``cpu``: the device the runner will use (the backend follows from it)."""
-    from roundgate.actors.model.runner import resolve_device
+    from roundgate.actors.model.runner_config import resolve_device
 
     return resolve_device(name).type
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from roundgate.kernels.moe.base import Dispatched, group_by_expert
+from roundgate.kernels.moe.base import Dispatched, MoEBackend, group_by_expert
 from roundgate.kernels.moe.placement import ExpertPlacement
 
 NORMAL_NVL_BYTES = 1 << 30
@@ -47,7 +47,7 @@ class _LowLatencyHandle:
     packed_shape: tuple[int, ...]
 
 
-class DeepEPMoE:
+class DeepEPMoE(MoEBackend):
     """Expert dispatch/combine through a ``deep_ep.Buffer`` built on first use."""
 
     name = "deepep"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from roundgate.kernels.moe.base import Dispatched, group_by_expert
+from roundgate.kernels.moe.base import Dispatched, MoEBackend, group_by_expert
 from roundgate.kernels.moe.placement import ExpertPlacement
 
 
@@ -17,7 +17,7 @@ class _LocalHandle:
     num_tokens: int
 
 
-class LocalMoE:
+class LocalMoE(MoEBackend):
     """No communication: the reference every distributed backend must agree with."""
 
     name = "local"

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from roundgate.kernels.moe.base import Dispatched, group_by_expert
+from roundgate.kernels.moe.base import Dispatched, MoEBackend, group_by_expert
 from roundgate.kernels.moe.local import weighted_scatter_add
 from roundgate.kernels.moe.placement import ExpertPlacement
 
@@ -35,7 +35,7 @@ class _A2AHandle:
     num_tokens: int
 
 
-class TorchAllToAllMoE:
+class TorchAllToAllMoE(MoEBackend):
     """Experts sharded over ``group`` (contiguous blocks, see ``ExpertPlacement``)."""
 
     name = "torch"
