@@ -21,9 +21,14 @@ count is the load, so no preset needs its saturation rate measured first):
 
 The cells are 60 combinations fixed in the code (``_cells``): every preset x prompt range x
 speculation setting, with the chunk size and client level rotating, and a dp=32 copy of six of
-them. **TUNE** is every fourth cell (index % 4 == 0: 15 cells, plus the first dp=32 cell);
-everything else is **HELD-OUT** (45 + 5 cells). Anything in ``roundgate-auto`` chosen while
-looking at this matrix was chosen on TUNE cells only.
+them. **TUNE** is every fourth cell (index % 4 == 0: 15 cells, plus the first dp=32 cell)
+and the five held-out cells where ``roundgate-auto`` collapsed, traced round by round since
+(``DIAGNOSED``: 21 cells); everything else is **HELD-OUT** (40 + 5 cells). Those 45 were
+seen once, as a table, before the second round of changes. **FRESH** (``--set fresh``, 34
+cells: ``_fresh_cells``) was fixed before any of its cells ran and is run once after the last
+change: other chunk sizes and client counts, two other prompt ranges, other draft counts and
+acceptances, dp=16, each preset and prompt range with and without speculation. Anything in
+``roundgate-auto`` chosen while looking at this matrix was chosen on TUNE cells only.
 
 Each cell runs ``none``, ``roundgate-auto`` (told the SLO) and the fixed gate over the tune
 grid of ``goodput_matrix.py`` (ALL spacing 1, 2, 4, 8 x ANY spacing 4, 16, 64), one seed by
@@ -81,6 +86,17 @@ CLIENTS: dict[str, tuple[int, int, int]] = {
 SPECS = ("", "k1a0.8", "k2a0.7", "k3a0.6", "k4a0.9")
 # Indices into the dp=8 cells that also run at dp=32.
 DP32_OF = (1, 7, 14, 26, 40, 53)
+# Held-out cells where ``roundgate-auto`` collapsed (0.00-0.43x the best fixed gate, issue 49
+# item 4): traced round by round to find why, so they count as TUNE cells from then on.
+DIAGNOSED = frozenset(
+    {
+        "h100-dsv3/short/c8192/n256/dp8/k1a0.8",
+        "h100-dsv3/short/c2048/n256/dp8/k3a0.6",
+        "gb200-qwen35-tep4/mid/c8192/n384/dp8/k4a0.9",
+        "gb200-qwen35-tep4/short/c2048/n1536/dp8/k2a0.7",
+        "gb200-dsv3/mid/c16384/n384/dp8/k4a0.9",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -109,7 +125,7 @@ class BroadCell:
     @property
     def slo(self) -> Slo:
         costs = PRESETS[self.preset]
-        _, longest, _ = PROMPTS[self.prompts]
+        _, longest, _ = PROMPT_RANGES[self.prompts]
         chunk = min(self.chunk, longest)
         round_ms = (
             costs.decode_base_ms
@@ -138,18 +154,63 @@ def _cells() -> tuple[list[BroadCell], list[BroadCell]]:
         c = base[i]
         big = BroadCell(c.preset, c.prompts, c.chunk, c.clients, c.spec, dp=32)
         (tune if n == 0 else held).append(big)
+    # Held-out cells studied since (their runs traced to fix the gate) are tune cells now.
+    tune += [c for c in held if c.key in DIAGNOSED]
+    held = [c for c in held if c.key not in DIAGNOSED]
     return tune, held
 
 
+# The FRESH held-out set (issue 49 item 4, second round): fixed before any of its cells ran,
+# and run once, after the last change to ``roundgate-auto``. Everything differs from the
+# cells above in at least two ways: a chunk size (4,096, 12,288) and client counts never
+# used, two prompt ranges never used (``chat`` 128-2,048 with 400 output tokens, ``doc``
+# 4k-12k with 200), speculation at other draft counts and acceptances, and dp=16.
+FRESH_PROMPTS: dict[str, tuple[int, int, int]] = {
+    "chat": (128, 2048, 400),
+    "doc": (4000, 12_000, 200),
+}
+PROMPT_RANGES = PROMPTS | FRESH_PROMPTS
+FRESH_CLIENTS: dict[str, tuple[int, int]] = {
+    "short": (96, 768),
+    "mid": (48, 192),
+    "reason": (64, 256),
+    "chat": (64, 640),
+    "doc": (16, 96),
+}
+FRESH_CHUNKS = (4096, 12_288)
+FRESH_SPECS = ("k2a0.85", "k3a0.8", "k1a0.6", "k4a0.75", "k2a0.5")
+# Indices into the fresh dp=8 cells that also run at dp=16.
+DP16_OF = (2, 9, 17, 24)
+
+
+def _fresh_cells() -> list[BroadCell]:
+    """FRESH: every preset x the five prompt ranges above, once without speculation and once
+    with it (the k/acceptance pair, chunk and client level rotating), plus four at dp=16."""
+    cells = []
+    i = 0
+    for preset in COST_PRESETS:
+        for prompts in FRESH_CLIENTS:
+            for spec in ("", FRESH_SPECS[i % len(FRESH_SPECS)]):
+                chunk = FRESH_CHUNKS[(i // 2 + i) % len(FRESH_CHUNKS)]
+                clients = FRESH_CLIENTS[prompts][(i // 3 + i) % 2]
+                cells.append(BroadCell(preset, prompts, chunk, clients, spec))
+                i += 1
+    for i in DP16_OF:
+        c = cells[i]
+        cells.append(BroadCell(c.preset, c.prompts, c.chunk, c.clients, c.spec, dp=16))
+    return cells
+
+
 TUNE, HELD_OUT = _cells()
-SETS = {"tune": TUNE, "held-out": HELD_OUT}
+FRESH = _fresh_cells()
+SETS = {"tune": TUNE, "held-out": HELD_OUT, "fresh": FRESH}
 
 
 def run_arm(cell: BroadCell, arm: Arm, seed: int) -> dict[str, Any]:
     """One seeded closed-loop run of ``arm`` in ``cell``: goodput and latency percentiles."""
     scale = cell.dp // 8
     clients = cell.clients * scale
-    lo, hi, out = PROMPTS[cell.prompts]
+    lo, hi, out = PROMPT_RANGES[cell.prompts]
     requests = (2 * cell.clients + 64) * scale
     arrivals = UniformPrompts(requests, lo, hi, out, seed=seed).draw()
     args = ServerArgs(
@@ -284,7 +345,7 @@ def _mean(rs: list[dict]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="JSON lines, appended and resumed")
-    p.add_argument("--set", choices=tuple(SETS), required=True, help="TUNE or HELD-OUT cells")
+    p.add_argument("--set", choices=tuple(SETS), required=True, help="TUNE, HELD-OUT or FRESH")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--seeds", type=lambda s: [int(v) for v in s.split(",")], default=[0])
     p.add_argument("--cells", type=lambda s: s.split(","), default=None, help="key substrings")
