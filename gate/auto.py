@@ -15,10 +15,7 @@ gathered rows, with defaults meant to be left alone:
   ``hold + 1`` per window), so a quiet spell banks a little and a burst after it is not held.
 - **Align prompts when that is free.** When every rank that decodes also holds a prompt (the
   ALL point), one window serves them all and nobody's decodes wait on another rank's lone
-  extend: the gate opens, unless the window is slow (below). Aligned, a slow window still
-  gives every running stream a slow gap, and a wave of prompts (streams that finished
-  together: a closed loop past a full batch) would otherwise reach the ALL point a few at a
-  time and take one slow window each.
+  extend: the gate opens.
 - **Price a prompt's wait against its own prefill** (``--prefill-auto-wait-ratio``, 0.5). Short
   of ALL, a window costs every running decode of the group the extend step while only some
   ranks extend. A prompt whose prefill takes 55 ms gains nothing by waiting 500 ms for the
@@ -28,21 +25,14 @@ gathered rows, with defaults meant to be left alone:
   prefill time, measured (``roundgate.gate.prefill_cost``: the step fitted online from round
   lengths), before the gate opens for it.
 - **Ration slow windows against the SLO** (``--prefill-auto-itl-slo-ms`` 200,
-  ``--prefill-auto-ttft-slo-ms`` 2000). A window is slow when a stream's gap across it would
-  outlast the ITL bound: the window's round (the decode round plus the step of the largest
-  backlog) and, where a rank that extends also has streams, the decode round after it (a
-  rank runs no decode in its extend round, so its streams get their next token a round
-  later). A slow window gives every running stream a slow gap, and a stream meets an ITL p99
-  bound only while under 1 % of its gaps are slow: with many long streams running
-  (reasoning), windows must be rare. Such a window, at the ALL point or short of it, waits
-  until the oldest prompt has used three quarters of its TTFT slack (the TTFT bound less
-  the window's round, at whose end its first token comes, or less its own prefill if
-  longer), so each one carries as many prompts as the TTFT bound allows, or until one slow
+  ``--prefill-auto-ttft-slo-ms`` 2000). A window whose round would outlast the ITL bound
+  (the decode round plus the step of the largest backlog) gives every running stream a slow
+  gap, and a stream meets an ITL p99 bound only while under 1 % of its gaps are slow: with
+  many long streams running (reasoning), windows must be rare. Such a window waits until the
+  oldest prompt has used three quarters of its TTFT slack (the TTFT bound less its own
+  prefill), so each one carries as many prompts as the TTFT bound allows, or until one slow
   window in ``100 / yield`` decode rounds (a stream gets ``yield`` gaps a decode round, and
-  may have one slow gap in a hundred), whichever comes first; the second only once the last
-  slow round ended that long ago. A prompt already past its slack (one that queued for a
-  free batch slot, past a full batch) cannot be saved by the window: it waits for that
-  spacing rather than spending the running streams' ITL budget.
+  may have one slow gap in a hundred), whichever comes first.
 - **Price speculative decoding** (``roundgate.gate.decode_yield``). With drafts a decode
   round is a verify round: its cost is what the round lengths measure, and the tokens it
   yields a request (kept drafts + 1) come from the ranks' running totals of kept drafts (the
@@ -54,10 +44,8 @@ gathered rows, with defaults meant to be left alone:
   their slow gap: extending again next round lengthens that one gap, while a decode round in
   between would give them a second. So the run goes on while the ranks that still want to
   extend hold more of the group's decodes than the rest (or nobody decodes yet: a burst into
-  an idle group), however long (it was capped at the TTFT bound: a wave of prompts past a
-  full batch then ran as two slow runs a few decode rounds apart, two slow gaps for every
-  stream of the first). A burst that fills every rank's batch at once then prefills as
-  ``none`` would, instead of in slow rounds one decode apart.
+  an idle group) and the run stays within the TTFT bound. A burst that fills every rank's
+  batch at once then prefills as ``none`` would, instead of in slow rounds one decode apart.
 - **Liveness** (``--prefill-max-wait-ms``): whatever the estimates say, no prompt waits longer,
   but for the one round that keeps two windows apart. A rank's prompts queue behind its own
   chunked prefill, so under a steady stream of long prompts some held prompt is always past the
@@ -190,7 +178,6 @@ class AutoGate(RoundByRound):
         self._last: tuple[int, int] | None = None  # (start ms, longest extend) of last round
         self._run_start: int | None = None  # start (ms) of the current run of extend rounds
         self._last_round_ms = 0.0  # the run's last round, estimated (inf: nothing learned yet)
-        self._slow_at: int | None = None  # end (ms) of the last slow extend round
 
     @property
     def rounds_since_prefill(self) -> int:
@@ -213,40 +200,20 @@ class AutoGate(RoundByRound):
             return _VOTES["liveness"]
         if self.credit < self._pace():
             return CLOSED
+        if all_point:
+            return _VOTES["all"]
         cfg = self.config
         step = self.cost.step_ms
-        decode_ms = self.cost.decode_ms or 0.0
-        round_ms = decode_ms + step(max(r.extras[_BACKLOG] for r in wanting))
-        window_ms = round_ms
-        # A rank that extends runs no decode that round, so its streams' gap is the window
-        # and the decode round after it; the other ranks' streams see the window alone.
-        if any(row.batch_size > row.num_extends for row in wanting):
-            window_ms += decode_ms
+        window_ms = (self.cost.decode_ms or 0.0) + step(max(r.extras[_BACKLOG] for r in wanting))
         slow = window_ms > cfg.itl_slo_ms
-        if all_point and not slow:
-            return _VOTES["all"]
-        # A slow window is rationed at the ALL point too: aligned, it still gives every running
-        # stream a slow gap, and a wave of prompts (streams that finish together) reaching the
-        # ALL point a few at a time would otherwise take one slow window each.
         spacing = self._slow_spacing_ms() if slow else 0.0
-        # Streams can afford the next slow window once the last one is ``spacing`` behind.
-        spaced = self._slow_at is None or now - self._slow_at >= spacing
         for row, age in zip(wanting, ages, strict=True):
             own = step(row.extras[_TOKENS])
-            budget = 0.0 if all_point else cfg.wait_ratio * own
+            budget = cfg.wait_ratio * own
             if slow:
-                slack = cfg.ttft_slo_ms - max(own, round_ms)
-                if age >= budget and _THETA * slack <= age < slack:
-                    # This prompt can still meet its TTFT bound, and only if it goes now.
-                    return _VOTES["all" if all_point else "budget"]
-                # A prompt past its TTFT slack (one that queued for a free batch slot, past
-                # a full batch) cannot be saved by a slow window: it waits for the streams'
-                # ITL budget instead of spending it.
-                budget = max(budget, min(_THETA * slack, spacing))
-                if not spaced:
-                    continue
+                budget = max(budget, min(_THETA * (cfg.ttft_slo_ms - own), spacing))
             if age >= budget:
-                return _VOTES["all" if all_point else "budget"]
+                return _VOTES["budget"]
         return CLOSED
 
     def _continues(self, rows: Sequence[RankRow], wanting: Sequence[RankRow], now: int) -> bool:
@@ -260,6 +227,8 @@ class AutoGate(RoundByRound):
             run += last
             if run <= cfg.itl_slo_ms:
                 return False
+        if run > cfg.ttft_slo_ms:
+            return False
         spared = sum(row.batch_size - row.num_extends for row in wanting)
         streams = sum(row.batch_size - row.num_extends for row in rows)
         return streams == 0 or 2 * spared > streams
@@ -306,9 +275,6 @@ class AutoGate(RoundByRound):
         if self._last is not None:
             start, tokens = self._last
             self.cost.add_round(float(now - start), tokens)
-            # A stream of a rank that extends gets its next token a decode round later.
-            if tokens and now - start + (self.cost.decode_ms or 0.0) > self.config.itl_slo_ms:
-                self._slow_at = now  # its end: the spacing counts decode time after it
         tokens = self.yield_.extend_tokens(rows) if view.any_extend else 0
         self._last = (now, tokens)
         if not tokens:
