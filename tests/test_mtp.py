@@ -111,7 +111,13 @@ def _request(prompt: list[int], output: list[int], drafts: tuple[int, ...] = ())
         # A decode: the sampled token follows it.
         (ScheduledChunk(_request([1, 2], [3]), 2, 1, False), {"r": 4}, {}, [4], {"r": 0}),
         # A verify of [3, 6] that kept its draft: 6, then the sampled token; read at the draft.
-        (ScheduledChunk(_request([1, 2], [3], (6,)), 2, 2, False), {"r": 8}, {"r": (6,)}, [6, 8], {"r": 1}),
+        (
+            ScheduledChunk(_request([1, 2], [3], (6,)), 2, 2, False),
+            {"r": 8},
+            {"r": (6,)},
+            [6, 8],
+            {"r": 1},
+        ),
         # One that rejected it: the sampled token follows the last token; read there.
         (ScheduledChunk(_request([1, 2], [3], (6,)), 2, 2, False), {"r": 8}, {}, [8, 0], {"r": 0}),
         # A failed request (no token): nothing drafted, its positions padded.

@@ -67,9 +67,7 @@ def spec_counters(
             for s in family.samples:
                 if s.name.startswith("roundgate_spec_decode_") and s.name.endswith("_total"):
                     totals[s.name] = totals.get(s.name, 0.0) + s.value
-        if totals.get(until) or (
-            time.monotonic() > deadline
-        ):
+        if totals.get(until) or (time.monotonic() > deadline):
             return totals
         time.sleep(PUSH_INTERVAL_S / 2)
 
