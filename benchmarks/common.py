@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -174,3 +175,35 @@ def runner_prefill_seconds(
     started = clock()
     runner.execute(plan)
     return clock() - started
+
+
+# ---- a goodput matrix's runs ----------------------------------------------------------------
+
+
+def run_record(cell: str, arm: str, seed: int, result: Any, slo: Any) -> dict[str, Any]:
+    """One simulated arm of a goodput-matrix cell as the JSON line its ``--out`` file keeps:
+    goodput under ``slo`` first, then the latency percentiles it was judged on."""
+    from roundgate.sim.goodput import goodput
+    from roundgate.sim.report import summarize
+
+    summary = summarize(result)
+    good = goodput(result, slo)
+    return {
+        "cell": cell,
+        "arm": arm,
+        "seed": seed,
+        "goodput": good.requests_per_s,
+        "good_fraction": good.fraction,
+        "ttft_p50": summary["ttft_ms"]["p50"],
+        "ttft_p99": summary["ttft_ms"]["p99"],
+        "itl_p50": summary["itl_ms"]["p50"],
+        "itl_p99": summary["itl_ms"]["p99"],
+    }
+
+
+def finished_runs(out: Path) -> set[tuple[str, str, int]]:
+    """(cell, arm, seed) of every run already in ``out``: a rerun resumes after them."""
+    if not out.exists():
+        return set()
+    runs = (json.loads(line) for line in out.read_text().splitlines())
+    return {(r["cell"], r["arm"], r["seed"]) for r in runs}

@@ -24,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from common import finished_runs
 from goodput_matrix_cells import LOADS, WORKLOAD_NAMES, Arm, Cell, arms, run_arm
 
 from roundgate.sim.tune import candidates
@@ -38,11 +39,7 @@ def _job(job: tuple[Cell, Arm, int]) -> dict[str, Any]:
 
 
 def run(ns: argparse.Namespace) -> None:
-    done = set()
-    if ns.out.exists():
-        for line in ns.out.read_text().splitlines():
-            r = json.loads(line)
-            done.add((r["cell"], r["arm"], r["seed"]))
+    done = finished_runs(ns.out)
     cells = [
         Cell(w, dp, load, "" if spec == "off" else spec)
         for dp in ns.dp

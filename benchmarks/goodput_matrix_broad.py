@@ -53,10 +53,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common import finished_runs, run_record
+
 from roundgate.actors.server_args import ServerArgs
-from roundgate.sim.goodput import Slo, goodput
+from roundgate.sim.goodput import Slo
 from roundgate.sim.regimes import UniformPrompts
-from roundgate.sim.report import summarize
 from roundgate.sim.round_costs import PRESETS
 from roundgate.sim.spec import SimSpec, simulate
 from roundgate.sim.speculation import SpecSim
@@ -234,20 +235,7 @@ def run_arm(cell: BroadCell, arm: Arm, seed: int) -> dict[str, Any]:
         itl_slo_ms=slo.itl_ms,
         speculation=cell.speculation,
     ).with_policy(arm.policy, given)
-    result = simulate(spec)
-    summary = summarize(result)
-    good = goodput(result, slo)
-    return {
-        "cell": cell.key,
-        "arm": arm.label,
-        "seed": seed,
-        "goodput": good.requests_per_s,
-        "good_fraction": good.fraction,
-        "ttft_p50": summary["ttft_ms"]["p50"],
-        "ttft_p99": summary["ttft_ms"]["p99"],
-        "itl_p50": summary["itl_ms"]["p50"],
-        "itl_p99": summary["itl_ms"]["p99"],
-    }
+    return run_record(cell.key, arm.label, seed, simulate(spec), slo)
 
 
 @dataclass(frozen=True)
@@ -277,11 +265,7 @@ def _job(job: tuple[BroadCell, Arm, int]) -> dict[str, Any]:
 
 
 def run(ns: argparse.Namespace) -> None:
-    done = set()
-    if ns.out.exists():
-        for line in ns.out.read_text().splitlines():
-            r = json.loads(line)
-            done.add((r["cell"], r["arm"], r["seed"]))
+    done = finished_runs(ns.out)
     cells = SETS[ns.set]
     if ns.cells:
         cells = [c for c in cells if any(part in c.key for part in ns.cells)]

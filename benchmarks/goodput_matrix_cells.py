@@ -15,12 +15,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from common import run_record
+
 from roundgate.actors.server_args import ServerArgs
 from roundgate.gate import registry
-from roundgate.sim.goodput import Slo, goodput
+from roundgate.sim.goodput import Slo
 from roundgate.sim.options import GROUP_DEFAULTS
 from roundgate.sim.regimes import REGIMES
-from roundgate.sim.report import summarize
 from roundgate.sim.round_costs import PRESETS
 from roundgate.sim.spec import SimSpec, simulate
 from roundgate.sim.speculation import SpecSim
@@ -144,17 +145,4 @@ def run_arm(cell: Cell, arm: Arm, seed: int) -> dict[str, Any]:
         itl_slo_ms=cell.slo.itl_ms,
         speculation=cell.speculation,
     ).with_policy(arm.policy, given)
-    result = simulate(spec)
-    summary = summarize(result)
-    good = goodput(result, cell.slo)
-    return {
-        "cell": cell.key,
-        "arm": arm.label,
-        "seed": seed,
-        "goodput": good.requests_per_s,
-        "good_fraction": good.fraction,
-        "ttft_p50": summary["ttft_ms"]["p50"],
-        "ttft_p99": summary["ttft_ms"]["p99"],
-        "itl_p50": summary["itl_ms"]["p50"],
-        "itl_p99": summary["itl_ms"]["p99"],
-    }
+    return run_record(cell.key, arm.label, seed, simulate(spec), cell.slo)
