@@ -75,11 +75,12 @@ def _qwen3_moe():
     return Qwen3MoeForCausalLM(config)
 
 
-def _deepseek_v3():
+def deepseek_v3(**shape: int) -> torch.nn.Module:
+    """The DeepSeek-V3 family's model; ``shape`` overrides ``MLA_SHAPE``'s sizes."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     config = DeepseekV3Config(
-        **MLA_SHAPE,
+        **{**MLA_SHAPE, **shape},
         q_lora_rank=24,
         n_group=4,
         topk_group=2,
@@ -117,7 +118,7 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     "qwen3": _qwen3,
     "qwen2_moe": _qwen2_moe,
     "qwen3_moe": _qwen3_moe,
-    "deepseek_v3": _deepseek_v3,
+    "deepseek_v3": deepseek_v3,
     "deepseek_v2": _deepseek_v2,
 }
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from family_models import MLA_SHAPE, YARN
+from family_models import deepseek_v3
 from safetensors.torch import load_file, save_file
 
 from roundgate.actors.engine import Engine, SamplingParams
@@ -31,25 +31,10 @@ GREEDY = SamplingParams(max_tokens=8)
 def write_fp8_deepseek(path: Path, intermediate: int, moe_intermediate: int) -> Path:
     """A random tiny DeepSeek-V3 with every projection stored e4m3 in 128x128 blocks, as
     DeepSeek-V3's checkpoint stores them (norms, embeddings, routers left high)."""
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-
     torch.manual_seed(0)
-    shape = {**MLA_SHAPE, "intermediate_size": intermediate}
-    config = DeepseekV3Config(
-        **{**shape, "moe_intermediate_size": moe_intermediate},
-        q_lora_rank=24,
-        n_group=4,
-        topk_group=2,
-        first_k_dense_replace=1,
-        n_shared_experts=1,
-        routed_scaling_factor=2.5,
-        norm_topk_prob=True,
-        rope_parameters=YARN,
-    )
-    model = DeepseekV3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for layer in model.model.layers[1:]:
-            layer.mlp.gate.e_score_correction_bias.normal_(0, 0.5)
+    model = deepseek_v3(
+        intermediate_size=intermediate, moe_intermediate_size=moe_intermediate
+    ).eval()
     model.save_pretrained(path / "bf16")
     state = {}
     for name, tensor in load_file(str(path / "bf16" / "model.safetensors")).items():
