@@ -101,6 +101,24 @@ def _rank_main(rank: int, model: str, port: int, out_dir: str, kernels: str) -> 
         dist.destroy_process_group()
 
 
+def assert_rank_matches(
+    got: dict[str, list[torch.Tensor]],
+    expected: dict[str, list[torch.Tensor]],
+    rank: int,
+    homes: dict[str, int],
+) -> None:
+    """A rank's logits per request equal one process's: its own requests' every round, and
+    nothing for the requests homed (``homes``) on its peer."""
+    for name, home in homes.items():
+        if home != rank:
+            assert got[name] == []
+            continue
+        assert len(got[name]) == len(expected[name]) > 1
+        torch.testing.assert_close(
+            torch.stack(got[name]), torch.stack(expected[name]), atol=1e-5, rtol=1e-5
+        )
+
+
 def run_ranks(main: Any, args: tuple[Any, ...], nprocs: int, what: str) -> None:
     """Spawn ``nprocs`` processes of ``main(index, *args)`` and wait for all of them; past
     ``TIMEOUT_S`` kill them and fail naming ``what`` (a hung collective would wait forever).
@@ -151,11 +169,4 @@ def test_two_gloo_ranks_equal_one_process(tmp_path: Path, model: str, kernels: s
     expected = run_rounds(ModelRunner(moe_args(model, 1)), rank=None)
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt")
-        for name, home in HOME.items():
-            if home != rank:
-                assert got[name] == []
-                continue
-            assert len(got[name]) == len(expected[name]) > 1
-            torch.testing.assert_close(
-                torch.stack(got[name]), torch.stack(expected[name]), atol=1e-5, rtol=1e-5
-            )
+        assert_rank_matches(got, expected, rank, HOME)
