@@ -12,7 +12,14 @@
 #      at DeepSeek-V3's widths against their references, and what `auto` picks here (a
 #      fused backend it cannot pick fails the check by name);
 #   3. the sm_90 report (kernels/sm90_report.py): every Triton kernel compiled for sm_90,
-#      its shared memory, registers and spills against an H100's limits.
+#      its shared memory, registers and spills against an H100's limits;
+#   4. benchmarks/gpu_deepseek_lite.py, in the time left: a random DeepSeek-V2-Lite-shaped
+#      model (3 layers, bf16, MLA, MoE) end to end on the Engine's `auto` (Triton) kernels,
+#      eager / CUDA graphs, each with and without the overlap (--async-scheduling): decode
+#      tokens/s, greedy tokens equal to eager's, per-part round times (host and CUDA events).
+#      Its JSON goes into gpu_check.json as "deepseek_lite"; a mismatch, an error, a backend
+#      `auto` did not fuse, or a skipped configuration (no overlap in the tree, graphs asked
+#      for but not captured) fails the check by name.
 #
 #   benchmarks/gpu_check.sh [LIMIT_S]        # on the GPU machine, from the carried tree
 #   benchmarks/gpu_check.sh --pack           # here, first: copy what that machine lacks
@@ -20,8 +27,8 @@
 # It needs only the carried tree and the machine's python3 with torch (CUDA), triton,
 # pytest, numpy, safetensors, pyyaml, tqdm and transformers. The pure-Python `gguf` package
 # (imported by the model loader) is not on the lent H200 image: `--pack` copies it from this
-# venv into .gpu_deps/ (git-ignored; carry it along). Results: $OUT/gpu_check.json when $OUT
-# is set, else ./gpu_check.json.
+# venv into .gpu_deps/ (git-ignored; carry it along). Results: $OUT/gpu_check.json (step 4's
+# under "deepseek_lite") and $OUT/sm90_report.json when $OUT is set, else in ./.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,4 +78,31 @@ env -u TRITON_INTERPRET timeout "$(left)" "$PY" -m roundgate.kernels.sm90_report
   echo "gpu_check: FAILED: the sm_90 report (a kernel over an H100's limits, or no compile)"
   status=1
 }
+lite="$(mktemp)"
+timeout "$(left)" "$PY" benchmarks/gpu_deepseek_lite.py --out "$lite" || status=1
+# Into gpu_check.json (created if step 2 wrote none) as "deepseek_lite"; what failed or was
+# skipped is named, and fails the check.
+"$PY" - "$lite" "${OUT:-.}/gpu_check.json" <<'EOF' || status=1
+import json, os, sys
+
+lite_path, results_path = sys.argv[1:]
+try:
+    with open(lite_path) as f:
+        lite = json.load(f)
+except (OSError, ValueError):
+    print("gpu_check: FAILED: gpu_deepseek_lite.py gave no result (timed out or crashed)")
+    sys.exit(1)
+results = {}
+if os.path.exists(results_path):
+    with open(results_path) as f:
+        results = json.load(f)
+results["deepseek_lite"] = lite
+with open(results_path, "w") as f:
+    f.write(json.dumps(results, indent=2) + "\n")
+bad = [f"failed: {x}" for x in lite["failures"]] + [f"skipped: {x}" for x in lite["skipped"]]
+for line in bad:
+    print(f"gpu_check: FAILED: deepseek_lite {line}")
+sys.exit(1 if bad else 0)
+EOF
+rm -f "$lite"
 exit $status
