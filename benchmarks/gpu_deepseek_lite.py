@@ -137,44 +137,43 @@ def has_overlap() -> bool:
 
 class RoundTimer:
     """Records each round of an Engine: ``RankLoop.parts`` after every ``step`` and, on CUDA,
-    a pair of CUDA events around the runner's ``execute`` (wrapped on the instances)."""
+    a pair of CUDA events around each of the runner's ``execute`` (wrapped on the instances).
+
+    The events are kept per ``execute``, apart from the steps: under the overlap the forward
+    runs on a worker thread, a round behind the step that plans the next one.
+    """
 
     def __init__(self, engine: Engine, cuda: bool) -> None:
         self.cuda = cuda
         self.rounds: list[dict[str, Any]] = []
-        self._events: tuple[Any, Any] | None = None
+        self.executes: list[tuple[bool, Any, Any]] = []  # (is_decode, start, end)
         loop, runner = engine.core.loop, engine.runner
         loop.step = self._timed_step(loop, loop.step)
-        runner.execute = self._timed_execute(runner.execute)
+        if cuda:
+            runner.execute = self._timed_execute(runner.execute)
 
     def _timed_execute(self, execute: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if not self.cuda:
-                return execute(*args, **kwargs)
+        def timed(plan: Any, *args: Any, **kwargs: Any) -> Any:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            result = execute(*args, **kwargs)
+            result = execute(plan, *args, **kwargs)
             end.record()
-            self._events = (start, end)
+            self.executes.append((_is_decode(plan), start, end))
             return result
 
         return timed
 
     def _timed_step(self, loop: Any, step: Callable[[], Any]) -> Callable[[], Any]:
         def timed() -> Any:
-            self._events = None
             started = time.perf_counter()
             outcome = step()
             host = time.perf_counter() - started
-            plan = outcome.plan
-            self.rounds.append(
-                {
-                    **loop.parts.as_dict(),
-                    "host_round": host,
-                    "is_decode": plan.batch_size > 0 and plan.num_extends == 0,
-                    "events": self._events,
-                }
-            )
+            row = {
+                **loop.parts.as_dict(),
+                "host_round": host,
+                "is_decode": _is_decode(outcome.plan),
+            }
+            self.rounds.append(row)
             return outcome
 
         return timed
@@ -185,10 +184,10 @@ class RoundTimer:
         parts: dict[str, Any] = {}
         for name in ("schedule", "gather", "forward", "finish", "host_round"):
             parts[name] = _stats([r[name] * 1e3 for r in decodes])
-        gpu = [r["events"][0].elapsed_time(r["events"][1]) for r in decodes if r["events"]]
+        gpu = [start.elapsed_time(end) for is_decode, start, end in self.executes if is_decode]
         parts["gpu_round"] = _stats(gpu) if self.cuda else None
-        if self.cuda and gpu:
-            host = sum(r["host_round"] for r in decodes if r["events"]) * 1e3
+        if gpu and decodes:  # the GPU's share of the decode rounds' wall time
+            host = sum(r["host_round"] for r in decodes) * 1e3
             parts["gpu_busy_share"] = round(sum(gpu) / host, 3)
         return {
             "num_rounds": len(self.rounds),
@@ -196,6 +195,11 @@ class RoundTimer:
             "num_gpu_timed_rounds": len(gpu),
             "ms": parts,
         }
+
+
+def _is_decode(plan: Any) -> bool:
+    """A round of decodes only (no prompt chunk), not an idle one."""
+    return plan.batch_size > 0 and plan.num_extends == 0
 
 
 def run_config(
