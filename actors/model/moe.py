@@ -82,6 +82,26 @@ class Router(nn.Module):
             weights = weights * cfg.routed_scaling_factor
         return weights, ids
 
+    def fused(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` with everything after the logits in one Triton launch
+        (``kernels/moe/triton_router``); the logits stay a float32 GEMM, as in ``forward``."""
+        from roundgate.kernels.moe.triton_router import route
+
+        cfg, weight = self.config, self.weight
+        as_float = x if x.dtype == torch.float32 else x.float()
+        logits = F.linear(as_float, weight if weight.dtype == torch.float32 else weight.float())
+        return route(
+            logits,
+            self.e_score_correction_bias,
+            scoring=cfg.scoring,
+            n_group=cfg.n_group,
+            topk_group=cfg.topk_group,
+            topk_method=cfg.topk_method,
+            top_k=self.top_k,
+            norm_topk_prob=cfg.norm_topk_prob,
+            routed_scaling_factor=cfg.routed_scaling_factor,
+        )
+
 
 class SparseMoE(nn.Module):
     """Routed experts (only this rank's slots, ``w13``/``w2`` stacked by local slot) plus an
@@ -110,6 +130,8 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext | None = None) -> torch.Tensor:
         if ctx is None:
             return self.run(x, None, False)
+        if ctx.fused_moe and self.runs_fused:
+            return self.run_fused(x, ctx)
         positions = ctx.batch.positions
         return self.run(x, ctx.moe, ctx.low_latency, ctx.experts, positions, ctx.expert_load)
 
@@ -136,6 +158,30 @@ class SparseMoE(nn.Module):
         out = moe.combine(computed, dispatched)
         if self.shared is not None:
             shared = self.shared(x)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(x)) * shared
+            out = out + shared
+        return out
+
+    @property
+    def runs_fused(self) -> bool:
+        """Whether the fused path can take this layer: its experts unquantized, each logical
+        expert in its own slot (no EPLB copies to choose among), a router the kernel has."""
+        from roundgate.kernels.moe.triton_router import supports
+
+        return self.fp8_rows is None and self.expert_map.identity and supports(self.gate.config)
+
+    def run_fused(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """The block on one rank that holds every expert, on the device only: the router's
+        choice goes straight into the fused experts (``kernels/moe/triton_fused_moe``), which
+        group the rows by expert on the device and weigh and sum each token's experts, so no
+        expert count is read back and every shape follows the batch (capturable)."""
+        from roundgate.kernels.moe.triton_fused_moe import fused_moe
+
+        weights, ids = self.gate.fused(x)
+        out = fused_moe(x, ids, weights, self.w13, self.w2)
+        if self.shared is not None:
+            shared = self.shared(x, ctx)
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(x)) * shared
             out = out + shared

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from roundgate.actors.control.request import Request, TokenLogprobs, sequence_id
 from roundgate.actors.control.round import RoundPlan, RoundResult, ScheduledChunk
@@ -29,6 +28,8 @@ from roundgate.actors.model.decoder import build_model, open_source
 from roundgate.actors.model.drafters import build_drafter
 from roundgate.actors.model.expert_balance import EplbConfig, ExpertBalancer
 from roundgate.actors.model.expert_rehome import RehomeReport, rehome_experts
+from roundgate.actors.model.expert_world import group_world, placement_file
+from roundgate.actors.model.fused_path import choose_fused_path
 from roundgate.actors.model.gguf_blocks import pack_gguf, weight_path
 from roundgate.actors.model.grammar import Grammars
 from roundgate.actors.model.kv_cache import allocate_cache, pages_for_gpu, select_backend
@@ -42,9 +43,7 @@ from roundgate.actors.role import DisaggregationRole
 from roundgate.actors.server_args import ServerArgs
 from roundgate.gate.rows import RankRow, RoundView, read_rows
 from roundgate.kernels.attention.batch import AttentionBatch, build_attention_batch
-from roundgate.kernels.moe.eplb import Placement
 from roundgate.kernels.moe.placement import ExpertPlacement
-from roundgate.kernels.moe.placement_file import read_placement_file
 from roundgate.kernels.moe.registry import build_backend as select_moe_backend
 from roundgate.kernels.moe.registry import experts_kernel as select_experts_kernel
 from roundgate.kernels.moe.rehome import grown_layout
@@ -93,7 +92,7 @@ class ModelRunner:
         if deferred:
             world, group = (runner_config.dp_size if config.is_moe else 1), None
         else:
-            world = _group_world(runner_config.dp_size, rank, group) if config.is_moe else 1
+            world = group_world(runner_config.dp_size, rank, group) if config.is_moe else 1
         self.placement = ExpertPlacement(
             max(config.num_experts, 1),
             world,
@@ -108,7 +107,7 @@ class ModelRunner:
             self.placement,
             self.dtype,
             self.device,
-            expert_maps=_placement_file(runner_config, self.placement),
+            expert_maps=placement_file(runner_config, self.placement),
         )
         # --enable-eplb: expert load counted each round, experts re-placed every interval.
         self.eplb = EplbConfig.of(runner_config, config.router.n_group)
@@ -153,6 +152,10 @@ class ModelRunner:
             else None
         )
         self.experts = select_experts_kernel(runner_config.moe_kernel, self.device)
+        counts_load = self.balancer is not None
+        self.fused = choose_fused_path(
+            self.attention.name, self.experts, self.moe, counts_load, self.model
+        )
         # A draft model run after each round (``mtp``, ``draft_model``), or None.
         self.drafter = build_drafter(runner_config, self.model, source, self.placement)
         self.cache = allocate_cache(
@@ -165,7 +168,7 @@ class ModelRunner:
             runner_config.enforce_eager,
             config.is_moe,
             self.attention.name,
-            moe_graph_safe=self.moe is not None and self.moe.is_graph_safe,
+            moe_graph_safe=self.fused.moe_graph_safe(self.moe),
         )
         if why_eager is None and self.drafter is not None and self.drafter.needs_hidden:
             why_eager = "the next-n draft layer reads every round's hidden states"
@@ -340,6 +343,8 @@ class ModelRunner:
             sin=sin,
             experts=self.experts,
             expert_load=self.balancer.load if self.balancer is not None else None,
+            fused=self.fused.layers,
+            fused_moe=self.fused.moe,
         )
         rows = batch.cu_query_lens[1:] - 1
         if extra_rows:
@@ -461,36 +466,12 @@ class ModelRunner:
                 if world_size > 1
                 else None
             )
+        counts_load = self.balancer is not None
+        self.fused = choose_fused_path(
+            self.attention.name, self.experts, self.moe, counts_load, self.model
+        )
         return report
 
     def drop_parked(self, request_id: str) -> None:
         """Forget a retracted request's host KV (it was aborted while parked)."""
         self.parked.pop(request_id, None)
-
-
-def _placement_file(config: RunnerConfig, placement: ExpertPlacement) -> list[Placement] | None:
-    """``--expert-placement-file``'s placements (checked again: this rank's file)."""
-    path = config.expert_placement_file
-    if path is None or placement.world_size == 1:
-        return None
-    model = config.model_config
-    moe_layers = sum(model.is_moe_layer(i) for i in range(model.num_layers))
-    return read_placement_file(path, placement.layout(), moe_layers)
-
-
-def _group_world(dp_size: int, rank: int, group: Any) -> int:
-    """The expert-parallel world: ``dp_size``, checked against the process group."""
-    if dp_size == 1:
-        return 1
-    if not dist.is_initialized():
-        raise ValueError(
-            f"--dp-size {dp_size} with an MoE model needs torch.distributed initialised "
-            "(the DP group's process group)"
-        )
-    world, group_rank = dist.get_world_size(group), dist.get_rank(group)
-    if world != dp_size or group_rank != rank:
-        raise ValueError(
-            f"process group has rank {group_rank} of {world}, but the runner was built as "
-            f"rank {rank} of --dp-size {dp_size}"
-        )
-    return world

@@ -78,6 +78,21 @@ class TritonMLAAttention:
         (RoPE applied) -> ``[T, H, dv]``; writes ``[latent | k_pe]`` to the cache."""
         del state
         cache.write_latent(layer, batch.slot_mapping, torch.cat((latent, k_pe), dim=-1))
+        return self.attend_latent(layer, q_nope, q_pe, w_uk, w_uv, cache, batch, scale)
+
+    def attend_latent(
+        self,
+        layer: int,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+        cache: PagedKVCache,
+        batch: AttentionBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        """``forward_latent`` once the round's entries are in the cache (the fused path's
+        ``mla_prep`` wrote them): ``W_uk`` into the query, the kernel, then ``W_uv``."""
         q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
         out = mla_absorbed(q_lat, q_pe, cache.k[layer], batch, scale)
         return torch.einsum("thr,hvr->thv", out, w_uv)
