@@ -251,6 +251,9 @@ def run_config(
     }
     if runner.graphs is not None:
         report["graph_replays"] = runner.graphs.num_replays
+    close = getattr(engine.core.loop, "close", None)  # the overlap's forward thread, if any
+    if close is not None:
+        close()
     del engine, runner, timer
     _release(device)
     return report, outputs
