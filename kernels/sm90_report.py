@@ -29,12 +29,13 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from roundgate.kernels.kernel_case import KernelCase, meta_tensor
+from roundgate.kernels.sm90_fused_cases import fused_cases
 from roundgate.kernels.triton_env import INTERPRET_ENV, interpreter_enabled, tile_width
 
 CAPABILITY = 90
@@ -43,19 +44,6 @@ MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory per block, opted in
 MAX_REGS_PER_THREAD = 255
 REGS_PER_SM = 64 * 1024
 REG_ALLOCATION_UNIT = 8  # registers are granted per thread in multiples of 8 (256 per warp)
-
-
-@dataclass(frozen=True)
-class KernelCase:
-    """One kernel at one shape: the arguments and launch options a launcher would pass."""
-
-    name: str
-    shape: str  # what the shape is, for the table
-    kernel: Any  # the triton.jit function
-    args: tuple[Any, ...]  # runtime arguments: meta tensors, ints, floats
-    constexprs: dict[str, int] = field(default_factory=dict)
-    num_warps: int = 4  # Triton's launch defaults, which the project's launchers keep
-    num_stages: int = 3
 
 
 @dataclass(frozen=True)
@@ -94,21 +82,16 @@ class KernelResources:
         return found
 
 
-def _meta(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """A tensor with a shape, strides and dtype but no memory (only its metadata is read)."""
-    return torch.empty(shape, dtype=dtype, device="meta")
-
-
 def attention_cases() -> list[KernelCase]:
     """GQA decode and extend at Llama-3-8B's heads, MLA at DeepSeek-V3's latent."""
     from roundgate.kernels.attention import triton_decode, triton_extend, triton_mla
 
     batch, tokens, max_pages, dim, heads, kv_heads = 64, 2048, 256, 128, 32, 8
-    page_table = _meta(batch, max_pages, dtype=torch.long)
-    lens = _meta(batch + 1, dtype=torch.long)  # kv lengths, or cumulative query lengths
+    page_table = meta_tensor(batch, max_pages, dtype=torch.long)
+    lens = meta_tensor(batch + 1, dtype=torch.long)  # kv lengths, or cumulative query lengths
     slots = 4096 * 16  # 4096 pages of 16 tokens
-    kv = _meta(slots, kv_heads, dim)
-    q_decode, q_extend = _meta(batch, heads, dim), _meta(tokens, heads, dim)
+    kv = meta_tensor(slots, kv_heads, dim)
+    q_decode, q_extend = meta_tensor(batch, heads, dim), meta_tensor(tokens, heads, dim)
     gqa = dict(PAGE_SIZE=16, GROUP=heads // kv_heads, HEAD_DIM=dim, BLOCK_D=tile_width(dim))
     decode = KernelCase(
         "gqa_decode",
@@ -150,8 +133,8 @@ def attention_cases() -> list[KernelCase]:
         {**gqa, "BLOCK_M": triton_extend.BLOCK_M, "BLOCK_N": triton_extend.BLOCK_N},
     )
     mla_heads, rank, rope = 128, 512, 64
-    q_lat, q_pe = _meta(tokens, mla_heads, rank), _meta(tokens, mla_heads, rope)
-    cache = _meta(4096 * 64, rank + rope)  # 4096 pages of 64 tokens
+    q_lat, q_pe = meta_tensor(tokens, mla_heads, rank), meta_tensor(tokens, mla_heads, rope)
+    cache = meta_tensor(4096 * 64, rank + rope)  # 4096 pages of 64 tokens
     mla = KernelCase(
         "mla_absorbed",
         f"{mla_heads} heads, kv_lora_rank {rank}, rope {rope}, page 64",
@@ -190,9 +173,12 @@ def moe_cases() -> list[KernelCase]:
     from roundgate.kernels.moe import triton_experts as moe
 
     hidden, inter, local_experts, rows = 7168, 2048, 32, 4096
-    x, act, out = _meta(rows, hidden), _meta(rows, inter), _meta(rows, hidden)
-    w13, w2 = _meta(local_experts, 2 * inter, hidden), _meta(local_experts, hidden, inter)
-    tiles = _meta(rows // moe.BLOCK_M + local_experts, dtype=torch.long)
+    x, act, out = meta_tensor(rows, hidden), meta_tensor(rows, inter), meta_tensor(rows, hidden)
+    w13, w2 = (
+        meta_tensor(local_experts, 2 * inter, hidden),
+        meta_tensor(local_experts, hidden, inter),
+    )
+    tiles = meta_tensor(rows // moe.BLOCK_M + local_experts, dtype=torch.long)
     blocks = dict(BLOCK_M=moe.BLOCK_M, BLOCK_N=moe.BLOCK_N, BLOCK_K=moe.BLOCK_K)
     shape = f"hidden {hidden}, moe_intermediate {inter}, {local_experts} of 256 experts"
     return [
@@ -243,11 +229,11 @@ def fp8_cases() -> list[KernelCase]:
     from roundgate.kernels.quant import triton_fp8_gemm as gemm
 
     n, k, rows = 18432, 7168, 4096
-    x, codes = _meta(rows, k), _meta(rows, k, dtype=fp8.FP8_DTYPE)
-    x_scales = _meta(rows, fp8.num_blocks(k), dtype=torch.float32)
-    weight = _meta(n, k, dtype=fp8.FP8_DTYPE)
-    w_scales = _meta(fp8.num_blocks(n), fp8.num_blocks(k), dtype=torch.float32)
-    y = _meta(rows, n)
+    x, codes = meta_tensor(rows, k), meta_tensor(rows, k, dtype=fp8.FP8_DTYPE)
+    x_scales = meta_tensor(rows, fp8.num_blocks(k), dtype=torch.float32)
+    weight = meta_tensor(n, k, dtype=fp8.FP8_DTYPE)
+    w_scales = meta_tensor(fp8.num_blocks(n), fp8.num_blocks(k), dtype=torch.float32)
+    y = meta_tensor(rows, n)
     cases = [
         KernelCase(
             "fp8_quantize",
@@ -296,13 +282,13 @@ def fp8_moe_cases() -> list[KernelCase]:
     from roundgate.kernels.quant import triton_fp8_experts as moe
 
     hidden, inter, local_experts, rows = 7168, 2048, 32, 4096
-    x, act, out = _meta(rows, hidden), _meta(rows, inter), _meta(rows, hidden)
-    w13 = _meta(local_experts, 2 * inter, hidden, dtype=fp8.FP8_DTYPE)
-    w2 = _meta(local_experts, hidden, inter, dtype=fp8.FP8_DTYPE)
+    x, act, out = meta_tensor(rows, hidden), meta_tensor(rows, inter), meta_tensor(rows, hidden)
+    w13 = meta_tensor(local_experts, 2 * inter, hidden, dtype=fp8.FP8_DTYPE)
+    w2 = meta_tensor(local_experts, hidden, inter, dtype=fp8.FP8_DTYPE)
     blocks_h, blocks_i = fp8.num_blocks(hidden), fp8.num_blocks(inter)
-    s13 = _meta(local_experts, 2 * blocks_i, blocks_h, dtype=torch.float32)
-    s2 = _meta(local_experts, blocks_h, blocks_i, dtype=torch.float32)
-    tiles = _meta(rows // moe.BLOCK_M + local_experts, dtype=torch.long)
+    s13 = meta_tensor(local_experts, 2 * blocks_i, blocks_h, dtype=torch.float32)
+    s2 = meta_tensor(local_experts, blocks_h, blocks_i, dtype=torch.float32)
+    tiles = meta_tensor(rows // moe.BLOCK_M + local_experts, dtype=torch.long)
     constants = dict(
         AMAX_FLOOR=fp8.AMAX_FLOOR,
         FP8_MAX=fp8.FP8_MAX,
@@ -363,6 +349,7 @@ CASE_GROUPS: tuple[Callable[[], list[KernelCase]], ...] = (
     moe_cases,
     fp8_cases,
     fp8_moe_cases,
+    fused_cases,
 )
 
 

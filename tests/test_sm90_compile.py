@@ -37,6 +37,16 @@ KERNELS = (
     "fp8_gemm_prefill",
     "fp8_moe_gate_up",
     "fp8_moe_down",
+    # The fused decode path (kernels/sm90_fused_cases.py).
+    "rms_norm",
+    "add_rms_norm",
+    "rms_norm_q_lora",
+    "silu_mul",
+    "mla_prep",
+    "route",
+    "align_by_expert",
+    "fused_moe_gate_up",
+    "fused_moe_down",
 )
 # Spills a kernel is allowed, with why; any other spill fails. The FP8 down kernel's SASS stores
 # 8 bytes once before its K loop and loads them once after it (one STL.64, one LDL.64): the
