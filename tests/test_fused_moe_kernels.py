@@ -23,7 +23,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from roundgate.actors.model.config import ModelConfig
 from roundgate.actors.model.config_parts import RouterConfig
 from roundgate.actors.model.moe import Router
-from roundgate.kernels.moe.triton_fused_moe import BLOCK_M, align_by_expert, fused_moe
+from roundgate.kernels.moe.triton_fused_moe import (
+    BLOCK_M,
+    align_by_expert,
+    fused_moe,
+    masked_experts,
+)
 from roundgate.kernels.moe.triton_router import route, supports
 
 pytestmark = pytest.mark.triton
@@ -387,3 +392,39 @@ def test_fused_moe_without_tokens_launches_nothing(
     with counting_ops(monkeypatch) as count:
         out = fused_moe(x, ids, weights, w13, w2)
     assert out.shape == (0, 40) and count.grids == [] and count.total <= 1
+
+
+# --- DeepEP's low-latency layout -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("experts", "rows", "counts"), [(3, 5, [2, 0, 5]), (2, 20, [17, 1])])
+def test_masked_experts_match_each_expert(
+    kernel_device: str, experts: int, rows: int, counts: list[int]
+) -> None:
+    """Rows ``< counts[e]`` of ``packed[e]`` through expert ``e``, unweighted; rows past the
+    counts are not the kernels' to write (the combine never reads them)."""
+    hidden, inter = 24, 40
+    gen = torch.Generator().manual_seed(rows)
+    packed = torch.randn(experts, rows, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
+    device = [t.to(kernel_device) for t in (packed, w13, w2)]
+    out = masked_experts(device[0], torch.tensor(counts, device=kernel_device), *device[1:])
+    assert out.shape == packed.shape
+    for e, count in enumerate(counts):
+        ids = torch.full((count, 1), e)
+        expected = reference_moe(packed[e, :count], ids, torch.ones(count, 1), w13, w2)
+        torch.testing.assert_close(out[e, :count].cpu(), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_masked_experts_read_no_count(kernel_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    packed = torch.randn(4, 16, 8, device=kernel_device)
+    w13, w2 = (
+        torch.randn(4, 12, 8, device=kernel_device),
+        torch.randn(4, 8, 6, device=kernel_device),
+    )
+    counts = torch.tensor([3, 16, 0, 1], device=kernel_device)
+    masked_experts(packed, counts, w13, w2)  # the shape's tables, built once
+    with counting_ops(monkeypatch) as count:
+        masked_experts(packed, counts, w13, w2)
+    assert count.total <= 10, count.ops

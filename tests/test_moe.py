@@ -232,6 +232,58 @@ def test_runner_passes_the_rows_decision_to_deepep(
     assert len(runner.moe.buffer.calls) == layers * (2 if legs == "ll_dispatch" else 3)
 
 
+@pytest.mark.triton
+@pytest.mark.parametrize("low_latency", [True, False])
+def test_deepep_masked_experts_read_no_count(kernel_device: str, low_latency: bool) -> None:
+    """With the masked experts the low-latency legs hand over DeepEP's packed layout and its
+    device counts: nothing of ours reads them to the host (the fake buffer's own bookkeeping
+    aside), so the legs are graph-safe; the normal legs (extend rounds) are unchanged."""
+    from roundgate.kernels.dispatch_count import DispatchCount
+    from roundgate.kernels.moe.triton_fused_moe import masked_experts
+
+    moe = make_deepep()
+    assert not moe.is_graph_safe
+    assert moe.take_masked_experts() and moe.is_graph_safe
+    x, ids, weights, w13, w2 = make_moe_inputs()
+    with DispatchCount() as tally:
+        dispatched = moe.dispatch(x, ids, weights, low_latency=low_latency)
+        if low_latency:
+            assert dispatched.device_counts is not None and not dispatched.counts
+            rows = masked_experts(dispatched.hidden, dispatched.device_counts, w13, w2)
+        else:
+            rows = run_experts(dispatched.hidden, dispatched.counts, w13, w2)
+        out = moe.combine(rows, dispatched)
+    ours = [site for site in tally.host_reads if "test_moe.py" not in site]
+    assert (ours == []) == low_latency, tally.host_reads
+    torch.testing.assert_close(out, naive_moe(x, ids, weights, w13, w2), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.triton
+def test_runner_offers_deepep_the_masked_experts(kernel_device: str) -> None:
+    """The runner's Triton experts take DeepEP's masked layout; the torch ones cannot."""
+    for kernel, masked in (("triton", True), ("torch", False)):
+        runner = make_runner("tiny-moe", moe_kernel=kernel)
+        runner.moe = DeepEPMoE(runner.placement, None, 128, 8, deep_ep=FAKE_DEEP_EP)
+        runner._fuse()
+        assert runner.moe.masked is masked
+        assert runner.fused.moe_graph_safe(runner.moe) is masked
+    # A decode through the masked legs gives the local backend's logits.
+    pool = KVPool(PoolConfig(256, 4))
+    (request,) = make_requests([[1, 2, 3, 4, 5]])
+    grow_pages(pool, request, request.num_tokens)
+    prefill = [ScheduledChunk(request, 0, 4, True)]
+    decode = [ScheduledChunk(request, 4, 1, False)]
+    local = make_runner("tiny-moe", moe_kernel="triton")
+    expected = (local.forward(prefill), local.forward(decode, low_latency=True))
+    masked = make_runner("tiny-moe", moe_kernel="triton")
+    masked.moe = DeepEPMoE(masked.placement, None, 128, 8, deep_ep=FAKE_DEEP_EP)
+    masked._fuse()
+    got = (masked.forward(prefill, low_latency=False), masked.forward(decode, low_latency=True))
+    assert masked.moe.buffer.calls.count("ll_dispatch") == masked.config.num_layers
+    for ours, theirs in zip(got, expected, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
 # --- redundant experts: every backend reads the physical slots --------------------------------
 
 SLOTS = (0, 1, 2, 3, 0, 1)  # experts 0 and 1 have a second copy in slots 4 and 5

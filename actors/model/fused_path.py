@@ -53,3 +53,10 @@ def choose_fused_path(
         and all(layer.runs_fused for layer in model.moe_layers())
     )
     return FusedPath(layers=True, moe=fused_moe)
+
+
+def masked_experts_fit(experts_kernel: Any, model: Any) -> bool:
+    """Whether the experts can run on a masked layout (``MoEBackend.take_masked_experts``):
+    ``--moe-kernel`` chose Triton and no MoE layer of ``model`` holds FP8 experts."""
+    triton = getattr(experts_kernel, "__name__", "") == "triton_run_experts"
+    return triton and all(layer.fp8_rows is None for layer in model.moe_layers())

@@ -151,7 +151,13 @@ class SparseMoE(nn.Module):
         if load is not None:
             load.record(self.moe_index, slots)
         dispatched = moe.dispatch(x, slots, weights, low_latency=low_latency)
-        if self.fp8_rows is None:
+        if dispatched.device_counts is not None:  # DeepEP's packed layout: no count read
+            from roundgate.kernels.moe.triton_fused_moe import masked_experts
+
+            computed = masked_experts(
+                dispatched.hidden, dispatched.device_counts, self.w13, self.w2
+            )
+        elif self.fp8_rows is None:
             computed = experts(dispatched.hidden, dispatched.counts, self.w13, self.w2)
         else:
             computed = self.run_fp8_experts(dispatched.hidden, dispatched.counts, experts)

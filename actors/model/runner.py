@@ -29,7 +29,7 @@ from roundgate.actors.model.drafters import build_drafter
 from roundgate.actors.model.expert_balance import EplbConfig, ExpertBalancer
 from roundgate.actors.model.expert_rehome import RehomeReport, rehome_experts
 from roundgate.actors.model.expert_world import group_world, placement_file
-from roundgate.actors.model.fused_path import choose_fused_path
+from roundgate.actors.model.fused_path import choose_fused_path, masked_experts_fit
 from roundgate.actors.model.gguf_blocks import pack_gguf, weight_path
 from roundgate.actors.model.grammar import Grammars
 from roundgate.actors.model.kv_cache import allocate_cache, pages_for_gpu, select_backend
@@ -152,10 +152,7 @@ class ModelRunner:
             else None
         )
         self.experts = select_experts_kernel(runner_config.moe_kernel, self.device)
-        counts_load = self.balancer is not None
-        self.fused = choose_fused_path(
-            self.attention.name, self.experts, self.moe, counts_load, self.model
-        )
+        self._fuse()
         # A draft model run after each round (``mtp``, ``draft_model``), or None.
         self.drafter = build_drafter(runner_config, self.model, source, self.placement)
         self.cache = allocate_cache(
@@ -356,6 +353,16 @@ class ModelRunner:
             return logits
         return self.model(input_ids, ctx, rows)
 
+    def _fuse(self) -> None:
+        """Choose the fused decode path for the current MoE backend, whose low-latency legs
+        first take the masked experts where they can (``fused_path``)."""
+        if self.moe is not None and masked_experts_fit(self.experts, self.model):
+            self.moe.take_masked_experts()
+        counts_load = self.balancer is not None
+        self.fused = choose_fused_path(
+            self.attention.name, self.experts, self.moe, counts_load, self.model
+        )
+
     def decode_graphs(self, capture: bool) -> DecodeGraphs:
         """Decode rounds on per-bucket static buffers (``capture``: as CUDA graphs; without,
         the same padded path runs eagerly, which is what a CPU can check)."""
@@ -466,10 +473,7 @@ class ModelRunner:
                 if world_size > 1
                 else None
             )
-        counts_load = self.balancer is not None
-        self.fused = choose_fused_path(
-            self.attention.name, self.experts, self.moe, counts_load, self.model
-        )
+        self._fuse()
         return report
 
     def drop_parked(self, request_id: str) -> None:

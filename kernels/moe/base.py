@@ -29,9 +29,12 @@ from roundgate.kernels.moe.placement import ExpertPlacement
 class Dispatched:
     """Rows this rank's experts must compute, grouped by local expert."""
 
-    hidden: torch.Tensor  # [N, H]
+    hidden: torch.Tensor  # [N, H]; [E_local, M, H] when ``device_counts`` is set
     counts: list[int]  # rows per local expert, len == num_local_experts, sum == N
     handle: Any  # backend-private state for combine
+    # The masked layout (``MoEBackend.take_masked_experts``): ``hidden[e, :device_counts[e]]``
+    # are local expert ``e``'s rows, the counts never read to the host (``counts`` empty).
+    device_counts: torch.Tensor | None = None
 
 
 class MoEBackend(Protocol):
@@ -50,6 +53,13 @@ class MoEBackend(Protocol):
         """Whether the low-latency legs can run inside a captured decode graph: no host read
         (counts stay on the device), shapes fixed by the batch size, nothing decided in Python
         per round. A backend that reads counts back (``tolist``) is not; default ``False``."""
+        return False
+
+    def take_masked_experts(self) -> bool:
+        """Offer the low-latency legs the experts over a masked layout (``masked_experts``:
+        rows packed per expert, the counts on the device). A backend that accepts returns
+        ``True`` and from then on dispatches that layout on its low-latency legs, which can
+        then be captured (``is_graph_safe``); default: declines."""
         return False
 
     def dispatch(

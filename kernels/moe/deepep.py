@@ -69,6 +69,19 @@ class DeepEPMoE(MoEBackend):
         # Mode of the previous round's legs; DeepEP needs its low-latency buffer cleaned
         # after normal kernels have used it.
         self.last_mode: str | None = None
+        # The low-latency legs hand the experts DeepEP's packed layout and device counts
+        # (``take_masked_experts``) instead of reading the counts to unpack it.
+        self.masked = False
+
+    def take_masked_experts(self) -> bool:
+        self.masked = True
+        return True
+
+    @property
+    def is_graph_safe(self) -> bool:
+        """With the masked experts the low-latency legs read nothing back: DeepEP sizes
+        their buffers by ``max_dispatch_tokens_per_rank``, and a decode graph replays them."""
+        return self.masked
 
     @property
     def needs_collectives(self) -> bool:
@@ -164,20 +177,25 @@ class DeepEPMoE(MoEBackend):
             hidden, topk_ids, cap, self.placement.num_physical_experts, use_fp8=False
         )
         self.last_mode = "low_latency"
+        handle = _LowLatencyHandle(deep_handle, topk_ids, topk_weights, tuple(packed.shape))
+        if self.masked:
+            return Dispatched(packed, [], handle, device_counts=recv_counts)
         counts = [int(c) for c in recv_counts.tolist()]
         rows = torch.cat([packed[e, :c] for e, c in enumerate(counts)])
-        handle = _LowLatencyHandle(deep_handle, topk_ids, topk_weights, tuple(packed.shape))
         return Dispatched(rows, counts, handle)
 
     def _combine_low_latency(
         self, expert_out: torch.Tensor, dispatched: Dispatched
     ) -> torch.Tensor:
         handle: _LowLatencyHandle = dispatched.handle
-        packed = expert_out.new_zeros(handle.packed_shape)
-        start = 0
-        for expert, count in enumerate(dispatched.counts):
-            packed[expert, :count] = expert_out[start : start + count]
-            start += count
+        if dispatched.device_counts is not None:  # already DeepEP's packed layout
+            packed = expert_out
+        else:
+            packed = expert_out.new_zeros(handle.packed_shape)
+            start = 0
+            for expert, count in enumerate(dispatched.counts):
+                packed[expert, :count] = expert_out[start : start + count]
+                start += count
         combined, _, _ = self.buffer.low_latency_combine(
             packed, handle.topk_ids, handle.topk_weights, handle.deep_handle
         )

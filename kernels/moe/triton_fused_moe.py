@@ -184,6 +184,8 @@ def _fused_gate_up_silu_kernel(
     block = tl.program_id(0)
     if block * BLOCK_M >= tl.load(num_padded_ptr):
         return  # past the last run: the grid is sized for the worst padding
+    if tl.load(sorted_pairs_ptr + block.to(tl.int64) * BLOCK_M) >= num_pairs:
+        return  # a block of padding only (a masked layout's unused rows): no weight read
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     slots, _, row_ok, tokens = _block_rows(sorted_pairs_ptr, block, num_pairs, top_k, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -244,6 +246,8 @@ def _fused_down_kernel(
     block = tl.program_id(0)
     if block * BLOCK_M >= tl.load(num_padded_ptr):
         return
+    if tl.load(sorted_pairs_ptr + block.to(tl.int64) * BLOCK_M) >= num_pairs:
+        return
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     slots, pairs, row_ok, tokens = _block_rows(sorted_pairs_ptr, block, num_pairs, top_k, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -293,7 +297,6 @@ def fused_moe(
     """
     num_tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w2.shape[-1]
-    top_k = ids.shape[1]
     if ids.shape[0] != num_tokens or weights.shape != ids.shape:
         raise ValueError(
             f"ids {tuple(ids.shape)} and weights {tuple(weights.shape)} must both be "
@@ -311,6 +314,21 @@ def fused_moe(
     w13 = w13 if w13.stride(-1) == 1 else w13.contiguous()
     w2 = w2 if w2.stride(-1) == 1 else w2.contiguous()
     layout = align_by_expert(ids, num_experts, BLOCK_M)
+    buf = _run_experts(x, w13, w2, layout, weights)
+    out = buf.sum(1)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+def _run_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    layout: ExpertLayout,
+    weights: torch.Tensor,
+) -> torch.Tensor:
+    """The two expert kernels over ``layout``: ``[rows, k, H]`` float32, each real pair's row
+    times its weight (rows of padding pairs are left unwritten)."""
+    hidden, inter, top_k = x.shape[1], w2.shape[-1], weights.shape[1]
     num_blocks = layout.block_expert.shape[0]
     act = x.new_empty(layout.sorted_pairs.shape[0], inter)
     _fused_gate_up_silu_kernel[(num_blocks, triton.cdiv(inter, BLOCK_N))](
@@ -334,7 +352,8 @@ def fused_moe(
     )
     # One float32 row per pair, each written by exactly one program: the k-sum below is
     # in pair order (deterministic) and in float32 whatever x's dtype.
-    buf = torch.empty(num_tokens, top_k, hidden, dtype=torch.float32, device=x.device)
+    rows = layout.num_pairs // top_k
+    buf = torch.empty(rows, top_k, hidden, dtype=torch.float32, device=x.device)
     _fused_down_kernel[(num_blocks, triton.cdiv(hidden, BLOCK_N))](
         act,
         w2,
@@ -357,5 +376,71 @@ def fused_moe(
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
     )
-    out = buf.sum(1)
-    return out if out.dtype == x.dtype else out.to(x.dtype)
+    return buf
+
+
+@dataclass(frozen=True)
+class _MaskedTables:
+    """What a masked layout of ``E`` experts by ``M`` rows shares across calls (shapes only)."""
+
+    rows: torch.Tensor  # int32 [E, Mp]: packed row e * M + i of slot (e, i)
+    slot_in_run: torch.Tensor  # int32 [1, Mp]: i
+    sentinel: torch.Tensor  # int32 []: E * M, the slot of no row
+    block_expert: torch.Tensor  # int32 [E * Mp / BLOCK_M]
+    num_padded: torch.Tensor  # int32 [1]: E * Mp
+    ones: torch.Tensor  # float32 [E * M, 1]: the unit weights (the combine weighs)
+
+
+_MASKED: dict[tuple[int, int, torch.device], _MaskedTables] = {}
+
+
+def _masked_tables(experts: int, rows: int, device: torch.device) -> _MaskedTables:
+    tables = _MASKED.get((experts, rows, device))
+    if tables is None:
+        padded = -(-rows // BLOCK_M) * BLOCK_M
+        slot = torch.arange(padded, dtype=torch.int32, device=device)
+        base = torch.arange(experts, dtype=torch.int32, device=device).unsqueeze(1) * rows
+        block_expert = torch.arange(experts, dtype=torch.int32, device=device)
+        tables = _MASKED[(experts, rows, device)] = _MaskedTables(
+            base + slot,
+            slot.unsqueeze(0),
+            torch.tensor(experts * rows, dtype=torch.int32, device=device),
+            block_expert.repeat_interleave(padded // BLOCK_M),
+            torch.tensor([experts * padded], dtype=torch.int32, device=device),
+            torch.ones(experts * rows, 1, dtype=torch.float32, device=device),
+        )
+    return tables
+
+
+def masked_experts(
+    packed: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor
+) -> torch.Tensor:
+    """The experts over DeepEP's low-latency layout: ``packed [E, M, H]`` holds ``counts[e]``
+    (a device tensor) rows for local expert ``e`` at its start; returns ``[E, M, H]``, each
+    valid row's *unweighted* output (the low-latency combine weighs), rows past the counts
+    unspecified. The counts never reach the host and the grid follows the shapes, so the
+    legs and the experts between them can be captured in a decode graph.
+
+    The layout is ``fused_moe``'s with one pair per row (``k`` 1): slot ``(e, i)`` holds row
+    ``e * M + i`` while ``i < counts[e]``, else the sentinel, so the kernels' blocks of
+    padding exit before reading a weight; ten ops.
+    """
+    experts, rows, hidden = packed.shape
+    if counts.shape != (experts,) or w13.shape[0] != experts or w2.shape[0] != experts:
+        raise ValueError(
+            f"counts {tuple(counts.shape)}, w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} "
+            f"must all have the {experts} local experts of packed {tuple(packed.shape)}"
+        )
+    if packed.numel() == 0:
+        return torch.empty_like(packed)
+    tables = _masked_tables(experts, rows, packed.device)
+    sentinel = experts * rows
+    valid = tables.slot_in_run < counts.unsqueeze(1)
+    sorted_pairs = torch.where(valid, tables.rows, tables.sentinel).view(-1)
+    layout = ExpertLayout(sorted_pairs, tables.block_expert, tables.num_padded, BLOCK_M, sentinel)
+    x = packed.view(sentinel, hidden)
+    w13 = w13 if w13.stride(-1) == 1 else w13.contiguous()
+    w2 = w2 if w2.stride(-1) == 1 else w2.contiguous()
+    buf = _run_experts(x, w13, w2, layout, tables.ones)
+    out = buf.view(experts, rows, hidden)
+    return out if out.dtype == packed.dtype else out.to(packed.dtype)
