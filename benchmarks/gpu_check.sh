@@ -5,7 +5,9 @@
 #      reference (tests/test_triton_kernels.py), the decode CUDA graphs captured for real
 #      (tests/test_decode_graphs.py), the Engine's greedy parity on the Triton kernels
 #      (tests/test_triton_engine.py), the GPU attention backends (tests/test_attention.py),
-#      the block-FP8 GEMM and experts (tests/test_fp8_gemm.py). A skipped test is a failure,
+#      the block-FP8 GEMM and experts (tests/test_fp8_gemm.py), the fused decode path's kernels
+#      in bfloat16 (tests/test_fused_layer_kernels.py, tests/test_fused_moe_kernels.py) and its
+#      op and host-read budget (tests/test_op_budget.py). A skipped test is a failure,
 #      named in the output: a backend that cannot run here must not pass by being skipped;
 #   2. benchmarks/gpu_check.py: greedy parity torch / triton eager / triton + CUDA graphs,
 #      decode tokens/s of each on a random 0.2 B Llama-shaped model, the FP8 GEMM and experts
@@ -64,7 +66,8 @@ status=0
 log="$(mktemp)"
 timeout "$(left)" "$PY" -m pytest -q -rs -p no:cacheprovider --durations=10 \
   tests/test_triton_kernels.py tests/test_decode_graphs.py tests/test_triton_engine.py \
-  tests/test_attention.py tests/test_fp8_gemm.py 2>&1 | tee "$log"
+  tests/test_attention.py tests/test_fp8_gemm.py tests/test_fused_layer_kernels.py \
+  tests/test_fused_moe_kernels.py tests/test_op_budget.py 2>&1 | tee "$log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 if grep -q '^SKIPPED' "$log"; then
   echo "gpu_check: FAILED: tests were skipped on the GPU (a backend that cannot run here):"

@@ -65,11 +65,13 @@ def test_fused_path_holds_the_budget(deepseek_dir: str, kernel_device: str) -> N
 
 
 @pytest.mark.parametrize("path", ["torch", "triton unfused"])
-def test_reference_paths_are_over_the_budget(deepseek_dir: str, path: str) -> None:
+def test_reference_paths_are_over_the_budget(
+    deepseek_dir: str, path: str, kernel_device: str
+) -> None:
     """Today's reference path (torch attention, per-expert GEMMs) and the Triton kernels
     without the fused path both exceed it, and their MoE layers read expert counts back."""
     torch.set_num_threads(1)
-    engine = engine_for(deepseek_dir, "cpu", **(FUSED if path != "torch" else {}))
+    engine = engine_for(deepseek_dir, kernel_device, **(FUSED if path != "torch" else {}))
     engine.runner.fused = FusedPath()
     tally, _ = counted_round(engine)
     assert max(tally.layer_ops().values()) > OPS_PER_LAYER
