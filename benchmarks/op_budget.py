@@ -82,7 +82,7 @@ def count(path: str, name: str, batch: int) -> dict[str, Any]:
         device="cpu",
         page_size=4,
         num_kv_pages=8 * batch + 16,
-        max_batch_size=max(batch, 8),
+        max_num_seqs=max(batch, 8),
         **PATHS[name],
     )
     engine = Engine(args)
