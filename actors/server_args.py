@@ -187,6 +187,12 @@ class ServerArgs:
         "time limit of one structured-output grammar's compile, seconds (past it: a 400)", 10.0
     )
     max_grammar_cache: int = _flag("compiled grammars a rank keeps (LRU)", 256, positive=True)
+    async_scheduling: bool = _flag(
+        "plan each round while the previous round's forward runs (its tokens applied one round "
+        "later); refused with speculative decoding, the P/D roles and MoE with --dp-size > 1, "
+        "and per request for grammars and n > 1 (docs/architecture.md, overlapped rounds)",
+        False,
+    )
     log_gate_windows: bool = _flag(
         "log one JSON line per gate window (round, point, ranks that prefilled, tokens)", False
     )
@@ -295,11 +301,32 @@ class ServerArgs:
             object.__setattr__(self, "model_config", with_overrides(model, draft_layers=layers))
         if speculative is not None and speculative.method == "draft_model":
             self._check_draft(speculative.model or "")
+        if self.async_scheduling:
+            self._check_async_scheduling()
         if isinstance(self.speculative_config, Mapping):  # a serve config's object, as text
             object.__setattr__(self, "speculative_config", json.dumps(self.speculative_config))
         self._size_kv_pool()
         if self.chat_template is not None and not Path(self.chat_template).is_file():
             raise ValueError(f"--chat-template {self.chat_template}: no such file")
+
+    def _check_async_scheduling(self) -> None:
+        """``--async-scheduling`` plans round N+1 before round N's tokens are known and runs
+        the forward beside the next gather: refused where either cannot hold."""
+        why = None
+        if self.speculative is not None:
+            why = "--speculative-config drafts round N+1 from round N's tokens"
+        elif self.disaggregation_mode is not DisaggregationRole.FUSED:
+            why = (
+                f"--disaggregation-mode {self.disaggregation_mode} moves requests between "
+                "ranks at their tokens"
+            )
+        elif self.dp_size > 1 and self.model_config.is_moe:
+            why = (
+                f"{self.model} is MoE with --dp-size {self.dp_size}: its expert collectives "
+                "would run beside the next round's gather"
+            )
+        if why is not None:
+            raise ValueError(f"--async-scheduling is not supported here: {why}")
 
     def _check_fp8_weights(self) -> None:
         """``--fp8-weights keep`` needs a block-FP8 checkpoint with the kernels' 128x128

@@ -15,6 +15,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from roundgate.actors.control import async_rounds
 from roundgate.actors.control.config import SchedulerConfig
 from roundgate.actors.control.executor import Executor
 from roundgate.actors.control.gather import Gather, SingleRankGather
@@ -64,6 +65,7 @@ class EngineCore:
             executor,
             args.dp_size,
             gather or SingleRankGather(),
+            overlap=args.async_scheduling,
         )
         self.on_event = on_event
         # Executors that park retracted KV off-device (the model runner) free it on abort.
@@ -95,6 +97,8 @@ class EngineCore:
                 "(submit_handoff), never a prompt"
             )
         self.scheduler.check_fits(request)
+        if self.args.async_scheduling:
+            async_rounds.check_request(request)  # what overlapped rounds cannot plan
         if not loading and self._check_request is not None:
             self._check_request(request)  # what only the executor knows (a grammar compiles)
         with self._lock:
@@ -222,8 +226,10 @@ class EngineCore:
 
     @property
     def has_local_work(self) -> bool:
+        """Anything queued or held, or (overlapped rounds) a forward whose result is still to
+        be applied."""
         return bool(self._queued_prompts or self._queued_handoffs or self._transfer_ends) or (
-            self.scheduler.has_unfinished
+            self.scheduler.has_unfinished or self.loop.has_in_flight
         )
 
     def step(self) -> RoundOutcome:

@@ -16,6 +16,10 @@ class Executor(Protocol):
     reading (``view.low_latency``: nobody extends, so DeepEP's low-latency legs may run). A
     rank whose plan is empty is still called while any rank has work, so it can join the MoE
     collectives with an idle forward; ``RankLoop`` does not call it when every rank is idle.
+
+    Under ``--async-scheduling`` it is called on one worker thread, one round at a time and in
+    round order, with a copy of the plan whose requests the rank's thread no longer changes
+    (``async_rounds.py``): it must not keep state on a request between rounds.
     """
 
     def execute(self, plan: RoundPlan, rows: Sequence[RankRow], view: RoundView) -> RoundResult: ...

@@ -13,6 +13,10 @@
 ``step`` runs exactly that around a real ``Gather`` and times its parts. An in-process driver
 (the simulator) runs many ranks in one thread, so the same round is also offered split at the
 gather: ``begin`` (vote, plan, probe) and ``finish`` (observe, forward, update).
+
+With ``overlap`` (``--async-scheduling``, ``async_rounds.py``) ``finish`` queues the forward on a
+worker thread and applies the *previous* round's result instead, so the next round is planned
+and gathered while this one's forward runs; the vote and the rows are the same.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from roundgate.actors.control.async_rounds import AsyncRounds
 from roundgate.actors.control.columns import column_reader
 from roundgate.actors.control.executor import Executor, RoundAborted
 from roundgate.actors.control.gather import Gather
@@ -44,7 +49,11 @@ MAX_ABORTS = 4
 
 @dataclass(slots=True)
 class RoundOutcome:
-    """What happened on this rank this round (for streaming, stats and the simulator)."""
+    """What happened on this rank this round (for streaming, stats and the simulator).
+
+    With overlapped rounds, ``result`` and ``events`` are the previous round's (applied this
+    round, while this round's forward runs); the vote, plan and rows are this round's.
+    """
 
     vote: GateVote
     plan: RoundPlan
@@ -63,6 +72,8 @@ class RoundParts:
 
     schedule: float = 0.0  # vote + plan + probe
     gather: float = 0.0
+    # The forward's seconds; with overlapped rounds, only the wait for it (the part the next
+    # round's host work did not hide).
     forward: float = 0.0
     finish: float = 0.0  # observe + update, less the forward
     # ``time.perf_counter()`` when the gather returned: every rank had published its row, so
@@ -89,6 +100,8 @@ class RankLoop:
 
     ``clock`` (seconds) feeds the ``now_ms`` column some policies read; the simulator passes
     its simulated clock. Wall time is the default, so ranks on different hosts share an epoch.
+    ``overlap``: run each forward on a worker thread, one round ahead of its update
+    (``--async-scheduling``; the executor must be safe to call from that thread).
     """
 
     def __init__(
@@ -99,6 +112,7 @@ class RankLoop:
         dp_size: int = 1,
         gather: Gather | None = None,
         clock: Callable[[], float] = time.time,
+        overlap: bool = False,
     ) -> None:
         self.scheduler = scheduler
         self.policy = policy
@@ -118,6 +132,7 @@ class RankLoop:
         self._vote: GateVote | None = None
         self._plan: RoundPlan | None = None
         self._rows: dict[tuple, RankRow] = {}
+        self.overlapped = AsyncRounds(scheduler, executor) if overlap else None
 
     def step(self) -> RoundOutcome:
         """One full round around this rank's ``Gather``, with its parts timed."""
@@ -136,7 +151,9 @@ class RankLoop:
                 if attempt == MAX_ABORTS:
                     raise
         t3 = time.perf_counter()
-        parts, forward = self.parts, outcome.result.cost_s
+        parts = self.parts
+        overlapped = self.overlapped
+        forward = outcome.result.cost_s if overlapped is None else overlapped.last_wait_s
         parts.schedule, parts.gather, parts.forward = t1 - t0, t2 - t1, forward
         parts.gathered_at = t2
         parts.finish = max(0.0, t3 - t2 - forward)
@@ -186,13 +203,27 @@ class RankLoop:
         if view is None:
             view = read_rows(rows)
         self.policy.observe(rows, view)
-        result = RoundResult() if view.all_idle else self.executor.execute(plan, rows, view)
         scheduler = self.scheduler
-        events = scheduler.update(plan, result)
+        if self.overlapped is not None:
+            result, events = self.overlapped.run(plan, rows, view)
+        else:
+            result = RoundResult() if view.all_idle else self.executor.execute(plan, rows, view)
+            events = scheduler.update(plan, result)
         self.last_rows = rows
         self._vote = self._plan = None
         handoffs = scheduler.connector.take_handoffs()  # a prefill rank's, made this round
         return RoundOutcome(vote, plan, rows, view, result, events, handoffs)
+
+    @property
+    def has_in_flight(self) -> bool:
+        """Whether a forward's result is still to be applied (overlapped rounds): the rank
+        must step again, idle or not, to hand out its events."""
+        return self.overlapped is not None and self.overlapped.in_flight is not None
+
+    def close(self) -> None:
+        """Let the forward thread go (overlapped rounds; a no-op otherwise)."""
+        if self.overlapped is not None:
+            self.overlapped.close()
 
     def regroup(self, policy: PrefillPolicy, dp_size: int) -> None:
         """A new membership (elastic DP): the policy starts over on the new group's rows, as
