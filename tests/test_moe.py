@@ -8,6 +8,7 @@ packed per expert, weighted combine) and logs which legs ran.
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -111,38 +112,112 @@ def test_local_backend_equals_naive_mixture(tokens: int) -> None:
 # --- DeepEP, faked ---------------------------------------------------------------------------
 
 
-class FakeBuffer:
-    """One-rank ``deep_ep.Buffer``: local expert ids equal global ones, nothing travels."""
+@dataclass(frozen=True)
+class Envelope:
+    """What DeepEP's kernels accept; the fake refuses the rest as DeepEP does (a RuntimeError
+    from its ``EP_HOST_ASSERT``)."""
 
-    def __init__(self, group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False, **kw):
+    hidden_sizes: frozenset[int]
+    num_ranks: frozenset[int]
+    dtypes: frozenset[torch.dtype]
+
+
+# DeepEP v1.2.1's own, read off its source (not the adapter's): ``SWITCH_HIDDEN`` and
+# ``SWITCH_RANKS``/``SWITCH_RDMA_RANKS`` in csrc/kernels/launch.cuh, bf16 asserted in
+# csrc/deep_ep.cpp's low-latency legs and the only ``SWITCH_TYPES`` case of the combines.
+DEEPEP = Envelope(
+    frozenset({2048, 2560, 4096, 5120, 6144, 7168, 8192}),
+    frozenset({2, 4, 8, 16, 32, 64, 128, 144, 160}),
+    frozenset({torch.bfloat16}),
+)
+# Test-only: the toy shapes these tests run on one CPU rank (hidden 16 here, 128 in the
+# tiny-moe runner, float32), added to DeepEP's envelope on both sides: ``FakeBuffer`` and the
+# adapter (``ToyDeepEPMoE``).
+TOY = Envelope(
+    DEEPEP.hidden_sizes | {16, 128}, DEEPEP.num_ranks | {1}, DEEPEP.dtypes | {torch.float32}
+)
+MAX_TOPK = 11  # kNumMaxTopK of the low-latency dispatch (csrc/kernels/internode_ll.cu)
+ALIGNMENT = 128  # NUM_BUFFER_ALIGNMENT_BYTES: both buffer sizes are multiples of it
+
+
+def refuse_unless(ok: bool, what: str) -> None:
+    if not ok:
+        raise RuntimeError(f"DeepEP (fake): {what}")
+
+
+class FakeBuffer:
+    """One-rank ``deep_ep.Buffer``: local expert ids equal global ones, nothing travels. It
+    checks its inputs as DeepEP's buffer and kernels do, within ``envelope``."""
+
+    envelope = DEEPEP
+
+    def __init__(
+        self, group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False, **kw
+    ) -> None:
+        self.num_ranks = 1 if group is None else group.size()
+        refuse_unless(
+            self.num_ranks in self.envelope.num_ranks,
+            f"Unsupported number of EP ranks: {self.num_ranks}",
+        )
+        refuse_unless(num_nvl_bytes % ALIGNMENT == 0, "num_nvl_bytes not aligned")
+        refuse_unless(num_rdma_bytes % ALIGNMENT == 0, "num_rdma_bytes not aligned")
+        refuse_unless(not low_latency_mode or kw.get("num_qps_per_rank", 24) > 0, "no QPs")
         self.low_latency_mode = low_latency_mode
+        self.num_rdma_bytes = num_rdma_bytes
         self.calls: list[str] = []
 
     @staticmethod
     def get_low_latency_rdma_size_hint(cap: int, hidden: int, ranks: int, experts: int) -> int:
-        return cap * hidden * ranks * experts
+        return -(-cap * hidden * ranks * experts // ALIGNMENT) * ALIGNMENT
+
+    def _check_rows(self, x: torch.Tensor, hidden_switch: bool) -> None:
+        refuse_unless(x.dim() == 2 and x.is_contiguous(), "x must be 2-D contiguous")
+        refuse_unless(x.dtype in self.envelope.dtypes, f"Unsupported type {x.dtype}")
+        refuse_unless(x.shape[1] * x.element_size() % 16 == 0, "hidden bytes not int4-aligned")
+        if hidden_switch:
+            refuse_unless(x.shape[1] in self.envelope.hidden_sizes, "Unsupported hidden")
+
+    def _check_topk(self, topk_idx: torch.Tensor, topk_weights=None) -> None:
+        refuse_unless(topk_idx.dim() == 2 and topk_idx.is_contiguous(), "topk_idx layout")
+        refuse_unless(topk_idx.dtype == torch.int64, "topk_idx must be int64")
+        if topk_weights is not None:
+            refuse_unless(topk_weights.dtype == torch.float32, "topk_weights must be float32")
 
     def get_dispatch_layout(self, topk_idx, num_experts):
+        self._check_topk(topk_idx)
+        refuse_unless(num_experts > 0, "num_experts must be positive")
         self.calls.append("layout")
         per_expert = torch.bincount(topk_idx.flatten(), minlength=num_experts)
         in_rank = torch.ones(topk_idx.shape[0], 1, dtype=torch.bool)
         return torch.tensor([topk_idx.shape[0]]), None, per_expert, in_rank, None
 
     def dispatch(self, x, *, topk_idx, topk_weights, num_tokens_per_expert, **layout):
+        self._check_rows(x, hidden_switch=False)
+        self._check_topk(topk_idx, topk_weights)
         self.calls.append("dispatch")
         counts = num_tokens_per_expert.tolist()
         return x.clone(), topk_idx.clone(), topk_weights.clone(), counts, "handle", None
 
     def combine(self, x, handle):
+        self._check_rows(x, hidden_switch=False)
         self.calls.append("combine")
         return x.clone(), None, None
 
     def clean_low_latency_buffer(self, cap, hidden, num_experts):
+        refuse_unless(self.low_latency_mode, "low-latency mode is off")
         self.calls.append("clean")
 
     def low_latency_dispatch(self, x, topk_idx, cap, num_experts, use_fp8=True):
+        refuse_unless(self.low_latency_mode, "low-latency mode is off")
+        self._check_rows(x, hidden_switch=True)
+        self._check_topk(topk_idx)
+        refuse_unless(x.shape[0] == topk_idx.shape[0] and x.shape[0] <= cap, "tokens over cap")
+        refuse_unless(num_experts % self.num_ranks == 0, "experts not divisible by ranks")
+        refuse_unless(topk_idx.shape[1] <= MAX_TOPK, "top-k over kNumMaxTopK")
+        need = self.get_low_latency_rdma_size_hint(cap, x.shape[1], self.num_ranks, num_experts)
+        refuse_unless(need <= self.num_rdma_bytes, "RDMA buffer too small")
+        assert not use_fp8  # the adapter moves bf16 (the fake has no FP8 cast)
         self.calls.append("ll_dispatch")
-        assert not use_fp8 and x.shape[0] <= cap
         packed = x.new_zeros(num_experts, cap, x.shape[1])
         sources = [(topk_idx == e).any(1).nonzero().flatten() for e in range(num_experts)]
         for e, tokens in enumerate(sources):
@@ -151,6 +226,11 @@ class FakeBuffer:
         return packed, counts, sources, None, None
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle):
+        refuse_unless(self.low_latency_mode, "low-latency mode is off")
+        refuse_unless(x.dim() == 3 and x.is_contiguous(), "x must be 3-D contiguous")
+        refuse_unless(x.dtype in self.envelope.dtypes, f"Unsupported type {x.dtype}")
+        refuse_unless(x.shape[2] in self.envelope.hidden_sizes, "Unsupported hidden")
+        self._check_topk(topk_idx, topk_weights)
         self.calls.append("ll_combine")
         out = x.new_zeros(topk_idx.shape[0], x.shape[2])
         for e, tokens in enumerate(handle):
@@ -160,11 +240,24 @@ class FakeBuffer:
         return out, None, None
 
 
-FAKE_DEEP_EP = types.SimpleNamespace(Buffer=FakeBuffer)
+class ToyFakeBuffer(FakeBuffer):
+    envelope = TOY
+
+
+class ToyDeepEPMoE(DeepEPMoE):
+    """Test-only: the adapter with its envelope widened to the toy shapes, as the fake's."""
+
+    supported_hidden_sizes = TOY.hidden_sizes
+    supported_num_ranks = TOY.num_ranks
+    activation_dtypes = TOY.dtypes
+
+
+FAKE_DEEP_EP = types.SimpleNamespace(Buffer=ToyFakeBuffer)
+STRICT_DEEP_EP = types.SimpleNamespace(Buffer=FakeBuffer)
 
 
 def make_deepep(cap: int = 64) -> DeepEPMoE:
-    return DeepEPMoE(ExpertPlacement(4), None, 16, cap, deep_ep=FAKE_DEEP_EP)
+    return ToyDeepEPMoE(ExpertPlacement(4), None, 16, cap, deep_ep=FAKE_DEEP_EP)
 
 
 @pytest.mark.parametrize(
@@ -205,6 +298,88 @@ def test_low_latency_refuses_more_tokens_than_the_cap() -> None:
         make_deepep(cap=4).dispatch(x, ids, weights, low_latency=True)
 
 
+def test_the_buffer_is_built_at_construction_once() -> None:
+    built: list[FakeBuffer] = []
+
+    class Counting(ToyFakeBuffer):
+        def __init__(self, *args, **kw) -> None:
+            super().__init__(*args, **kw)
+            built.append(self)
+
+    moe = ToyDeepEPMoE(
+        ExpertPlacement(4), None, 16, 64, deep_ep=types.SimpleNamespace(Buffer=Counting)
+    )
+    assert len(built) == 1 and moe.buffer is built[0] and built[0].calls == []
+    x, ids, weights, w13, w2 = make_moe_inputs()
+    moe_forward(moe, x, ids, weights, w13, w2, low_latency=True)
+    assert len(built) == 1 and moe.buffer is built[0]
+
+
+def test_the_adapter_checks_deepeps_own_envelope() -> None:
+    assert DeepEPMoE.supported_hidden_sizes == DEEPEP.hidden_sizes
+    assert DeepEPMoE.supported_num_ranks == DEEPEP.num_ranks
+    assert DeepEPMoE.activation_dtypes == DEEPEP.dtypes
+
+
+@pytest.mark.parametrize(
+    ("placement", "hidden", "cap", "message"),
+    [
+        (ExpertPlacement(8, 8, 0), 16, 64, "hidden_size 16 is not one DeepEP"),
+        (ExpertPlacement(8, 8, 0), 7000, 64, "hidden_size 7000"),
+        (ExpertPlacement(8, 1, 0), 7168, 64, "groups of 2, 4, 8, .* got --dp-size 1"),
+        (ExpertPlacement(6, 6, 0), 7168, 64, "got --dp-size 6"),
+        (ExpertPlacement(8, 8, 0), 7168, 0, r"positive per-rank token cap .*--max-num-seqs"),
+    ],
+)
+def test_deepep_refuses_what_its_kernels_cannot_run(placement, hidden, cap, message) -> None:
+    """At construction, before ``deep_ep`` is imported or a buffer built."""
+    with pytest.raises(ValueError, match=message):
+        DeepEPMoE(placement, None, hidden, cap, deep_ep=STRICT_DEEP_EP)
+
+
+@pytest.mark.parametrize("low_latency", [True, False])
+def test_deepep_dispatch_names_a_dtype_it_cannot_move(low_latency: bool) -> None:
+    x, ids, weights, _, _ = make_moe_inputs()
+    with pytest.raises(ValueError, match=r"torch.bfloat16, torch.float32 .* got torch.float16"):
+        make_deepep().dispatch(x.half(), ids, weights, low_latency=low_latency)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: FakeBuffer(None, low_latency_mode=True), "Unsupported number of EP ranks: 1"),
+        (lambda: ToyFakeBuffer(None, num_nvl_bytes=100), "num_nvl_bytes not aligned"),
+        (
+            lambda: ToyFakeBuffer(None, low_latency_mode=False).low_latency_dispatch(
+                torch.zeros(1, 2048), torch.zeros(1, 2, dtype=torch.int64), 8, 4, use_fp8=False
+            ),
+            "low-latency mode is off",
+        ),
+        (
+            lambda: ToyFakeBuffer(None, 0, 1 << 20, True).low_latency_dispatch(
+                torch.zeros(1, 2000), torch.zeros(1, 2, dtype=torch.int64), 8, 4, use_fp8=False
+            ),
+            "Unsupported hidden",
+        ),
+        (
+            lambda: ToyFakeBuffer(None, 0, 1 << 20, True).low_latency_dispatch(
+                torch.zeros(1, 16), torch.zeros(1, 2, dtype=torch.int32), 8, 4, use_fp8=False
+            ),
+            "topk_idx must be int64",
+        ),
+        (
+            lambda: ToyFakeBuffer(None, 0, 128, True).low_latency_dispatch(
+                torch.zeros(1, 16), torch.zeros(1, 2, dtype=torch.int64), 8, 4, use_fp8=False
+            ),
+            "RDMA buffer too small",
+        ),
+    ],
+)
+def test_the_fake_refuses_what_deepep_refuses(call, message: str) -> None:
+    with pytest.raises(RuntimeError, match=message):
+        call()
+
+
 @pytest.mark.parametrize("with_view", [False, True])
 @pytest.mark.parametrize(
     ("peer", "legs"),
@@ -220,7 +395,7 @@ def test_runner_passes_the_rows_decision_to_deepep(
     grow_pages(pool, request, request.num_tokens)
     runner.execute(RoundPlan(chunks=[ScheduledChunk(request, 0, 5, True)]))
     request.num_computed_tokens = 4  # decode the last prompt token again
-    runner.moe = DeepEPMoE(runner.placement, None, 128, 8, deep_ep=FAKE_DEEP_EP)
+    runner.moe = ToyDeepEPMoE(runner.placement, None, 128, 8, deep_ep=FAKE_DEEP_EP)
     plan = RoundPlan(chunks=[ScheduledChunk(request, 4, 1, False)])
     rows = [row(), peer]
     if with_view:
@@ -263,7 +438,7 @@ def test_runner_offers_deepep_the_masked_experts(kernel_device: str) -> None:
     """The runner's Triton experts take DeepEP's masked layout; the torch ones cannot."""
     for kernel, masked in (("triton", True), ("torch", False)):
         runner = make_runner("tiny-moe", moe_kernel=kernel)
-        runner.moe = DeepEPMoE(runner.placement, None, 128, 8, deep_ep=FAKE_DEEP_EP)
+        runner.moe = ToyDeepEPMoE(runner.placement, None, 128, 8, deep_ep=FAKE_DEEP_EP)
         runner._fuse()
         assert runner.moe.masked is masked
         assert runner.fused.moe_graph_safe(runner.moe) is masked
@@ -276,7 +451,7 @@ def test_runner_offers_deepep_the_masked_experts(kernel_device: str) -> None:
     local = make_runner("tiny-moe", moe_kernel="triton")
     expected = (local.forward(prefill), local.forward(decode, low_latency=True))
     masked = make_runner("tiny-moe", moe_kernel="triton")
-    masked.moe = DeepEPMoE(masked.placement, None, 128, 8, deep_ep=FAKE_DEEP_EP)
+    masked.moe = ToyDeepEPMoE(masked.placement, None, 128, 8, deep_ep=FAKE_DEEP_EP)
     masked._fuse()
     got = (masked.forward(prefill, low_latency=False), masked.forward(decode, low_latency=True))
     assert masked.moe.buffer.calls.count("ll_dispatch") == masked.config.num_layers
@@ -313,7 +488,7 @@ def test_backends_on_redundant_slots_equal_the_logical_mixture(
     moe = (
         LocalMoE(place)
         if backend == "local"
-        else DeepEPMoE(place, None, 16, 64, deep_ep=FAKE_DEEP_EP)
+        else ToyDeepEPMoE(place, None, 16, 64, deep_ep=FAKE_DEEP_EP)
     )
     out = moe_forward(moe, x, slots, weights, slot_w13, slot_w2, low_latency)
     torch.testing.assert_close(out, naive_moe(x, ids, weights, w13, w2), atol=1e-4, rtol=1e-4)

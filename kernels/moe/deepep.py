@@ -30,6 +30,22 @@ from roundgate.kernels.moe.placement import ExpertPlacement
 
 NORMAL_NVL_BYTES = 1 << 30
 
+# DeepEP's envelope, from its source at the image's pin (v1.2.1, see the Dockerfile): the
+# kernels refuse anything else with an EP_HOST_ASSERT in the middle of a round, so the adapter
+# checks it at construction (startup) with the setting to change.
+# The hidden sizes the low-latency kernels are compiled for: ``SWITCH_HIDDEN`` in
+# csrc/kernels/launch.cuh (DeepSeek-V3's 7168, V2's 5120, Qwen3-MoE's 2048/4096/6144 ...).
+LOW_LATENCY_HIDDEN_SIZES = frozenset({2048, 2560, 4096, 5120, 6144, 7168, 8192})
+# Expert-parallel group sizes both leg kinds run on (our buffer serves normal and low-latency
+# legs): one node of 2, 4 or 8 GPUs (``SWITCH_RANKS`` in launch.cuh), or 8 per node over RDMA
+# with 2, 4, 8, 16, 18 or 20 nodes (``SWITCH_RDMA_RANKS``, ``NUM_MAX_NVL_PEERS`` = 8 in
+# csrc/kernels/configs.cuh; deep_ep/buffer.py's dispatch/combine configs cover all of these).
+SUPPORTED_NUM_RANKS = frozenset({2, 4, 8, 16, 32, 64, 128, 144, 160})
+# The one activation type the legs move: ``Buffer::low_latency_dispatch`` asserts
+# ``x.scalar_type() == torch::kBFloat16`` (csrc/deep_ep.cpp; FP8 is cast inside, from bf16)
+# and the combine kernels' ``SWITCH_TYPES`` has only ``CUDA_R_16BF`` (launch.cuh).
+ACTIVATION_DTYPES = frozenset({torch.bfloat16})
+
 
 @dataclass
 class _NormalHandle:
@@ -48,9 +64,20 @@ class _LowLatencyHandle:
 
 
 class DeepEPMoE(MoEBackend):
-    """Expert dispatch/combine through a ``deep_ep.Buffer`` built on first use."""
+    """Expert dispatch/combine through a ``deep_ep.Buffer`` built at construction.
+
+    The buffer is built here, at startup, not on the first dispatch: building it is a
+    collective over the group (every rank exchanges its buffer handles), so every rank builds
+    it at the same point, and no request pays for it.
+    """
 
     name = "deepep"
+    # DeepEP's envelope (module constants above). Test-only switch: tests/test_moe.py widens
+    # these on a subclass to run toy shapes (one rank, hidden 16, float32) on its CPU fake,
+    # whose checks are widened the same way; production code never overrides them.
+    supported_hidden_sizes: frozenset[int] = LOW_LATENCY_HIDDEN_SIZES
+    supported_num_ranks: frozenset[int] = SUPPORTED_NUM_RANKS
+    activation_dtypes: frozenset[torch.dtype] = ACTIVATION_DTYPES
 
     def __init__(
         self,
@@ -64,14 +91,55 @@ class DeepEPMoE(MoEBackend):
         self.group = group
         self.hidden_size = hidden_size
         self.max_dispatch_tokens_per_rank = max_dispatch_tokens_per_rank
+        self._check_envelope()
         self._deep_ep = deep_ep if deep_ep is not None else importlib.import_module("deep_ep")
-        self._buffer: Any = None
         # Mode of the previous round's legs; DeepEP needs its low-latency buffer cleaned
         # after normal kernels have used it.
         self.last_mode: str | None = None
         # The low-latency legs hand the experts DeepEP's packed layout and device counts
         # (``take_masked_experts``) instead of reading the counts to unpack it.
         self.masked = False
+        self._buffer = self._build_buffer()
+
+    def _check_envelope(self) -> None:
+        """``ValueError`` naming the setting for what DeepEP's kernels would refuse."""
+        if self.hidden_size not in self.supported_hidden_sizes:
+            sizes = ", ".join(map(str, sorted(self.supported_hidden_sizes)))
+            raise ValueError(
+                f"--moe-backend deepep: the model's hidden_size {self.hidden_size} is not one "
+                f"DeepEP's low-latency kernels are built for ({sizes}); use --moe-backend torch"
+            )
+        ranks = self.placement.world_size
+        if ranks not in self.supported_num_ranks:
+            counts = ", ".join(map(str, sorted(self.supported_num_ranks)))
+            raise ValueError(
+                f"--moe-backend deepep runs on expert-parallel groups of {counts} ranks, "
+                f"got --dp-size {ranks}"
+            )
+        if self.max_dispatch_tokens_per_rank <= 0:
+            # DeepEP sizes the low-latency buffers by this cap (get_low_latency_rdma_size_hint)
+            # and asserts every dispatch holds at most that many tokens.
+            raise ValueError(
+                "--moe-backend deepep needs a positive per-rank token cap "
+                "(max_dispatch_tokens_per_rank = --max-num-seqs // --dp-size), got "
+                f"{self.max_dispatch_tokens_per_rank}"
+            )
+
+    def _build_buffer(self) -> Any:
+        buffer_cls = self._deep_ep.Buffer
+        rdma_bytes = buffer_cls.get_low_latency_rdma_size_hint(
+            self.max_dispatch_tokens_per_rank,
+            self.hidden_size,
+            self.placement.world_size,
+            self.placement.num_physical_experts,
+        )
+        return buffer_cls(
+            self.group,
+            num_nvl_bytes=NORMAL_NVL_BYTES,
+            num_rdma_bytes=rdma_bytes,
+            low_latency_mode=True,
+            num_qps_per_rank=self.placement.num_local_experts,
+        )
 
     def take_masked_experts(self) -> bool:
         self.masked = True
@@ -89,21 +157,7 @@ class DeepEPMoE(MoEBackend):
 
     @property
     def buffer(self) -> Any:
-        if self._buffer is None:
-            buffer_cls = self._deep_ep.Buffer
-            rdma_bytes = buffer_cls.get_low_latency_rdma_size_hint(
-                self.max_dispatch_tokens_per_rank,
-                self.hidden_size,
-                self.placement.world_size,
-                self.placement.num_physical_experts,
-            )
-            self._buffer = buffer_cls(
-                self.group,
-                num_nvl_bytes=NORMAL_NVL_BYTES,
-                num_rdma_bytes=rdma_bytes,
-                low_latency_mode=True,
-                num_qps_per_rank=self.placement.num_local_experts,
-            )
+        """The ``deep_ep.Buffer`` built at construction."""
         return self._buffer
 
     def dispatch(
@@ -114,8 +168,16 @@ class DeepEPMoE(MoEBackend):
         *,
         low_latency: bool,
     ) -> Dispatched:
-        topk_ids = topk_ids.to(torch.int64)
-        topk_weights = topk_weights.to(torch.float32)
+        if hidden.dtype not in self.activation_dtypes:
+            allowed = ", ".join(sorted(map(str, self.activation_dtypes)))
+            raise ValueError(
+                f"--moe-backend deepep dispatches {allowed} activations only, got "
+                f"{hidden.dtype}: serve the model in bfloat16 or use --moe-backend torch"
+            )
+        # DeepEP asserts contiguous rows, int64 ids and float32 weights (csrc/deep_ep.cpp).
+        hidden = hidden.contiguous()
+        topk_ids = topk_ids.to(torch.int64).contiguous()
+        topk_weights = topk_weights.to(torch.float32).contiguous()
         if low_latency:
             return self._dispatch_low_latency(hidden, topk_ids, topk_weights)
         return self._dispatch_normal(hidden, topk_ids, topk_weights)
