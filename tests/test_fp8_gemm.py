@@ -469,3 +469,24 @@ def test_deepseek_v3_has_671b_parameters() -> None:
 def test_experts_must_split_evenly_over_the_ranks() -> None:
     with pytest.raises(ValueError, match="num_ranks: 3"):
         weight_bytes_per_rank(MoEShape(), num_ranks=3, fp8=True)
+
+
+@pytest.mark.triton
+def test_masked_fp8_experts_equal_the_grouped_ones(kernel_device: str) -> None:
+    """DeepEP's low-latency layout (``[E, M, H]``, counts on the device) through the FP8
+    experts gives each valid row what the grouped rows give it (the same kernels, tiles
+    built on the device; tiles past an expert's count empty)."""
+    from roundgate.kernels.quant.triton_fp8_experts import fp8_run_experts, masked_fp8_experts
+
+    hidden, inter, counts, rows = 128, 256, [3, 0, 17], 20
+    weights = [w.to(kernel_device) for w in make_experts(len(counts), hidden, inter, seed=7)]
+    x = make_x(sum(counts), hidden, torch.float32, seed=3).to(kernel_device)
+    grouped = fp8_run_experts(x, counts, *weights)
+    packed = torch.full((len(counts), rows, hidden), float("nan"), device=kernel_device)
+    for expert, part in per_expert(counts):
+        packed[expert, : counts[expert]] = x[part]
+    device_counts = torch.tensor(counts, dtype=torch.int32, device=kernel_device)
+    out = masked_fp8_experts(packed, device_counts, *weights)
+    assert out.shape == packed.shape
+    for expert, part in per_expert(counts):
+        torch.testing.assert_close(out[expert, : counts[expert]], grouped[part], rtol=0, atol=0)

@@ -243,3 +243,31 @@ def test_open_source_resolves_auto_for_a_given_device(
     source = open_source(str(fp8_dir), config, 0, mode, device)
     assert source.keep_fp8 is keeps
     assert source.fp8_weights == (mode if device is None else ("keep" if keeps else "dequantize"))
+
+
+@pytest.mark.triton
+def test_masked_experts_over_fp8_rows_equal_the_grouped_ones(
+    fp8_dir: Path, kernel_device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A layer holding FP8 experts takes DeepEP's masked layout (``run_masked_experts``, the
+    counts a device tensor) and gives each valid row what the grouped rows give it."""
+    from roundgate.kernels.moe.base import run_experts
+
+    if kernel_device != "cpu":
+        pytest.skip("a CPU engine's layer: the masked experts run under Triton's interpreter")
+    moe = engine(fp8_dir, "keep", monkeypatch).runner.model.layers[1].mlp
+    num_experts, hidden = moe.w13.shape[0], moe.fp8_rows[1].rows
+    counts = [(e * 3) % 4 for e in range(num_experts)]
+    x = torch.randn(sum(counts), hidden, generator=torch.Generator().manual_seed(0))
+    grouped = moe.run_fp8_experts(x, counts, run_experts)
+    packed = torch.zeros(num_experts, max(counts), hidden)
+    start = 0
+    for expert, count in enumerate(counts):
+        packed[expert, :count] = x[start : start + count]
+        start += count
+    masked = moe.run_masked_experts(packed, torch.tensor(counts, dtype=torch.int32))
+    start = 0
+    for expert, count in enumerate(counts):
+        got, want = masked[expert, :count], grouped[start : start + count]
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        start += count

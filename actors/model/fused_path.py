@@ -55,8 +55,12 @@ def choose_fused_path(
     return FusedPath(layers=True, moe=fused_moe)
 
 
-def masked_experts_fit(experts_kernel: Any, model: Any) -> bool:
+def masked_experts_fit(experts_kernel: Any, model: Any, device: Any) -> bool:
     """Whether the experts can run on a masked layout (``MoEBackend.take_masked_experts``):
-    ``--moe-kernel`` chose Triton and no MoE layer of ``model`` holds FP8 experts."""
-    triton = getattr(experts_kernel, "__name__", "") == "triton_run_experts"
-    return triton and all(layer.fp8_rows is None for layer in model.moe_layers())
+    ``--moe-kernel`` chose Triton, or every MoE layer holds FP8 experts on CUDA (their
+    Triton FP8 kernel takes the masked layout whatever ``--moe-kernel`` says)."""
+    if getattr(experts_kernel, "__name__", "") == "triton_run_experts":
+        return True
+    layers = model.moe_layers()
+    on_cuda = getattr(device, "type", device) == "cuda"
+    return on_cuda and bool(layers) and all(layer.fp8_rows is not None for layer in layers)

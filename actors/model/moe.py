@@ -152,11 +152,7 @@ class SparseMoE(nn.Module):
             load.record(self.moe_index, slots)
         dispatched = moe.dispatch(x, slots, weights, low_latency=low_latency)
         if dispatched.device_counts is not None:  # DeepEP's packed layout: no count read
-            from roundgate.kernels.moe.triton_fused_moe import masked_experts
-
-            computed = masked_experts(
-                dispatched.hidden, dispatched.device_counts, self.w13, self.w2
-            )
+            computed = self.run_masked_experts(dispatched.hidden, dispatched.device_counts)
         elif self.fp8_rows is None:
             computed = experts(dispatched.hidden, dispatched.counts, self.w13, self.w2)
         else:
@@ -192,6 +188,23 @@ class SparseMoE(nn.Module):
                 shared = torch.sigmoid(self.shared_gate(x)) * shared
             out = out + shared
         return out
+
+    def run_masked_experts(self, packed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The experts over a masked layout (``[E, M, H]``, ``counts`` on the device): the
+        fused kernels, or the FP8 ones over FP8 rows (on CUDA; elsewhere dequantized for the
+        call, as ``run_fp8_experts`` does)."""
+        from roundgate.kernels.moe.triton_fused_moe import masked_experts
+
+        if self.fp8_rows is None:
+            return masked_experts(packed, counts, self.w13, self.w2)
+        rows13, rows2 = self.fp8_rows
+        if packed.is_cuda:
+            from roundgate.kernels.quant.triton_fp8_experts import masked_fp8_experts
+
+            (w13, s13), (w2, s2) = rows13.views(self.w13), rows2.views(self.w2)
+            return masked_fp8_experts(packed, counts, w13, s13, w2, s2)
+        w13, w2 = dequantize_rows(self.w13, rows13, self.w2, rows2)
+        return masked_experts(packed, counts, w13.to(packed.dtype), w2.to(packed.dtype))
 
     def run_fp8_experts(
         self, hidden: torch.Tensor, counts: list[int], experts: ExpertsKernel

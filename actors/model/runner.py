@@ -356,7 +356,7 @@ class ModelRunner:
     def _fuse(self) -> None:
         """Choose the fused decode path for the current MoE backend, whose low-latency legs
         first take the masked experts where they can (``fused_path``)."""
-        if self.moe is not None and masked_experts_fit(self.experts, self.model):
+        if self.moe is not None and masked_experts_fit(self.experts, self.model, self.device):
             self.moe.take_masked_experts()
         counts_load = self.balancer is not None
         self.fused = choose_fused_path(

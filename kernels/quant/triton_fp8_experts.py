@@ -68,9 +68,12 @@ def _fp8_gate_up_silu_kernel(
 ):
     tile = tl.program_id(0)
     col_block = tl.program_id(1)
+    first, end = tl.load(tile_start_ptr + tile), tl.load(tile_end_ptr + tile)
+    if first >= end:
+        return  # an empty tile (a masked layout's unused rows): no weight read
     expert = tl.load(tile_expert_ptr + tile)
-    rows = tl.load(tile_start_ptr + tile) + tl.arange(0, BLOCK_M)
-    row_ok = rows < tl.load(tile_end_ptr + tile)
+    rows = first + tl.arange(0, BLOCK_M)
+    row_ok = rows < end
     cols = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < inter
     w_base = w13_ptr + expert * stride_w_expert
@@ -132,9 +135,12 @@ def _fp8_down_kernel(
 ):
     tile = tl.program_id(0)
     col_block = tl.program_id(1)
+    first, end = tl.load(tile_start_ptr + tile), tl.load(tile_end_ptr + tile)
+    if first >= end:
+        return  # an empty tile (a masked layout's unused rows): no weight read
     expert = tl.load(tile_expert_ptr + tile)
-    rows = tl.load(tile_start_ptr + tile) + tl.arange(0, BLOCK_M)
-    row_ok = rows < tl.load(tile_end_ptr + tile)
+    rows = first + tl.arange(0, BLOCK_M)
+    row_ok = rows < end
     cols = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < hidden
     w_base = w2_ptr + expert * stride_w_expert
@@ -330,3 +336,41 @@ def fp8_run_experts(
         )
     tiles = RowTiles.of(counts, hidden.device)
     return fp8_down(fp8_gate_up(hidden, tiles, w13, w13_scale_inv), tiles, w2, w2_scale_inv)
+
+
+def masked_tiles(counts: torch.Tensor, rows: int) -> RowTiles:
+    """The row tiles of a masked layout (``[E, rows, H]`` flattened, expert ``e``'s first
+    ``counts[e]`` rows valid; ``counts`` on the device): every expert's ``ceil(rows /
+    BLOCK_M)`` tiles, each ending at the valid rows' end, so tiles past it are empty (their
+    programs return at once). Built on the device: no count is read back."""
+    experts = counts.shape[0]
+    per_expert = -(-rows // BLOCK_M)
+    index = torch.arange(experts * per_expert, device=counts.device)
+    expert, within = index // per_expert, (index % per_expert) * BLOCK_M
+    valid = (counts.to(torch.long)[expert] - within).clamp(0, BLOCK_M)
+    start = expert * rows + within
+    return RowTiles(expert, start, start + valid)
+
+
+def masked_fp8_experts(
+    packed: torch.Tensor,
+    counts: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale_inv: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale_inv: torch.Tensor,
+) -> torch.Tensor:
+    """``masked_experts`` (``kernels/moe/triton_fused_moe.py``) over FP8 expert weights:
+    DeepEP's low-latency layout ``packed [E, M, H]`` with its device ``counts`` in, each
+    valid row's unweighted output out (``[E, M, H]``, rows past the counts unspecified)."""
+    check_fp8_experts(w13, w13_scale_inv, w2, w2_scale_inv)
+    experts, rows, size = packed.shape
+    if counts.shape != (experts,) or w13.shape[0] != experts:
+        raise ValueError(
+            f"counts {tuple(counts.shape)} and w13 {tuple(w13.shape)} must have the "
+            f"{experts} local experts of packed {tuple(packed.shape)}"
+        )
+    tiles = masked_tiles(counts, rows)
+    flat = packed.reshape(experts * rows, size)
+    out = fp8_down(fp8_gate_up(flat, tiles, w13, w13_scale_inv), tiles, w2, w2_scale_inv)
+    return out.view(experts, rows, size)
