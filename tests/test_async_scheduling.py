@@ -67,7 +67,10 @@ class Generated:
 
 
 def generate(
-    async_scheduling: bool, sampling: Sequence[SamplingParams], **overrides: Any
+    async_scheduling: bool,
+    sampling: Sequence[SamplingParams],
+    abort_after: tuple[int, str] | None = None,
+    **overrides: Any,
 ) -> Generated:
     engine = Engine(engine_args(async_scheduling, **overrides))
     streams: dict[str, list[tuple[int | None, bool]]] = {}
@@ -80,8 +83,20 @@ def generate(
         Request(f"r{i}", list(ids), sp)
         for i, (ids, sp) in enumerate(zip(PROMPTS, sampling, strict=True))
     ]
-    engine.run(requests)
+    if abort_after is None:
+        engine.run(requests)
+    else:  # ``rounds`` steps, then the client cancels ``request_id``
+        rounds, request_id = abort_after
+        for req in requests:
+            engine.core.submit(req)
+        for _ in range(rounds):
+            engine.core.step()
+        engine.core.abort(request_id)
+        engine.run([])
     engine.core.loop.close()
+    scheduler = engine.core.scheduler
+    scheduler.pool.check_integrity()
+    assert scheduler.pool.num_used_pages == 0 and not scheduler.has_unfinished
     return Generated(
         [r.output_token_ids for r in requests],
         [r.output_logprobs for r in requests],
@@ -148,6 +163,15 @@ def test_stop_tokens_end_the_same_on_and_off(case: str) -> None:
     off = generate(False, sampling, **overrides)
     on = generate(True, sampling, **overrides)
     assert "stop" in off.reasons  # the stop path ran
+    assert on == off
+
+
+@pytest.mark.parametrize("rounds", [1, 4, 9])
+def test_an_abort_mid_stream_ends_the_same_on_and_off(rounds: int) -> None:
+    sampling = CASES["seeded-logprobs"][0]
+    off = generate(False, sampling, abort_after=(rounds, "r1"))
+    on = generate(True, sampling, abort_after=(rounds, "r1"))
+    assert off.reasons[1] == "abort"
     assert on == off
 
 
