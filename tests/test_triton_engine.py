@@ -6,8 +6,10 @@ The script covers the paths a server takes: ragged prompts in one batch, chunked
 tokens a round over 4-token pages, so chunks straddle pages), decodes mixed into prefill
 rounds (the extend kernel with one-token rows), decode-only rounds (the decode kernel), and
 a later turn that resends an earlier one (a prefix-cache hit: its chunks attend over cached
-pages). Models: the two presets, and tiny random Qwen3-MoE (GQA + fused experts) and
-DeepSeek-V3 (MLA on the latent cache + fused experts) saved by transformers.
+pages). Models: the two presets, and tiny random Qwen3-MoE (GQA + fused experts),
+DeepSeek-V3 (MLA with q-LoRA on the latent cache, grouped sigmoid routing), DeepSeek-V2 (MLA
+without q-LoRA, grouped softmax routing) and Qwen2-MoE (a gated shared expert) saved by
+transformers; on the fused decode path (``actors/model/fused_path.py``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def run(model: str, device: str, **flags: str) -> tuple[list[list[int]], Engine]
 def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, list]]:
     """Saved tiny models and transformers' greedy answers to ``PROMPTS``."""
     saved = {}
-    for name in ("qwen3_moe", "deepseek_v3"):
+    for name in ("qwen3_moe", "deepseek_v3", "deepseek_v2", "qwen2_moe"):
         model = build_family(name)
         path = tmp_path_factory.mktemp(name)
         model.save_pretrained(path)
@@ -60,7 +62,9 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str
     return saved
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-moe", "qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize(
+    "model", ["tiny-llama", "tiny-moe", "qwen3_moe", "deepseek_v3", "deepseek_v2", "qwen2_moe"]
+)
 def test_triton_engine_gives_the_torch_tokens(
     model: str, kernel_device: str, family_dirs: dict
 ) -> None:
@@ -71,6 +75,8 @@ def test_triton_engine_gives_the_torch_tokens(
     ours, engine = run(model, kernel_device, **TRITON)
     reference, _ = run(model, kernel_device)
     assert engine.runner.attention.name == "triton"
+    assert engine.runner.fused.layers  # the fused decode path (fused_path.py)
+    assert engine.runner.fused.moe == engine.runner.config.is_moe
     assert engine.runner.experts.__name__ == "triton_run_experts"
     assert ours == reference
     if expected_hf is not None and kernel_device == "cpu":  # float32 there, like transformers
