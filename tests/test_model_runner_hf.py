@@ -176,3 +176,24 @@ def test_presets_match_transformers_on_their_export(preset: str, tmp_path: Path)
     runner, pool = make_runner(preset), KVPool(PoolConfig(256, 4))
     outputs = drive(runner, pool, make_requests(PROMPTS, max_tokens=5), chunk_size=7)
     assert outputs == [hf_greedy(model, p, 5) for p in PROMPTS]
+
+
+def test_a_readmitted_decode_planned_in_its_readmission_round_restores() -> None:
+    """A request readmitted and decoded in the same round counts that decode's token as
+    computed before the forward writes it: the restore must ask only for the parked tokens'
+    pages (it once refused, "readmitted into 11 pages, needs 11 for 41 cached tokens"), and
+    the pressured run's greedy tokens equal an unpressured one's."""
+    from roundgate.actors.engine import Engine, SamplingParams
+    from roundgate.actors.server_args import ServerArgs
+
+    prompts = [list(range(1 + i, 30 + i)) for i in range(4)]
+    outputs = []
+    for pages in (20, 256):
+        args = ServerArgs(
+            model="tiny-llama", page_size=4, num_kv_pages=pages, max_scheduled_tokens=16
+        )
+        engine = Engine(args)
+        outputs.append(engine.generate(prompts, SamplingParams(max_tokens=30)))
+        if pages == 20:
+            assert engine.core.scheduler.num_retractions > 0
+    assert outputs[0] == outputs[1]

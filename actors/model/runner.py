@@ -212,7 +212,7 @@ class ModelRunner:
                 self.balancer.end_round()  # every interval: a rebalance, on every rank
                 self._counted = False
             self.park(plan.retracted)
-            self.restore(plan.readmitted)
+            self.restore(plan.readmitted, plan.chunks)
             for source, target in plan.page_copies:  # a fully cached prompt's private page
                 self.cache.write_pages([target], self.cache.read_pages([source]))
             self._prepared = plan
@@ -412,11 +412,19 @@ class ModelRunner:
                 for j in range(1, len(firsts) + 1):
                     self.parked[sequence_id(request.request_id, j)] = saved
 
-    def restore(self, readmitted: Sequence[Request]) -> None:
-        """Copy parked KV into each readmitted request's new pages."""
+    def restore(self, readmitted: Sequence[Request], chunks: Sequence[ScheduledChunk] = ()) -> None:
+        """Copy parked KV into each readmitted request's new pages. ``chunks``: the round's,
+        whose tokens a readmitted request already counts as computed (a readmitted decode
+        plans its next token in the same round) but whose KV this round's forward writes."""
+        planned: dict[str, int] = {}
+        for chunk in chunks:
+            rid = chunk.request.request_id
+            planned[rid] = planned.get(rid, 0) + chunk.num_tokens
+        page_size = self.runner_config.page_size
         for request in readmitted:
             saved = self.parked.pop(request.request_id, None)
-            needed = -(-request.num_computed_tokens // self.runner_config.page_size)
+            cached = request.num_computed_tokens - planned.get(request.request_id, 0)
+            needed = -(-cached // page_size)
             if saved is None:
                 if needed:
                     raise ValueError(
@@ -428,7 +436,7 @@ class ModelRunner:
             if count < needed:
                 raise ValueError(
                     f"request {request.request_id} readmitted into {len(request.page_ids)} "
-                    f"pages, needs {needed} for {request.num_computed_tokens} cached tokens"
+                    f"pages, needs {needed} for {cached} cached tokens"
                 )
             self.cache.write_pages(request.page_ids[:count], saved[:, :, :count])
 
