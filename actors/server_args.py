@@ -189,7 +189,7 @@ class ServerArgs:
     max_grammar_cache: int = _flag("compiled grammars a rank keeps (LRU)", 256, positive=True)
     async_scheduling: bool = _flag(
         "plan each round while the previous round's forward runs (its tokens applied one round "
-        "later); refused with speculative decoding, the P/D roles and MoE with --dp-size > 1, "
+        "later); refused with speculative decoding, the P/D roles and an elastic MoE group, "
         "and per request for grammars and n > 1 (docs/architecture.md, overlapped rounds)",
         False,
     )
@@ -319,11 +319,6 @@ class ServerArgs:
             why = (
                 f"--disaggregation-mode {self.disaggregation_mode} moves requests between "
                 "ranks at their tokens"
-            )
-        elif self.dp_size > 1 and self.model_config.is_moe:
-            why = (
-                f"{self.model} is MoE with --dp-size {self.dp_size}: its expert collectives "
-                "would run beside the next round's gather"
             )
         if why is not None:
             raise ValueError(f"--async-scheduling is not supported here: {why}")

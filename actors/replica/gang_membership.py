@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from roundgate.actors.control.gather import Gather, SingleRankGather
 from roundgate.actors.replica import rendezvous
@@ -26,12 +26,23 @@ if TYPE_CHECKING:
 class GangMembership:
     """``RankMembership`` of a gang rank: its rank, world size and process group never change."""
 
-    def __init__(self, rank: int, world_size: int, gang_id: str, device: str, wake: GroupPause):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        gang_id: str,
+        device: str,
+        wake: GroupPause,
+        gather_group: Any = None,
+    ):
         self.rank = rank
         self.gang_id = gang_id
         self.device = device
         self.pauses = wake
         self._world_size = world_size
+        # The round's gather on a process group of its own (None: the default group), where
+        # it may run beside the forward's expert collectives (``--async-scheduling``).
+        self.gather_group = gather_group
 
     @classmethod
     async def join(cls, args: ServerArgs) -> GangMembership:
@@ -54,7 +65,15 @@ class GangMembership:
             meeting = await asyncio.to_thread(rendezvous.lookup, gang_id, timeout)
         await asyncio.to_thread(rendezvous.join, meeting, rank, world_size, timeout)
         wake = GroupPause(open_group_wake(meeting, gang_id, rank, world_size))
-        return cls(rank, world_size, gang_id, device, wake)
+        gather_group = None
+        if args.async_scheduling and args.model_config.is_moe and world_size > 1:
+            # Round N+1's gather runs while round N's forward exchanges experts: two
+            # collectives at once, which one process group cannot order (every rank makes
+            # this group here, at the same point).
+            import torch.distributed as dist
+
+            gather_group = await asyncio.to_thread(dist.new_group, backend=backend)
+        return cls(rank, world_size, gang_id, device, wake, gather_group)
 
     @property
     def world_size(self) -> int:
@@ -85,7 +104,7 @@ class GangMembership:
             return SingleRankGather()
         from roundgate.actors.replica.torch_gather import TorchGather
 
-        return SendAfterGather(TorchGather(device=self.device), outbox)
+        return SendAfterGather(TorchGather(self.gather_group, device=self.device), outbox)
 
     def pause(self, wake_now: bool, stop: threading.Event) -> None:
         self.pauses.pause(wake_now, lambda epoch: stop)

@@ -83,6 +83,11 @@ class RankReplica:
         _limit_threads()
         if isinstance(elastic, dict):
             elastic = ElasticSpec(**elastic)
+        if elastic is not None and self.args.async_scheduling and self.args.model_config.is_moe:
+            raise ValueError(
+                "--async-scheduling is not supported with an elastic MoE group: a round its "
+                "re-formed group runs again cannot be run again once its successor is queued"
+            )
         # Elastic DP (``roundgate.actors.replica.elastic``): no gang; the group forms after
         # the model loads, and re-forms around a dead member instead of restarting.
         self.membership: RankMembership = (
