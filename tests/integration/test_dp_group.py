@@ -70,6 +70,15 @@ def test_lone_backlog_prefills_only_at_any_points(app) -> None:
     assert set(prefills.values()) == {"any"}, prefills
 
 
+def test_async_scheduling_serves_the_offline_tokens(redeploy, offline_outputs) -> None:
+    """--async-scheduling in the served MoE gang (each round planned and gathered while the
+    last one's forward runs; the gather on a process group of its own, made at the gang's
+    join): every rank's greedy tokens are still the offline engine's."""
+    redeploy.deploy(async_scheduling=True)
+    for rank in (0, 1):
+        assert [stream_tokens(redeploy.ranks, rank, p, 12) for p in PROMPTS] == offline_outputs
+
+
 def test_prompts_on_both_ranks_prefill_in_the_same_rounds(redeploy) -> None:
     # A long ANY interval: with both ranks decoding, only ALL points (both want) open.
     redeploy.deploy(prefill_any_attempt_interval=400)
