@@ -55,19 +55,15 @@ class DecoderLayer(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        if ctx.fused:
-            return self.fused_forward(x, ctx)
-        h = x + self.self_attn(self.input_layernorm(x), ctx)
-        return h + self.mlp(self.post_attention_layernorm(h), ctx)
-
-    def fused_forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """The same block with each norm one launch, the residual add folded into the second
-        (``kernels/fused/triton_norm``): the arithmetic of ``forward``, in fewer ops."""
-        from roundgate.kernels.fused.triton_norm import add_rms_norm, rms_norm
-
+        kernels = ctx.fused
+        if kernels is None:
+            h = x + self.self_attn(self.input_layernorm(x), ctx)
+            return h + self.mlp(self.post_attention_layernorm(h), ctx)
+        # The fused path: each norm one launch, the residual add folded into the second
+        # (``kernels/fused/triton_norm``): the arithmetic above, in fewer ops.
         first, second = self.input_layernorm, self.post_attention_layernorm
-        attended = self.self_attn(rms_norm(x, first.weight, first.eps), ctx)
-        normed, h = add_rms_norm(attended, x, second.weight, second.eps)
+        attended = self.self_attn(kernels.rms_norm(x, first.weight, first.eps), ctx)
+        normed, h = kernels.add_rms_norm(attended, x, second.weight, second.eps)
         return h + self.mlp(normed, ctx)
 
 

@@ -14,7 +14,8 @@ on Triton, so can the rest. The torch and ggml backends keep the reference arith
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from roundgate.kernels.moe.base import MoEBackend
@@ -22,12 +23,37 @@ from roundgate.kernels.moe.local import LocalMoE
 
 
 @dataclass(frozen=True)
+class FusedKernels:
+    """The fused path's kernels, imported once (their modules import triton, which the
+    reference path never does); the layers call them through ``ForwardContext.fused``."""
+
+    rms_norm: Callable[..., Any]
+    add_rms_norm: Callable[..., Any]
+    silu_mul: Callable[..., Any]
+    mla_prep: Callable[..., Any]
+    route: Callable[..., Any]
+    fused_moe: Callable[..., Any]
+
+    @staticmethod
+    def load() -> FusedKernels:
+        from roundgate.kernels.attention.triton_mla_prep import mla_prep
+        from roundgate.kernels.fused.triton_act import silu_mul
+        from roundgate.kernels.fused.triton_norm import add_rms_norm, rms_norm
+        from roundgate.kernels.moe.triton_fused_moe import fused_moe
+        from roundgate.kernels.moe.triton_router import route
+
+        return FusedKernels(rms_norm, add_rms_norm, silu_mul, mla_prep, route, fused_moe)
+
+
+@dataclass(frozen=True)
 class FusedPath:
     """``layers``: norms, activation, MLA preamble and router fused. ``moe``: the experts on
-    the device-only fused kernel too (every MoE layer that ``runs_fused``)."""
+    the device-only fused kernel too (every MoE layer ``runs_fused``, checked here once).
+    ``kernels``: what the layers call (loaded when ``layers``)."""
 
     layers: bool = False
     moe: bool = False
+    kernels: FusedKernels | None = field(default=None, compare=False, repr=False)
 
     def moe_graph_safe(self, backend: MoEBackend | None) -> bool:
         """Whether the MoE layers can run inside a captured decode graph: the backend's legs
@@ -52,7 +78,7 @@ def choose_fused_path(
         and not counts_load
         and all(layer.runs_fused for layer in model.moe_layers())
     )
-    return FusedPath(layers=True, moe=fused_moe)
+    return FusedPath(layers=True, moe=fused_moe, kernels=FusedKernels.load())
 
 
 def masked_experts_fit(experts_kernel: Any, model: Any, device: Any) -> bool:

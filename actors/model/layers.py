@@ -19,6 +19,7 @@ from torch import nn
 
 from roundgate.actors.model.config import ModelConfig
 from roundgate.actors.model.fp8 import kept_fp8
+from roundgate.actors.model.fused_path import FusedKernels
 from roundgate.actors.model.rope import RotaryTable, apply_rope
 from roundgate.actors.model.weights import TensorSource
 from roundgate.kernels.attention.base import AttentionBackend
@@ -50,9 +51,9 @@ class ForwardContext:
     experts: ExpertsKernel = run_experts
     # --enable-eplb: where the MoE layers count the tokens they route (None: not counted).
     expert_load: ExpertLoad | None = None
-    # The fused decode path (``kernels/fused``, Triton): a norm, the MLA preamble, the router
-    # and an activation each one launch instead of several torch ops (``fused_path``).
-    fused: bool = False
+    # The fused decode path's kernels (``fused_path.FusedKernels``; None: the reference ops):
+    # a norm, the MLA preamble, the router and an activation each one launch.
+    fused: FusedKernels | None = None
     # Experts through the device-only fused MoE (``kernels/moe/triton_fused_moe``): this rank
     # holds every expert its tokens chose, so no dispatch, and no host read of expert counts.
     fused_moe: bool = False
@@ -202,10 +203,8 @@ class DenseMLP(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext | None = None) -> torch.Tensor:
         if self.llamacpp:
             return self.down_proj(ggml_arith.swiglu(self.gate_up_proj(x)))
-        if ctx is not None and ctx.fused:
-            from roundgate.kernels.fused.triton_act import silu_mul
-
-            return self.down_proj(silu_mul(self.gate_up_proj(x)))
+        if ctx is not None and ctx.fused is not None:
+            return self.down_proj(ctx.fused.silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 

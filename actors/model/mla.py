@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from roundgate.actors.model.config import ModelConfig
+from roundgate.actors.model.fused_path import FusedKernels
 from roundgate.actors.model.layers import (
     ForwardContext,
     RMSNorm,
@@ -65,8 +66,8 @@ class MLAttention(nn.Module):
         self.scale = mla_softmax_scale(config)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        if ctx.fused:
-            return self.fused_forward(x, ctx)
+        if ctx.fused is not None:
+            return self.fused_forward(x, ctx, ctx.fused)
         mla, tokens, heads = self.mla, x.shape[0], self.num_heads
         if mla.q_lora_rank:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
@@ -98,24 +99,25 @@ class MLAttention(nn.Module):
         )
         return self.o_proj(out.reshape(tokens, heads * mla.v_head_dim))
 
-    def fused_forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def fused_forward(
+        self, x: torch.Tensor, ctx: ForwardContext, kernels: FusedKernels
+    ) -> torch.Tensor:
         """``forward`` on the fused path: the latent's norm, both RoPEs and the cache write are
         one launch (``mla_prep``, which rotates the query's RoPE part in place), and the
         backend attends over the cache it already holds (``attend_latent``)."""
-        from roundgate.kernels.attention.triton_mla_prep import mla_prep
-        from roundgate.kernels.fused.triton_norm import rms_norm
-
         mla, tokens, heads = self.mla, x.shape[0], self.num_heads
         if mla.q_lora_rank:
             norm = self.q_a_layernorm
-            q = self.q_b_proj(rms_norm(self.q_a_proj(x), norm.weight, norm.eps))
+            q = self.q_b_proj(kernels.rms_norm(self.q_a_proj(x), norm.weight, norm.eps))
         else:
             q = self.q_proj(x)
         q = q.view(tokens, heads, mla.qk_head_dim)
         norm = self.kv_a_layernorm
         kv = self.kv_a_proj_with_mqa(x)
         cache = ctx.cache.k[self.layer]
-        mla_prep(q, kv, norm.weight, norm.eps, ctx.cos, ctx.sin, ctx.batch.slot_mapping, cache)
+        kernels.mla_prep(
+            q, kv, norm.weight, norm.eps, ctx.cos, ctx.sin, ctx.batch.slot_mapping, cache
+        )
         q_nope, q_pe = q.split([mla.qk_nope_head_dim, mla.qk_rope_head_dim], dim=-1)
         w_kv = self.kv_b_proj.view(heads, mla.qk_nope_head_dim + mla.v_head_dim, -1)
         w_uk, w_uv = w_kv.split([mla.qk_nope_head_dim, mla.v_head_dim], dim=1)

@@ -13,7 +13,8 @@ One block, on one rank::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,7 @@ from torch import nn
 
 from roundgate.actors.model.config import ModelConfig
 from roundgate.actors.model.fp8 import Fp8Tensor, kept_fp8, stored_fp8
+from roundgate.actors.model.fused_path import FusedKernels
 from roundgate.actors.model.layers import DenseMLP, ForwardContext, fill, linear, param
 from roundgate.actors.model.weights import TensorSource
 from roundgate.kernels.moe.base import ExpertsKernel, MoEBackend, run_experts
@@ -82,11 +84,11 @@ class Router(nn.Module):
             weights = weights * cfg.routed_scaling_factor
         return weights, ids
 
-    def fused(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``forward`` with everything after the logits in one Triton launch
-        (``kernels/moe/triton_router``); the logits stay a float32 GEMM, as in ``forward``."""
-        from roundgate.kernels.moe.triton_router import route
-
+    def fused(
+        self, x: torch.Tensor, route: Callable[..., Any]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` with everything after the logits in one Triton launch (``route``:
+        ``kernels/moe/triton_router``); the logits stay a float32 GEMM, as in ``forward``."""
         cfg, weight = self.config, self.weight
         as_float = x if x.dtype == torch.float32 else x.float()
         logits = F.linear(as_float, weight if weight.dtype == torch.float32 else weight.float())
@@ -130,8 +132,8 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext | None = None) -> torch.Tensor:
         if ctx is None:
             return self.run(x, None, False)
-        if ctx.fused_moe and self.runs_fused:
-            return self.run_fused(x, ctx)
+        if ctx.fused_moe and ctx.fused is not None:  # every layer ``runs_fused`` (checked once)
+            return self.run_fused(x, ctx, ctx.fused)
         positions = ctx.batch.positions
         return self.run(x, ctx.moe, ctx.low_latency, ctx.experts, positions, ctx.expert_load)
 
@@ -173,15 +175,15 @@ class SparseMoE(nn.Module):
 
         return self.fp8_rows is None and self.expert_map.identity and supports(self.gate.config)
 
-    def run_fused(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def run_fused(
+        self, x: torch.Tensor, ctx: ForwardContext, kernels: FusedKernels
+    ) -> torch.Tensor:
         """The block on one rank that holds every expert, on the device only: the router's
         choice goes straight into the fused experts (``kernels/moe/triton_fused_moe``), which
         group the rows by expert on the device and weigh and sum each token's experts, so no
         expert count is read back and every shape follows the batch (capturable)."""
-        from roundgate.kernels.moe.triton_fused_moe import fused_moe
-
-        weights, ids = self.gate.fused(x)
-        out = fused_moe(x, ids, weights, self.w13, self.w2)
+        weights, ids = self.gate.fused(x, kernels.route)
+        out = kernels.fused_moe(x, ids, weights, self.w13, self.w2)
         if self.shared is not None:
             shared = self.shared(x, ctx)
             if self.shared_gate is not None:

@@ -340,7 +340,7 @@ class ModelRunner:
             sin=sin,
             experts=self.experts,
             expert_load=self.balancer.load if self.balancer is not None else None,
-            fused=self.fused.layers,
+            fused=self.fused.kernels,
             fused_moe=self.fused.moe,
         )
         rows = batch.cu_query_lens[1:] - 1
