@@ -416,6 +416,8 @@ class ModelRunner:
         """Copy parked KV into each readmitted request's new pages. ``chunks``: the round's,
         whose tokens a readmitted request already counts as computed (a readmitted decode
         plans its next token in the same round) but whose KV this round's forward writes."""
+        if not readmitted:  # most rounds: no pass over the round's chunks
+            return
         planned: dict[str, int] = {}
         for chunk in chunks:
             rid = chunk.request.request_id

@@ -34,6 +34,84 @@ BLOCK_K = 64
 
 
 @triton.jit
+def gate_up_silu_tile(
+    x_ptr,
+    x_rows,
+    row_ok,
+    w_base,
+    cols,
+    col_ok,
+    hidden,
+    inter,
+    stride_x,
+    stride_w_row,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``silu(x @ gate^T) * (x @ up^T)`` for rows ``x_rows`` of ``x`` and columns ``cols`` of
+    one expert's ``w13`` (at ``w_base``): both GEMMs over ``BLOCK_K`` slices of the hidden
+    size from the same ``x`` tile, float32 (shared with ``triton_fused_moe``)."""
+    gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k_start in range(0, hidden, BLOCK_K):
+        ks = k_start + tl.arange(0, BLOCK_K)
+        k_ok = ks < hidden
+        x = tl.load(
+            x_ptr + x_rows[:, None] * stride_x + ks[None, :],
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        w_mask = k_ok[:, None] & col_ok[None, :]
+        w_gate = tl.load(
+            w_base + cols[None, :] * stride_w_row + ks[:, None], mask=w_mask, other=0.0
+        )
+        w_up = tl.load(
+            w_base + (cols + inter)[None, :] * stride_w_row + ks[:, None],
+            mask=w_mask,
+            other=0.0,
+        )
+        gate += tl.dot(x, w_gate, input_precision="ieee")
+        up += tl.dot(x, w_up, input_precision="ieee")
+    return gate * tl.sigmoid(gate) * up  # silu(gate) * up
+
+
+@triton.jit
+def down_tile(
+    act_ptr,
+    act_rows,
+    row_ok,
+    w_base,
+    cols,
+    col_ok,
+    inter,
+    stride_act,
+    stride_w_row,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``act @ w2^T`` for rows ``act_rows`` of ``act`` and columns ``cols`` of one expert's
+    ``w2`` (at ``w_base``), over ``BLOCK_K`` slices of the intermediate size, float32."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k_start in range(0, inter, BLOCK_K):
+        ks = k_start + tl.arange(0, BLOCK_K)
+        k_ok = ks < inter
+        a = tl.load(
+            act_ptr + act_rows[:, None] * stride_act + ks[None, :],
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        w = tl.load(
+            w_base + cols[None, :] * stride_w_row + ks[:, None],
+            mask=k_ok[:, None] & col_ok[None, :],
+            other=0.0,
+        )
+        acc += tl.dot(a, w, input_precision="ieee")
+    return acc
+
+
+@triton.jit
 def _gate_up_silu_kernel(
     x_ptr,
     w13_ptr,
@@ -59,28 +137,21 @@ def _gate_up_silu_kernel(
     cols = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < inter
     w_base = w13_ptr + expert * stride_w_expert
-    gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k_start in range(0, hidden, BLOCK_K):
-        ks = k_start + tl.arange(0, BLOCK_K)
-        k_ok = ks < hidden
-        x = tl.load(
-            x_ptr + rows[:, None] * stride_x + ks[None, :],
-            mask=row_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        )
-        w_mask = k_ok[:, None] & col_ok[None, :]
-        w_gate = tl.load(
-            w_base + cols[None, :] * stride_w_row + ks[:, None], mask=w_mask, other=0.0
-        )
-        w_up = tl.load(
-            w_base + (cols + inter)[None, :] * stride_w_row + ks[:, None],
-            mask=w_mask,
-            other=0.0,
-        )
-        gate += tl.dot(x, w_gate, input_precision="ieee")
-        up += tl.dot(x, w_up, input_precision="ieee")
-    act = gate * tl.sigmoid(gate) * up  # silu(gate) * up
+    act = gate_up_silu_tile(
+        x_ptr,
+        rows,
+        row_ok,
+        w_base,
+        cols,
+        col_ok,
+        hidden,
+        inter,
+        stride_x,
+        stride_w_row,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )
     tl.store(
         act_ptr + rows[:, None] * stride_act + cols[None, :],
         act.to(act_ptr.dtype.element_ty),
@@ -114,21 +185,20 @@ def _down_kernel(
     cols = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < hidden
     w_base = w2_ptr + expert * stride_w_expert
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k_start in range(0, inter, BLOCK_K):
-        ks = k_start + tl.arange(0, BLOCK_K)
-        k_ok = ks < inter
-        a = tl.load(
-            act_ptr + rows[:, None] * stride_act + ks[None, :],
-            mask=row_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        )
-        w = tl.load(
-            w_base + cols[None, :] * stride_w_row + ks[:, None],
-            mask=k_ok[:, None] & col_ok[None, :],
-            other=0.0,
-        )
-        acc += tl.dot(a, w, input_precision="ieee")
+    acc = down_tile(
+        act_ptr,
+        rows,
+        row_ok,
+        w_base,
+        cols,
+        col_ok,
+        inter,
+        stride_act,
+        stride_w_row,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )
     tl.store(
         out_ptr + rows[:, None] * stride_out + cols[None, :],
         acc.to(out_ptr.dtype.element_ty),

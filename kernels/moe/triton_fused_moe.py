@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from roundgate.kernels.moe.triton_experts import down_tile, gate_up_silu_tile
+
 BLOCK_M = 16  # rows (pairs) per block: a decode's few pairs per expert waste little
 BLOCK_N = 64
 BLOCK_K = 64
@@ -191,28 +193,21 @@ def _fused_gate_up_silu_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < inter
     w_base = w13_ptr + expert * stride_w_expert
-    gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k_start in range(0, hidden, BLOCK_K):
-        ks = k_start + tl.arange(0, BLOCK_K)
-        k_ok = ks < hidden
-        x = tl.load(
-            x_ptr + tokens[:, None] * stride_x + ks[None, :],
-            mask=row_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        )
-        w_mask = k_ok[:, None] & col_ok[None, :]
-        w_gate = tl.load(
-            w_base + cols[None, :] * stride_w_row + ks[:, None], mask=w_mask, other=0.0
-        )
-        w_up = tl.load(
-            w_base + (cols + inter)[None, :] * stride_w_row + ks[:, None],
-            mask=w_mask,
-            other=0.0,
-        )
-        gate += tl.dot(x, w_gate, input_precision="ieee")
-        up += tl.dot(x, w_up, input_precision="ieee")
-    act = gate * tl.sigmoid(gate) * up  # silu(gate) * up
+    act = gate_up_silu_tile(
+        x_ptr,
+        tokens,
+        row_ok,
+        w_base,
+        cols,
+        col_ok,
+        hidden,
+        inter,
+        stride_x,
+        stride_w_row,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )
     tl.store(
         act_ptr + slots[:, None] * stride_act + cols[None, :],
         act.to(act_ptr.dtype.element_ty),
@@ -253,21 +248,20 @@ def _fused_down_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < hidden
     w_base = w2_ptr + expert * stride_w_expert
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k_start in range(0, inter, BLOCK_K):
-        ks = k_start + tl.arange(0, BLOCK_K)
-        k_ok = ks < inter
-        a = tl.load(
-            act_ptr + slots[:, None] * stride_act + ks[None, :],
-            mask=row_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        )
-        w = tl.load(
-            w_base + cols[None, :] * stride_w_row + ks[:, None],
-            mask=k_ok[:, None] & col_ok[None, :],
-            other=0.0,
-        )
-        acc += tl.dot(a, w, input_precision="ieee")
+    acc = down_tile(
+        act_ptr,
+        slots,
+        row_ok,
+        w_base,
+        cols,
+        col_ok,
+        inter,
+        stride_act,
+        stride_w_row,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )
     choices = pairs % top_k
     weight = tl.load(
         weights_ptr + tokens * stride_weights_token + choices * stride_weights_choice,
